@@ -1,0 +1,110 @@
+"""The parsed view of one OpenAI-compatible request that scheduling reads.
+
+Parsed once per request from the JSON body; everything downstream (filters, scorers,
+admission, accounting) reads this record and never the raw body again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# A deterministic, dependency-free token estimate: ~4 characters per token is what
+# OpenAI documents for English text, and it is all the gateway needs to weigh load.
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    request_id: str
+    model: str  # the name the client asked for (base model or LoRA adapter)
+    target_model: str  # the base model whose pool serves it
+    adapter: str | None  # the LoRA adapter to run, when `model` names one
+    prompt: str  # prompt text used for prefix-affinity hashing
+    prompt_tokens: int  # estimated prompt tokens
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    objective: str | None = None  # x-gateway-inference-objective
+    priority: int = 0  # negative = sheddable
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def estimated_tokens(self) -> int:
+        """Prompt plus expected output: what this request adds to a pod's load."""
+        return self.prompt_tokens + (self.max_tokens or 256)
+
+
+class RequestError(ValueError):
+    """The body is not a request the gateway can route (maps to HTTP 400)."""
+
+
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """Concatenate the prompt-bearing parts of a chat or completions body, in order.
+
+    The order matters: prefix affinity hashes the leading characters, so a multi-turn
+    chat shares its prefix with its previous turns.
+    """
+    if "messages" in body:
+        messages = body["messages"]
+        if not isinstance(messages, list):
+            raise RequestError("'messages' must be an array")
+        parts: list[str] = []
+        for message in messages:
+            if not isinstance(message, Mapping):
+                raise RequestError("each message must be an object")
+            content = message.get("content")
+            role = str(message.get("role", ""))
+            if isinstance(content, str):
+                parts.append(f"{role}:{content}\n")
+            elif isinstance(content, list):
+                for item in content:
+                    if isinstance(item, Mapping) and isinstance(item.get("text"), str):
+                        parts.append(f"{role}:{item['text']}\n")
+        return "".join(parts)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "".join(p for p in prompt if isinstance(p, str))
+    raise RequestError("'prompt' must be a string or an array of strings")
+
+
+def parse_request(
+    body: Mapping[str, Any],
+    *,
+    request_id: str,
+    target_model: str,
+    adapter: str | None,
+    headers: Mapping[str, str],
+    objective: str | None = None,
+    priority: int = 0,
+) -> InferenceRequest:
+    """Build the scheduling view of a decoded JSON body; raises RequestError on bad fields."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("'model' must be a non-empty string")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+        raise RequestError("'max_tokens' must be an integer")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("'stream' must be a boolean")
+    options = body.get("stream_options")
+    include_usage = bool(isinstance(options, Mapping) and options.get("include_usage"))
+    text = prompt_text(body)
+    return InferenceRequest(
+        request_id=request_id,
+        model=model,
+        target_model=target_model,
+        adapter=adapter,
+        prompt=text,
+        prompt_tokens=max(1, len(text) // CHARS_PER_TOKEN),
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        objective=objective,
+        priority=priority,
+        headers=headers,
+    )
