@@ -1,0 +1,1 @@
+"""Body-Based Router: reads `model` from the JSON body and sets the routing headers."""

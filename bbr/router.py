@@ -1,0 +1,94 @@
+"""BBR's per-request logic: body -> routing headers (pure apart from the random split).
+
+Envoy routes on `X-Gateway-Model-Name`; for a LoRA adapter `X-Gateway-Base-Model-Name`
+names the base model whose pool serves it. A model with weighted rewrites (a canary
+split) is rewritten in the body before routing, so the pool sees the chosen name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Callable
+
+from extproc.errors import ErrorResponse, bad_request
+from extproc.stream import RequestRoute
+from gateway.config import GatewayConfig
+
+log = logging.getLogger(__name__)
+
+MODEL_HEADER = "x-gateway-model-name"
+BASE_MODEL_HEADER = "x-gateway-base-model-name"
+ROUTING_HEADER_PREFIX = "x-gateway-"
+
+
+def decode_json_object(body: bytes) -> dict | ErrorResponse:
+    """Strict decode: UTF-8, JSON, an object. Shared by BBR and the EPP."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return bad_request("request body is not valid UTF-8", "invalid_encoding")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return bad_request(f"request body is not valid JSON: {exc.msg} at position {exc.pos}", "invalid_json")
+    except RecursionError:
+        return bad_request("request body is nested too deeply", "invalid_json")
+    if not isinstance(data, dict):
+        return bad_request("request body must be a JSON object", "invalid_json")
+    return data
+
+
+def client_routing_headers(headers: dict[str, str]) -> tuple[str, ...]:
+    """Routing headers a client sent: never trusted, always removed."""
+    return tuple(name for name in headers if name.startswith(ROUTING_HEADER_PREFIX))
+
+
+class BodyRouter:
+    def __init__(self, config_source: Callable[[], GatewayConfig], rng: random.Random | None = None) -> None:
+        self._config = config_source
+        self._rng = rng or random.Random()
+
+    def route(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+        config = self._config()
+        remove = client_routing_headers(headers)
+        if not body:
+            # No body (GET /v1/models, health checks): nothing to route on.
+            return RequestRoute(remove_headers=remove, clear_route_cache=bool(remove))
+        data = decode_json_object(body)
+        if isinstance(data, ErrorResponse):
+            return data
+        model = data.get("model")
+        replaced: bytes | None = None
+        if model is None or model == "":
+            if config.bbr.default_model is None:
+                return bad_request("the request must name a 'model'", "model_required")
+            model = config.bbr.default_model
+        elif not isinstance(model, str):
+            return bad_request("'model' must be a string", "invalid_model")
+        routes = config.routes()
+        route = routes.get(model)
+        if route is None:
+            return ErrorResponse(404, f"The model '{model}' does not exist", "model_not_found")
+        chosen = self._split(config, route.pool, model)
+        if chosen != data.get("model"):
+            data["model"] = chosen
+            replaced = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+            route = routes[chosen]
+        set_headers = {MODEL_HEADER: chosen}
+        if route.adapter is not None:
+            set_headers[BASE_MODEL_HEADER] = route.base_model
+        return RequestRoute(
+            set_headers=set_headers,
+            remove_headers=tuple(h for h in remove if h not in set_headers),
+            clear_route_cache=True,
+            body=replaced,
+        )
+
+    def _split(self, config: GatewayConfig, pool_name: str, model: str) -> str:
+        for m in config.pool(pool_name).models:
+            if m.name == model and m.rewrites:
+                arms = [rw for rw in m.rewrites if rw.weight > 0]
+                return self._rng.choices([rw.model for rw in arms], weights=[rw.weight for rw in arms])[0]
+        return model

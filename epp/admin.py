@@ -1,0 +1,75 @@
+"""The EPP's HTTP side port: Prometheus `/metrics`, `/debug/pool` JSON, `/healthz`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from epp.pool import PoolSnapshot
+from epp.telemetry import Telemetry
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def pool_json(snapshot: PoolSnapshot) -> dict[str, Any]:
+    endpoints = []
+    for s in snapshot.endpoints:
+        metrics = dataclasses.asdict(s.metrics) if s.metrics else None
+        if metrics:
+            metrics["running_adapters"] = sorted(metrics["running_adapters"])
+            metrics["waiting_adapters"] = sorted(metrics["waiting_adapters"])
+        endpoints.append(
+            {
+                "address": s.address,
+                "models": sorted(s.endpoint.models),
+                "adapters": sorted(s.endpoint.adapters),
+                "engine": s.endpoint.engine,
+                "healthy": s.healthy,
+                "metrics_age_s": _finite(s.metrics_age),
+                "metrics": metrics,
+                "inflight_requests": s.inflight_requests,
+                "inflight_tokens": s.inflight_tokens,
+                "ttft_ewma_s": s.ttft_ewma,
+                "tpot_ewma_s": s.tpot_ewma,
+            }
+        )
+    return {"endpoints": endpoints}
+
+
+async def start_admin_server(
+    host: str,
+    port: int,
+    telemetry: Telemetry,
+    snapshot: Callable[[], PoolSnapshot],
+    extra: Callable[[], dict] | None = None,
+) -> tuple[web.AppRunner, int]:
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(telemetry.registry) + generate_latest(REGISTRY)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def debug_pool(_: web.Request) -> web.Response:
+        data = pool_json(snapshot())
+        if extra:
+            data.update(extra())
+        return web.json_response(data)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/debug/pool", debug_pool)
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, bound

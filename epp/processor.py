@@ -1,0 +1,128 @@
+"""The EPP's per-request lifecycle on one ext_proc stream.
+
+headers+body in -> parse -> schedule -> admission -> destination header and `envoy.lb`
+metadata out; then response events for accounting. In-flight counts are returned in
+`on_close`, which the stream layer calls exactly once whatever happens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from bbr.router import MODEL_HEADER, decode_json_object
+from epp.admission import admit
+from epp.context import EppContext
+from epp.request import InferenceRequest, RequestError, parse_request
+from epp.scheduling.base import Decision
+from extproc.errors import ErrorResponse, bad_request, unavailable
+from extproc.stream import RequestRoute
+
+log = logging.getLogger(__name__)
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+METADATA_NAMESPACE = "envoy.lb"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+DECISION_HEADER = "x-gateway-decision"  # opt-in: the client asks for it with a request header
+
+
+class EppProcessor:
+    def __init__(self, ctx: EppContext) -> None:
+        self._ctx = ctx
+        self.max_body_bytes = ctx.config().bbr.max_body_bytes
+        self._address: str | None = None
+        self._request: InferenceRequest | None = None
+        self._routed_at = 0.0
+        self._first_byte_at: float | None = None
+        self._status: int | None = None
+
+    async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+        started = time.perf_counter()
+        request = self._parse(headers, body)
+        if isinstance(request, ErrorResponse):
+            self._ctx.telemetry.request_error(headers.get(MODEL_HEADER, ""), request.code)
+            return request
+        decision = self._ctx.scheduler.pick(request, self._ctx.pool.snapshot())
+        refusal = admit(request, decision, self._ctx.config())
+        self._ctx.telemetry.scheduled(time.perf_counter() - started)
+        if refusal is not None:
+            self._ctx.telemetry.request_error(request.model, refusal.code)
+            log.info("request %s refused: %s", request.request_id, refusal.code)
+            return refusal
+        if not decision.ranked:
+            self._ctx.telemetry.request_error(request.model, "no_endpoint_available")
+            return unavailable(f"no endpoint can serve model '{request.model}': {decision.reason}")
+        address = decision.ranked[0]
+        self._address, self._request = address, request
+        self._ctx.pool.on_routed(address, request.estimated_tokens)
+        self._ctx.scheduler.on_routed(request, address)
+        self._ctx.telemetry.routed(request)
+        self._routed_at = time.monotonic()
+        set_headers = {DESTINATION_HEADER: address}
+        if headers.get(DECISION_HEADER) in ("1", "true", "yes"):
+            set_headers[DECISION_HEADER] = explain(decision)
+        return RequestRoute(
+            set_headers=set_headers,
+            metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: address}},
+            clear_route_cache=True,
+        )
+
+    def _parse(self, headers: dict[str, str], body: bytes) -> InferenceRequest | ErrorResponse:
+        if not body:
+            return bad_request("an inference request needs a JSON body", "missing_body")
+        data = decode_json_object(body)
+        if isinstance(data, ErrorResponse):
+            return data
+        model = data.get("model") or headers.get(MODEL_HEADER)
+        if not isinstance(model, str):
+            return bad_request("'model' must be a string", "invalid_model")
+        route = self._ctx.config().routes().get(model)
+        if route is None or route.pool != self._ctx.pool_name:
+            return ErrorResponse(
+                404, f"The model '{model}' is not served by pool '{self._ctx.pool_name}'", "model_not_found"
+            )
+        objective = headers.get(OBJECTIVE_HEADER) or self._ctx.profile_for(route.base_model)
+        try:
+            return parse_request(
+                data,
+                request_id=headers.get("x-request-id") or uuid.uuid4().hex,
+                target_model=route.base_model,
+                adapter=route.adapter,
+                headers=headers,
+                objective=objective,
+                priority=self._ctx.priority_for(objective),
+            )
+        except RequestError as exc:
+            return bad_request(str(exc))
+
+    def on_response_headers(self, headers: dict[str, str]) -> None:
+        if self._address is None:
+            return
+        self._first_byte_at = time.monotonic()
+        status = headers.get(":status", "0")
+        self._status = int(status) if status.isdigit() else 0
+
+    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
+        return None
+
+    def on_close(self, completed: bool) -> None:
+        if self._address is None or self._request is None:
+            return
+        address, request = self._address, self._request
+        self._address = None  # exactly once, even if called again
+        self._ctx.pool.on_finished(address, request.estimated_tokens)
+        ok = completed and self._status is not None and self._status < 500
+        if self._first_byte_at is not None and ok:
+            self._ctx.pool.observe_speed(address, ttft=self._first_byte_at - self._routed_at)
+        self._ctx.telemetry.finished(request, ok=ok, duration=time.monotonic() - self._routed_at)
+
+
+def explain(decision: Decision) -> str:
+    """Compact per-pod scores: `profile=chat; 10.0.0.1:8000 total=4.10 kv=0.90 queue=1.00, ...`"""
+    parts = []
+    for address in decision.ranked:
+        scores = decision.scores.get(address, {})
+        detail = " ".join(f"{k}={v:.3f}" for k, v in sorted(scores.items()))
+        parts.append(f"{address} {detail}".strip())
+    return f"profile={decision.profile}; " + ", ".join(parts)

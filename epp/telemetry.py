@@ -1,0 +1,104 @@
+"""The EPP's own Prometheus metrics, named like the Gateway API Inference Extension's.
+
+Keeping GIE's names lets existing dashboards and alerts work unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from epp.pool import PoolSnapshot
+from epp.request import InferenceRequest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_SCHEDULER_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
+
+
+class _PoolCollector(Collector):
+    """Pool-level gauges computed from a fresh snapshot at scrape time."""
+
+    def __init__(self, pool_name: str, snapshot: Callable[[], PoolSnapshot]) -> None:
+        self._pool = pool_name
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self._snapshot()
+        scraped = [s.metrics for s in snap.endpoints if s.metrics is not None]
+        n = len(scraped)
+        kv = GaugeMetricFamily(
+            "inference_pool_average_kv_cache_utilization", "Mean KV-cache use", labels=["name"]
+        )
+        kv.add_metric([self._pool], sum(m.kv_usage for m in scraped) / n if n else 0.0)
+        queue = GaugeMetricFamily(
+            "inference_pool_average_queue_size", "Mean waiting requests", labels=["name"]
+        )
+        queue.add_metric([self._pool], sum(m.waiting for m in scraped) / n if n else 0.0)
+        ready = GaugeMetricFamily("inference_pool_ready_pods", "Pods with fresh metrics", labels=["name"])
+        ready.add_metric([self._pool], sum(1 for s in snap.endpoints if s.healthy and s.metrics is not None))
+        inflight = GaugeMetricFamily(
+            "inference_pool_inflight_requests",
+            "Requests routed and not finished",
+            labels=["name", "endpoint"],
+        )
+        for s in snap.endpoints:
+            inflight.add_metric([self._pool, s.address], s.inflight_requests)
+        yield from (kv, queue, ready, inflight)
+
+
+class Telemetry:
+    def __init__(self, pool_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.pool_name = pool_name
+        r = self.registry
+        self.requests = Counter(
+            "inference_objective_request", "Requests routed", ["model_name", "target_model_name"], registry=r
+        )
+        self.errors = Counter(
+            "inference_objective_request_error",
+            "Requests refused or failed",
+            ["model_name", "error_code"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "inference_objective_request_duration_seconds",
+            "Routed request duration, routing to end of response",
+            ["model_name"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "inference_objective_input_tokens", "Estimated prompt tokens routed", ["model_name"], registry=r
+        )
+        self.running = Gauge(
+            "inference_objective_running_requests", "Requests in flight", ["model_name"], registry=r
+        )
+        self.scheduler_e2e = Histogram(
+            "inference_extension_scheduler_e2e_duration_seconds",
+            "Parse + schedule time per request",
+            buckets=_SCHEDULER_BUCKETS,
+            registry=r,
+        )
+
+    def attach_pool(self, snapshot: Callable[[], PoolSnapshot]) -> None:
+        self.registry.register(_PoolCollector(self.pool_name, snapshot))
+
+    def scheduled(self, seconds: float) -> None:
+        self.scheduler_e2e.observe(seconds)
+
+    def routed(self, request: InferenceRequest) -> None:
+        self.requests.labels(request.model, request.target_model).inc()
+        self.input_tokens.labels(request.model).inc(request.prompt_tokens)
+        self.running.labels(request.model).inc()
+
+    def finished(self, request: InferenceRequest, *, ok: bool, duration: float) -> None:
+        self.running.labels(request.model).dec()
+        self.duration.labels(request.model).observe(duration)
+        if not ok:
+            self.errors.labels(request.model, "upstream_error").inc()
+
+    def request_error(self, model: str, code: str) -> None:
+        self.errors.labels(model, code).inc()

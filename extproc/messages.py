@@ -1,0 +1,113 @@
+"""Build ext_proc protobuf responses from plain values (the only module that knows them)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+
+from extproc.errors import ErrorResponse
+
+# Larger single streamed chunks broke requests over ~128 KB in the reference EPP (facts.md).
+MAX_CHUNK_BYTES = 62_000
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def header_mutation(set_headers: Mapping[str, str], remove: tuple[str, ...] = ()) -> pb.HeaderMutation:
+    return pb.HeaderMutation(
+        set_headers=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+            )
+            for k, v in set_headers.items()
+        ],
+        remove_headers=list(remove),
+    )
+
+
+def metadata_struct(metadata: Mapping[str, Mapping[str, str]]) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    for namespace, values in metadata.items():
+        s.fields[namespace].struct_value.update(dict(values))
+    return s
+
+
+def request_headers_response(
+    set_headers: Mapping[str, str],
+    remove: tuple[str, ...],
+    *,
+    clear_route_cache: bool,
+    metadata: Mapping[str, Mapping[str, str]] | None = None,
+) -> pb.ProcessingResponse:
+    common = pb.CommonResponse(
+        header_mutation=header_mutation(set_headers, remove), clear_route_cache=clear_route_cache
+    )
+    resp = pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=common))
+    if metadata:
+        resp.dynamic_metadata.CopyFrom(metadata_struct(metadata))
+    return resp
+
+
+def streamed_body_responses(body: bytes, *, trailers_follow: bool) -> Iterator[pb.ProcessingResponse]:
+    """Re-emit a collected body in chunks of at most MAX_CHUNK_BYTES.
+
+    The last chunk carries end_of_stream unless the request ends with trailers, in which
+    case the trailers response ends it.
+    """
+    if not body:
+        if not trailers_follow:
+            yield _body_chunk(b"", True)
+        return
+    for start in range(0, len(body), MAX_CHUNK_BYTES):
+        chunk = body[start : start + MAX_CHUNK_BYTES]
+        last = start + MAX_CHUNK_BYTES >= len(body)
+        yield _body_chunk(chunk, last and not trailers_follow)
+
+
+def _body_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    mutation = pb.BodyMutation(
+        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
+    )
+    return pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+    )
+
+
+def request_trailers_response() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
+
+
+def continue_response_headers() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+
+
+def continue_response_body() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_body=pb.BodyResponse())
+
+
+def continue_response_trailers() -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
+
+
+def immediate_response(error: ErrorResponse) -> pb.ProcessingResponse:
+    headers = {"content-type": "application/json", **error.headers}
+    return pb.ProcessingResponse(
+        immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=error.status),
+            headers=header_mutation(headers),
+            body=error.json_body(),
+            details=f"gateway_{error.code}",
+        )
+    )
+
+
+def headers_to_dict(headers: pb.HttpHeaders) -> dict[str, str]:
+    """Envoy sends `raw_value` bytes (newer) or `value` (older); names are lower-case."""
+    out: dict[str, str] = {}
+    for h in headers.headers.headers:
+        out[h.key] = h.raw_value.decode("utf-8", "replace") if h.raw_value else h.value
+    return out

@@ -1,0 +1,99 @@
+"""gRPC server bootstrap shared by BBR and the EPP: ext_proc + the standard health service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from extproc.stream import ExtProcServicer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """Server certificate, key and (for mTLS) the CA that client certificates must chain to."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key.read_bytes(), self.cert.read_bytes())],
+            root_certificates=self.client_ca.read_bytes() if self.client_ca else None,
+            require_client_auth=self.client_ca is not None,
+        )
+
+
+class GrpcService:
+    """A started gRPC server with health reporting; `port` is the bound port."""
+
+    def __init__(self, server: grpc.aio.Server, health: health_async.HealthServicer, port: int) -> None:
+        self.server = server
+        self.health = health
+        self.port = port
+
+    async def drain_and_stop(self, grace_s: float) -> None:
+        """Report NOT_SERVING so Envoy/Kubernetes stop sending, then let streams finish."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+
+
+async def start_grpc_service(
+    servicer: ExtProcServicer,
+    *,
+    host: str,
+    port: int,
+    tls: TlsFiles | None = None,
+) -> GrpcService:
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+            ("grpc.max_send_message_length", 8 * 1024 * 1024),
+        ]
+    )
+    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)  # type: ignore[arg-type]
+    health = health_async.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    await server.start()
+    await health.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health.set("envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING)
+    return GrpcService(server, health, bound)
+
+
+async def wait_for_shutdown_signal() -> None:
+    """Block until SIGINT or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("TLS (mTLS when --tls-client-ca is given)")
+    group.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
+    group.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    group.add_argument("--tls-client-ca", type=Path, help="CA that client certificates must chain to")
+
+
+def tls_from_arguments(args: argparse.Namespace) -> TlsFiles | None:
+    if args.tls_cert is None and args.tls_key is None:
+        if args.tls_client_ca is not None:
+            raise SystemExit("--tls-client-ca needs --tls-cert and --tls-key")
+        return None
+    if args.tls_cert is None or args.tls_key is None:
+        raise SystemExit("--tls-cert and --tls-key go together")
+    return TlsFiles(args.tls_cert, args.tls_key, args.tls_client_ca)

@@ -1,0 +1,206 @@
+"""One ext_proc stream: the per-request state machine both services share.
+
+Envoy runs the request body in FULL_DUPLEX_STREAMED mode: it sends the request headers,
+then body chunks (and possibly trailers). We hold the headers until the body is complete,
+hand the whole request to the service's `Processor`, then answer with a headers response
+(header changes, corrected content-length, routing metadata) followed by the body
+re-emitted in chunks of at most 62,000 bytes. Response events, when Envoy is configured
+to send them, are passed on for accounting and acknowledged unchanged.
+
+`Processor.on_close` runs exactly once per stream, whatever happens (normal end, client
+abort, Envoy reset, protocol error): that is where in-flight accounting is returned.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from extproc import messages
+from extproc.errors import ErrorResponse, too_large
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRoute:
+    """A processor's answer for a request it lets through."""
+
+    set_headers: dict[str, str] = field(default_factory=dict)
+    remove_headers: tuple[str, ...] = ()
+    metadata: dict[str, dict[str, str]] = field(default_factory=dict)
+    clear_route_cache: bool = False
+    body: bytes | None = None  # a replacement body; None forwards the original
+
+
+class Processor(Protocol):
+    """What a service implements; one instance per stream (see `ProcessorFactory`)."""
+
+    max_body_bytes: int
+
+    async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse: ...
+
+    def on_response_headers(self, headers: dict[str, str]) -> None: ...
+
+    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None: ...
+
+    def on_close(self, completed: bool) -> None:
+        """Always called once. `completed` is False on abort, reset or protocol error."""
+        ...
+
+
+ProcessorFactory = Callable[[], Processor]
+
+
+class _Phase(enum.Enum):
+    EXPECT_HEADERS = "expect_headers"
+    COLLECTING_BODY = "collecting_body"
+    FORWARDED = "forwarded"  # request answered; only response events may follow
+    REFUSED = "refused"  # immediate response sent
+
+
+class ProtocolViolation(Exception):
+    """Envoy (or a fuzzer) sent a message that makes no sense in the current phase."""
+
+
+class ExtProcStream:
+    """Drive one stream: feed it ProcessingRequests, it yields ProcessingResponses."""
+
+    def __init__(self, processor: Processor) -> None:
+        self.processor = processor
+        self._phase = _Phase.EXPECT_HEADERS
+        self._headers: dict[str, str] = {}
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self.completed = False
+
+    async def handle(self, msg: pb.ProcessingRequest) -> AsyncIterator[pb.ProcessingResponse]:
+        kind = msg.WhichOneof("request")
+        if kind == "request_headers":
+            async for r in self._on_request_headers(msg.request_headers):
+                yield r
+        elif kind == "request_body":
+            async for r in self._on_request_body(msg.request_body):
+                yield r
+        elif kind == "request_trailers":
+            async for r in self._on_request_trailers():
+                yield r
+        elif kind == "response_headers":
+            self._expect(_Phase.FORWARDED, kind)
+            self.processor.on_response_headers(messages.headers_to_dict(msg.response_headers))
+            if msg.response_headers.end_of_stream:
+                self.completed = True
+            yield messages.continue_response_headers()
+        elif kind == "response_body":
+            self._expect(_Phase.FORWARDED, kind)
+            body = msg.response_body
+            self.processor.on_response_body(body.body, body.end_of_stream)
+            if body.end_of_stream:
+                self.completed = True
+            yield messages.continue_response_body()
+        elif kind == "response_trailers":
+            self._expect(_Phase.FORWARDED, kind)
+            self.completed = True
+            yield messages.continue_response_trailers()
+        else:
+            raise ProtocolViolation(f"unsupported ext_proc message {kind!r}")
+
+    def _expect(self, phase: _Phase, kind: str) -> None:
+        if self._phase is not phase:
+            raise ProtocolViolation(f"{kind} received in phase {self._phase.value}")
+
+    async def _on_request_headers(self, headers: pb.HttpHeaders) -> AsyncIterator[pb.ProcessingResponse]:
+        self._expect(_Phase.EXPECT_HEADERS, "request_headers")
+        self._headers = messages.headers_to_dict(headers)
+        if headers.end_of_stream:  # e.g. a GET: no body will follow
+            async for r in self._finish_request(trailers_follow=False, has_body=False):
+                yield r
+        else:
+            self._phase = _Phase.COLLECTING_BODY
+
+    async def _on_request_body(self, body: pb.HttpBody) -> AsyncIterator[pb.ProcessingResponse]:
+        self._expect(_Phase.COLLECTING_BODY, "request_body")
+        self._size += len(body.body)
+        limit = self.processor.max_body_bytes
+        if self._size > limit:
+            self._chunks.clear()
+            self._phase = _Phase.REFUSED
+            yield messages.immediate_response(too_large(limit))
+            return
+        if body.body:
+            self._chunks.append(body.body)
+        if body.end_of_stream:
+            async for r in self._finish_request(trailers_follow=False, has_body=True):
+                yield r
+
+    async def _on_request_trailers(self) -> AsyncIterator[pb.ProcessingResponse]:
+        self._expect(_Phase.COLLECTING_BODY, "request_trailers")
+        async for r in self._finish_request(trailers_follow=True, has_body=True):
+            yield r
+        if self._phase is _Phase.FORWARDED:
+            yield messages.request_trailers_response()
+
+    async def _finish_request(
+        self, *, trailers_follow: bool, has_body: bool
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        body = b"".join(self._chunks)
+        self._chunks.clear()
+        outcome = await self.processor.on_request(self._headers, body)
+        if isinstance(outcome, ErrorResponse):
+            self._phase = _Phase.REFUSED
+            yield messages.immediate_response(outcome)
+            return
+        self._phase = _Phase.FORWARDED
+        out_body = body if outcome.body is None else outcome.body
+        set_headers = dict(outcome.set_headers)
+        if has_body:
+            set_headers["content-length"] = str(len(out_body))
+        yield messages.request_headers_response(
+            set_headers,
+            outcome.remove_headers,
+            clear_route_cache=outcome.clear_route_cache,
+            metadata=outcome.metadata,
+        )
+        if has_body:
+            for r in messages.streamed_body_responses(out_body, trailers_follow=trailers_follow):
+                yield r
+
+    @property
+    def refused(self) -> bool:
+        return self._phase is _Phase.REFUSED
+
+
+class ExtProcServicer:
+    """The gRPC `ExternalProcessor` service: one `ExtProcStream` per call."""
+
+    def __init__(self, factory: ProcessorFactory, *, name: str) -> None:
+        self._factory = factory
+        self._name = name
+        self.active_streams = 0
+
+    async def Process(
+        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        stream = ExtProcStream(self._factory())
+        self.active_streams += 1
+        try:
+            async for msg in request_iterator:
+                async for response in stream.handle(msg):
+                    yield response
+                if stream.refused:
+                    return
+        except ProtocolViolation as exc:
+            log.warning("%s: ext_proc protocol violation: %s", self._name, exc)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        finally:
+            self.active_streams -= 1
+            try:
+                stream.processor.on_close(stream.completed)
+            except Exception:  # accounting must never take the stream down with it
+                log.exception("%s: on_close failed", self._name)

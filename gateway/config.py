@@ -1,0 +1,205 @@
+"""The one configuration schema of the gateway, for every source (file, ConfigMap, CRD).
+
+pydantic gives field-named validation errors for free; `ConfigError` turns them into one
+readable message per problem (`pools.0.models.1.name: field required`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Engine = Literal["vllm", "sglang", "tgi", "trtllm"]
+
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # the AWS gateway's BBR default (facts.md)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class Rewrite(_Model):
+    """One arm of a weighted traffic split: send `weight` parts of the traffic to `model`."""
+
+    model: str = Field(min_length=1)
+    weight: int = Field(ge=0)
+
+
+class ModelConfig(_Model):
+    name: str = Field(min_length=1)
+    adapters: list[str] = Field(default_factory=list)
+    profile: str | None = None  # scheduling profile used when the request names none
+    rewrites: list[Rewrite] = Field(default_factory=list)
+
+
+class EndpointConfig(_Model):
+    """A statically configured model-server pod."""
+
+    address: str
+    models: list[str] | None = None  # defaults to every model of the pool
+    adapters: list[str] | None = None  # defaults to every adapter of those models
+    engine: Engine | None = None  # defaults to the pool's engine
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("must be ip:port")
+        try:
+            ipaddress.ip_address(host.strip("[]"))
+        except ValueError as exc:
+            raise ValueError("host must be an IP address (Envoy's ORIGINAL_DST connects to it)") from exc
+        return v
+
+
+class KubernetesDiscovery(_Model):
+    namespace: str = "default"
+    pool_name: str = Field(alias="poolName", min_length=1)
+
+
+class EppAddress(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(default=9002, ge=0, lt=65536)
+
+
+class PoolConfig(_Model):
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    models: list[ModelConfig] = Field(min_length=1)
+    engine: Engine = "vllm"
+    target_port: int = Field(default=8000, alias="targetPort", ge=1, lt=65536)
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    kubernetes: KubernetesDiscovery | None = None
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(default="FailClose", alias="failureMode")
+    epp: EppAddress = Field(default_factory=EppAddress)
+
+
+class Thresholds(_Model):
+    queue: float = Field(default=5, gt=0)
+    kv_cache: float = Field(default=0.8, gt=0, le=1, alias="kvCache")
+    stale_after_ms: int = Field(default=1000, gt=0, alias="staleAfterMs")
+
+
+class ProfileConfig(_Model):
+    """A scheduling profile, chosen per request by `x-gateway-inference-objective`.
+
+    `priority` < 0 marks its traffic sheddable: refused with 429 while the pool is saturated.
+    """
+
+    weights: dict[str, float]
+    picker: Literal["max", "weighted"] = "max"
+    priority: int = 0
+
+    @field_validator("weights")
+    @classmethod
+    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, w in v.items():
+            if w < 0:
+                raise ValueError(f"weight {name!r} must be >= 0")
+        return v
+
+
+class ScrapeConfig(_Model):
+    interval_ms: int = Field(default=50, ge=5, alias="intervalMs")
+    timeout_ms: int = Field(default=500, ge=10, alias="timeoutMs")
+
+
+class AdmissionConfig(_Model):
+    retry_after_s: int = Field(default=1, ge=1, alias="retryAfterSeconds")
+
+
+class BbrConfig(_Model):
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, alias="maxRequestBodyBytes")
+    default_model: str | None = Field(default=None, alias="defaultModel")
+
+
+class GatewayConfig(_Model):
+    pools: list[PoolConfig] = Field(min_length=1)
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    default_profile: str = Field(default="default", alias="defaultProfile")
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    bbr: BbrConfig = Field(default_factory=BbrConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewayConfig:
+        seen_pools: set[str] = set()
+        names: dict[str, str] = {}
+        for pool in self.pools:
+            if pool.name in seen_pools:
+                raise ValueError(f"pools: duplicate pool name {pool.name!r}")
+            seen_pools.add(pool.name)
+            for model in pool.models:
+                for name in (model.name, *model.adapters):
+                    if name in names:
+                        raise ValueError(
+                            f"model name {name!r} is declared twice (pools {names[name]!r} and {pool.name!r})"
+                        )
+                    names[name] = pool.name
+            pool_names = {m.name for m in pool.models} | {a for m in pool.models for a in m.adapters}
+            for model in pool.models:
+                for rw in model.rewrites:
+                    if rw.model not in pool_names:
+                        raise ValueError(
+                            f"pools.{pool.name}.models.{model.name}.rewrites: {rw.model!r} is not served by this pool"
+                        )
+                if model.rewrites and sum(rw.weight for rw in model.rewrites) == 0:
+                    raise ValueError(f"pools.{pool.name}.models.{model.name}.rewrites: weights sum to 0")
+        if self.bbr.default_model is not None and self.bbr.default_model not in names:
+            raise ValueError(f"bbr.defaultModel: {self.bbr.default_model!r} is not a configured model")
+        return self
+
+    def routes(self) -> dict[str, ModelRoute]:
+        """Every public model name (base or adapter) -> where it goes."""
+        out: dict[str, ModelRoute] = {}
+        for pool in self.pools:
+            for model in pool.models:
+                out[model.name] = ModelRoute(pool.name, model.name, None)
+                for adapter in model.adapters:
+                    out[adapter] = ModelRoute(pool.name, model.name, adapter)
+        return out
+
+    def pool(self, name: str) -> PoolConfig:
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    pool: str
+    base_model: str
+    adapter: str | None
+
+
+class ConfigError(ValueError):
+    """A configuration that failed validation; the message names each bad field."""
+
+
+def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(root)"
+            problems.append(f"{where}: {err['msg']}")
+        raise ConfigError("; ".join(problems)) from None
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return parse_config(data)

@@ -1,0 +1,418 @@
+"""Render the Envoy bootstrap from the gateway configuration.
+
+Why plain dicts validated against xds-protos rather than envoy-data-plane's typed classes:
+the bootstrap reads like the Envoy documentation (so operators can diff it against what they
+know), and `json_format.ParseDict` into the real `Bootstrap` message rejects any misspelt
+field or wrong type at render time, with the very descriptors Envoy is built from. The
+integration tests then run `envoy --mode validate` on the result. One source of truth
+(the gateway config) feeds both the services and this file.
+
+Request path per pool (see README):
+  strip client x-gateway-* headers -> BBR ext_proc (sets x-gateway-model-name) ->
+  route on the model header -> that pool's EPP ext_proc (per-route override) ->
+  ORIGINAL_DST cluster reading the destination from `envoy.lb` metadata only, so a
+  client-sent destination header can never steer traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from gateway.config import GatewayConfig
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+MODEL_HEADER = "x-gateway-model-name"
+ERROR_DETAILS_PREFIX = "gateway_"  # ImmediateResponse details set by our ext_proc services
+EPP_FILTER = "gateway.epp"
+BBR_FILTER = "gateway.bbr"
+
+_TYPES = {
+    "hcm": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+    "ext_proc": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+    "ext_proc_route": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+    "filter_config": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+    "router": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+    "header_mutation": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+    "tls_down": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+    "tls_up": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+    "http_opts": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+    "cel": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ExtProcTls:
+    """mTLS from Envoy to the ext_proc services: Envoy's client cert and the CA it trusts."""
+
+    client_cert: Path
+    client_key: Path
+    ca: Path
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Where everything listens: the part of the bootstrap that is not gateway policy."""
+
+    listen_port: int
+    admin_port: int
+    bbr: tuple[str, int]
+    epps: Mapping[str, tuple[str, int]]  # pool name -> EPP host, port
+    server_cert: Path
+    server_key: Path
+    listen_host: str = "127.0.0.1"
+    extproc_tls: ExtProcTls | None = None
+    ext_proc_timeout_s: float = 10.0
+    connection_buffer_bytes: int = 4 * 1024 * 1024
+    fallback_endpoints: Mapping[str, list[str]] = field(default_factory=dict)  # FailOpen pools
+
+
+def _socket(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3f}s"
+
+
+def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(host, port)}}]}],
+        },
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _TYPES["http_opts"],
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+    }
+    if tls is not None:
+        cluster["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": _TYPES["tls_up"],
+                "sni": "localhost",
+                "common_tls_context": {
+                    "tls_certificates": [
+                        {
+                            "certificate_chain": {"filename": str(tls.client_cert)},
+                            "private_key": {"filename": str(tls.client_key)},
+                        }
+                    ],
+                    "validation_context": {"trusted_ca": {"filename": str(tls.ca)}},
+                },
+            },
+        }
+    return cluster
+
+
+def _processing_mode(*, response_headers: bool) -> dict[str, str]:
+    return {
+        "request_header_mode": "SEND",
+        "request_body_mode": "FULL_DUPLEX_STREAMED",
+        "request_trailer_mode": "SEND",
+        "response_header_mode": "SEND" if response_headers else "SKIP",
+        "response_body_mode": "NONE",
+        "response_trailer_mode": "SKIP",
+    }
+
+
+def _ext_proc_filter(
+    name: str, cluster: str, topo: Topology, *, response_headers: bool, disabled: bool
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "@type": _TYPES["ext_proc"],
+        "grpc_service": {
+            "envoy_grpc": {"cluster_name": cluster},
+            "timeout": _duration(topo.ext_proc_timeout_s),
+        },
+        "failure_mode_allow": False,
+        "processing_mode": _processing_mode(response_headers=response_headers),
+        "message_timeout": _duration(topo.ext_proc_timeout_s),
+        "status_on_error": {"code": "ServiceUnavailable"},
+        "allow_mode_override": False,
+        "mutation_rules": {"allow_all_routing": True},
+    }
+    if name == EPP_FILTER:
+        config["metadata_options"] = {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
+    return {"name": name, "typed_config": config, "disabled": disabled}
+
+
+def _json_error_route(
+    name: str, status: int, message: str, code: str, match: dict[str, Any]
+) -> dict[str, Any]:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}})
+    return {
+        "name": name,
+        "match": match,
+        "direct_response": {"status": status, "body": {"inline_string": body}},
+        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
+    }
+
+
+def _models_list(config: GatewayConfig) -> str:
+    data = [
+        {"id": name, "object": "model", "owned_by": "inference-gateway", "root": route.base_model}
+        for name, route in sorted(config.routes().items())
+    ]
+    return json.dumps({"object": "list", "data": data})
+
+
+def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+    routes: list[dict[str, Any]] = []
+    for pool in config.pools:
+        names = [m.name for m in pool.models] + [a for m in pool.models for a in m.adapters]
+        model_match = {
+            "name": MODEL_HEADER,
+            "string_match": {"safe_regex": {"regex": "|".join(_regex_escape(n) for n in names)}},
+        }
+        # 1) After the EPP chose: route by `envoy.lb` metadata to the chosen pod.
+        routes.append(
+            {
+                "name": f"{pool.name}-picked",
+                "match": {
+                    "prefix": "/",
+                    "headers": [model_match, {"name": DESTINATION_HEADER, "present_match": True}],
+                },
+                "route": {"cluster": f"pool-{pool.name}", "timeout": "0s", "idle_timeout": "300s"},
+            }
+        )
+        # 2) Before the EPP chose: run this pool's EPP. If it fails open, the fallback cluster serves.
+        epp_override: dict[str, Any] = {
+            "@type": _TYPES["ext_proc_route"],
+            "overrides": {
+                "grpc_service": {
+                    "envoy_grpc": {"cluster_name": f"epp-{pool.name}"},
+                    "timeout": _duration(topo.ext_proc_timeout_s),
+                },
+                "failure_mode_allow": pool.failure_mode == "FailOpen",
+            },
+        }
+        fallback = f"fallback-{pool.name}" if pool.failure_mode == "FailOpen" else f"pool-{pool.name}"
+        routes.append(
+            {
+                "name": f"{pool.name}-pick",
+                "match": {"prefix": "/", "headers": [model_match]},
+                "route": {"cluster": fallback, "timeout": "0s", "idle_timeout": "300s"},
+                "typed_per_filter_config": {
+                    EPP_FILTER: {"@type": _TYPES["filter_config"], "config": epp_override, "disabled": False}
+                },
+            }
+        )
+    return routes
+
+
+def _regex_escape(name: str) -> str:
+    return re.escape(name)
+
+
+def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+    clusters: list[dict[str, Any]] = []
+    for pool in config.pools:
+        clusters.append(
+            {
+                "name": f"pool-{pool.name}",
+                "type": "ORIGINAL_DST",
+                "lb_policy": "CLUSTER_PROVIDED",
+                "connect_timeout": "2s",
+                "cleanup_interval": "60s",
+                "original_dst_lb_config": {
+                    "use_http_header": False,
+                    "metadata_key": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]},
+                },
+                "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
+            }
+        )
+        if pool.failure_mode == "FailOpen":
+            endpoints = topo.fallback_endpoints.get(pool.name) or [ep.address for ep in pool.endpoints]
+            clusters.append(
+                {
+                    "name": f"fallback-{pool.name}",
+                    "type": "STATIC",
+                    "lb_policy": "LEAST_REQUEST",
+                    "connect_timeout": "2s",
+                    "load_assignment": {
+                        "cluster_name": f"fallback-{pool.name}",
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {"endpoint": {"address": _socket(*_split_address(a))}} for a in endpoints
+                                ]
+                            }
+                        ],
+                    },
+                }
+            )
+    return clusters
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _local_reply_config() -> dict[str, Any]:
+    """Shape Envoy's own error replies (ext_proc down, upstream reset, no route) as OpenAI JSON.
+
+    Replies our services produced (details prefixed `gateway_`) are already JSON and pass
+    through untouched.
+    """
+    return {
+        "mappers": [
+            {
+                "filter": {
+                    "extension_filter": {
+                        "name": "envoy.access_loggers.extension_filters.cel",
+                        "typed_config": {
+                            "@type": _TYPES["cel"],
+                            "expression": f"!response.code_details.startsWith('{ERROR_DETAILS_PREFIX}')",
+                        },
+                    }
+                },
+                "body_format_override": {
+                    "json_format": {
+                        "error": {
+                            "message": "%LOCAL_REPLY_BODY%",
+                            "type": "server_error",
+                            "code": "%RESPONSE_CODE_DETAILS%",
+                        }
+                    },
+                    "content_type": "application/json",
+                },
+            }
+        ]
+    }
+
+
+def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
+    routes: list[dict[str, Any]] = [
+        {
+            "name": "models-list",
+            "match": {
+                "path": "/v1/models",
+                "headers": [{"name": ":method", "string_match": {"exact": "GET"}}],
+            },
+            "direct_response": {"status": 200, "body": {"inline_string": _models_list(config)}},
+            "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
+        }
+    ]
+    routes.extend(_pool_routes(config, topo))
+    routes.append(
+        _json_error_route(
+            "no-route",
+            404,
+            "no route: send an OpenAI-compatible JSON request with a 'model' field",
+            "route_not_found",
+            {"prefix": "/"},
+        )
+    )
+    hcm = {
+        "@type": _TYPES["hcm"],
+        "stat_prefix": "gateway",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": "300s",
+        "request_timeout": "0s",
+        "use_remote_address": True,
+        "route_config": {
+            "name": "gateway",
+            "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
+        },
+        "http_filters": [
+            {
+                "name": "gateway.strip_routing_headers",
+                "typed_config": {
+                    "@type": _TYPES["header_mutation"],
+                    "mutations": {
+                        "request_mutations": [
+                            {"remove": h}
+                            for h in (DESTINATION_HEADER, MODEL_HEADER, "x-gateway-base-model-name")
+                        ]
+                    },
+                },
+            },
+            _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, disabled=False),
+            # The EPP filter is off by default and switched on per pool route with that pool's EPP.
+            _ext_proc_filter(
+                EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=True, disabled=True
+            ),
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
+        ],
+        "local_reply_config": _local_reply_config(),
+    }
+    clusters = [_grpc_cluster("bbr", *topo.bbr, topo.extproc_tls)]
+    clusters += [
+        _grpc_cluster(f"epp-{pool}", host, port, topo.extproc_tls) for pool, (host, port) in topo.epps.items()
+    ]
+    clusters += _pool_clusters(config, topo)
+    bootstrap = {
+        "admin": {"address": _socket("127.0.0.1", topo.admin_port)},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "https",
+                    "address": _socket(topo.listen_host, topo.listen_port),
+                    "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
+                    "filter_chains": [
+                        {
+                            "transport_socket": {
+                                "name": "envoy.transport_sockets.tls",
+                                "typed_config": {
+                                    "@type": _TYPES["tls_down"],
+                                    "common_tls_context": {
+                                        "alpn_protocols": ["h2", "http/1.1"],
+                                        "tls_certificates": [
+                                            {
+                                                "certificate_chain": {"filename": str(topo.server_cert)},
+                                                "private_key": {"filename": str(topo.server_key)},
+                                            }
+                                        ],
+                                    },
+                                },
+                            },
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                            ],
+                        }
+                    ],
+                }
+            ],
+            "clusters": clusters,
+        },
+    }
+    validate_bootstrap(bootstrap)
+    return bootstrap
+
+
+def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
+    """Parse into the real Bootstrap message: unknown fields or wrong types raise ParseError."""
+    from envoy.config.bootstrap.v3 import bootstrap_pb2
+
+    # Register every typed_config type used above with the descriptor pool.
+    from envoy.config.route.v3 import route_components_pb2  # noqa: F401
+    from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2  # noqa: F401
+    from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
+    from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2  # noqa: F401
+    from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
+    from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
+        http_connection_manager_pb2,
+    )
+    from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
+    from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+
+    json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())
+
+
+def write_bootstrap(config: GatewayConfig, topo: Topology, path: Path) -> Path:
+    path.write_text(json.dumps(render_bootstrap(config, topo), indent=1))
+    return path

