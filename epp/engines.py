@@ -1,0 +1,274 @@
+"""Model-server metric dialects as data, and a fast parser for the few lines the EPP needs.
+
+A vLLM /metrics page is tens of kilobytes of histogram buckets; the scheduler needs five or
+six series. Instead of tokenising every line (what a general Prometheus parser does), the
+parser searches the page for each wanted metric name at a line start (`str.find`, C speed)
+and parses only those lines. Label blocks are parsed only for the info-style series whose
+labels carry the data (LoRA adapters, cache config), with a tokenizer that honours escaped
+quotes and commas inside values.
+
+Aggregation over several series of one gauge (e.g. one per `model_name` or data-parallel
+`engine`): counts (waiting, running) are summed; fractions (KV usage) are averaged, since a
+sum of percentages is meaningless and the mean is the pod's overall cache occupancy when
+its engines are the same size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from epp.pool import Metrics
+
+
+class MetricsParseError(ValueError):
+    """The page is not a metrics page of the expected dialect; the scraper marks the pod stale."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """Where one engine publishes the fields of `Metrics`. Aliases are tried in order."""
+
+    name: str
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    kv_usage: tuple[str, ...] = ()  # a 0..1 fraction (averaged over series)
+    kv_tokens: tuple[str, ...] = ()  # tokens held, divided by a known capacity (TGI)
+    lora_info: str | None = None  # info series: labels max_lora, running/waiting adapters
+    cache_info: str | None = None  # info series: labels block_size, num_gpu_blocks
+
+    def core_names(self) -> tuple[str, ...]:
+        return self.waiting + self.running + self.kv_usage + self.kv_tokens
+
+
+DIALECTS: dict[str, Dialect] = {
+    d.name: d
+    for d in (
+        Dialect(
+            name="vllm",
+            waiting=("vllm:num_requests_waiting",),
+            running=("vllm:num_requests_running",),
+            kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+            lora_info="vllm:lora_requests_info",
+            cache_info="vllm:cache_config_info",
+        ),
+        Dialect(
+            name="sglang",
+            waiting=("sglang:num_queue_reqs",),
+            running=("sglang:num_running_reqs",),
+            kv_usage=("sglang:token_usage",),
+        ),
+        Dialect(
+            name="tgi",
+            waiting=("tgi_queue_size",),
+            running=("tgi_batch_current_size",),
+            kv_tokens=("tgi_batch_current_max_tokens",),
+        ),
+        Dialect(
+            name="trtllm",
+            waiting=("trtllm_num_requests_waiting",),
+            running=("trtllm_num_requests_running",),
+            kv_usage=("trtllm_kv_cache_utilization",),
+        ),
+    )
+}
+
+
+def get_dialect(name: str) -> Dialect:
+    """The dialect called `name`; ValueError naming the known ones otherwise."""
+    try:
+        return DIALECTS[name]
+    except KeyError:
+        raise ValueError(f"unknown metrics dialect {name!r}; known: {', '.join(sorted(DIALECTS))}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One series line: its raw label block (without braces) and value."""
+
+    labels: str
+    value: float
+
+
+def find_samples(text: str, name: str) -> Iterator[Sample]:
+    """Yield every sample of metric `name` (exact name, not a longer one sharing the prefix)."""
+    nlen = len(name)
+    needle = "\n" + name
+    if text.startswith(name):
+        pos = 0
+    else:
+        pos = text.find(needle)
+        pos = pos + 1 if pos >= 0 else -1
+    while pos >= 0:
+        end = text.find("\n", pos)
+        line = text[pos:] if end < 0 else text[pos:end]
+        sep = line[nlen : nlen + 1]
+        if sep == "{" or sep == " " or sep == "\t":
+            yield _parse_line(line, nlen)
+        if end < 0:
+            return
+        pos = text.find(needle, end)
+        pos = pos + 1 if pos >= 0 else -1
+
+
+def _parse_line(line: str, nlen: int) -> Sample:
+    labels = ""
+    rest = line[nlen:]
+    if rest.startswith("{"):
+        close = rest.rfind("}")  # values and timestamps never contain '}', so the last one closes
+        if close < 0:
+            raise MetricsParseError(f"unterminated label set: {line[:200]!r}")
+        labels = rest[1:close]
+        rest = rest[close + 1 :]
+    parts = rest.split()
+    if not parts or len(parts) > 2:
+        raise MetricsParseError(f"malformed sample line: {line[:200]!r}")
+    try:
+        value = float(parts[0])
+    except ValueError:
+        raise MetricsParseError(f"bad sample value in line: {line[:200]!r}") from None
+    return Sample(labels, value)
+
+
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+def parse_labels(block: str) -> dict[str, str]:
+    """Parse `a="x",b="y\\"z"` (the inside of a label block); commas inside values are kept."""
+    labels: dict[str, str] = {}
+    i, n = 0, len(block)
+    while i < n:
+        while i < n and block[i] in " \t,":
+            i += 1
+        if i >= n:
+            break
+        eq = block.find("=", i)
+        if eq < 0:
+            raise MetricsParseError(f"label without value in {{{block[:200]}}}")
+        key = block[i:eq].strip()
+        i = eq + 1
+        while i < n and block[i] in " \t":
+            i += 1
+        if i >= n or block[i] != '"' or not key:
+            raise MetricsParseError(f"bad label {key!r} in {{{block[:200]}}}")
+        i += 1
+        chars: list[str] = []
+        while True:
+            q = _next_special(block, i)
+            if q < 0:
+                raise MetricsParseError(f"unterminated label value in {{{block[:200]}}}")
+            chars.append(block[i:q])
+            if block[q] == '"':
+                i = q + 1
+                break
+            if q + 1 >= n:
+                raise MetricsParseError(f"dangling escape in {{{block[:200]}}}")
+            nxt = block[q + 1]
+            chars.append(_ESCAPES.get(nxt, "\\" + nxt))
+            i = q + 2
+        labels[key] = "".join(chars)
+    return labels
+
+
+def _next_special(block: str, start: int) -> int:
+    quote = block.find('"', start)
+    backslash = block.find("\\", start)
+    if backslash < 0 or (0 <= quote < backslash):
+        return quote
+    return backslash
+
+
+def _finite(name: str, value: float) -> float:
+    if not math.isfinite(value):
+        raise MetricsParseError(f"{name} is {value}, not a finite number")
+    return value
+
+
+def _sum_of(text: str, names: tuple[str, ...]) -> float | None:
+    """Sum of all series of the first alias present; None when no alias is on the page."""
+    for name in names:
+        values = [s.value for s in find_samples(text, name)]
+        if values:
+            return _finite(name, math.fsum(values))
+    return None
+
+
+def _mean_of(text: str, names: tuple[str, ...]) -> float | None:
+    for name in names:
+        values = [s.value for s in find_samples(text, name)]
+        if values:
+            return _finite(name, math.fsum(values) / len(values))
+    return None
+
+
+def _adapters(value: str) -> frozenset[str]:
+    return frozenset(a for a in (part.strip() for part in value.split(",")) if a)
+
+
+def _int_label(labels: dict[str, str], key: str, metric: str) -> int | None:
+    raw = labels.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise MetricsParseError(f"{metric} label {key}={raw!r} is not a number") from None
+
+
+def parse_metrics(
+    text: str | bytes,
+    dialect: str,
+    scraped_at: float,
+    *,
+    kv_capacity_tokens: int | None = None,
+) -> Metrics:
+    """Parse one /metrics page of engine `dialect` into `Metrics`.
+
+    `kv_capacity_tokens` is the KV capacity in tokens when known from configuration; TGI's
+    KV usage is `tgi_batch_current_max_tokens / capacity` with it and 0 without it.
+    Raises ValueError for an unknown dialect and MetricsParseError when the page carries
+    none of the dialect's core metrics or a wanted line is malformed.
+    """
+    d = get_dialect(dialect)
+    if isinstance(text, bytes | bytearray | memoryview):
+        text = bytes(text).decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise MetricsParseError(f"metrics page must be text, got {type(text).__name__}")
+
+    waiting = _sum_of(text, d.waiting)
+    running = _sum_of(text, d.running)
+    kv = _mean_of(text, d.kv_usage) if d.kv_usage else None
+    if d.kv_tokens:
+        held = _sum_of(text, d.kv_tokens)
+        if kv is None and held is not None:
+            kv = held / kv_capacity_tokens if kv_capacity_tokens else 0.0
+    if waiting is None and running is None and kv is None:
+        wanted = ", ".join(d.core_names())
+        raise MetricsParseError(f"no {d.name} metrics on the page (looked for {wanted})")
+
+    fields: dict[str, object] = {}
+    if d.lora_info is not None:
+        newest: Sample | None = None
+        for sample in find_samples(text, d.lora_info):
+            if newest is None or sample.value >= newest.value:
+                newest = sample
+        if newest is not None:
+            labels = parse_labels(newest.labels)
+            fields["running_adapters"] = _adapters(labels.get("running_lora_adapters", ""))
+            fields["waiting_adapters"] = _adapters(labels.get("waiting_lora_adapters", ""))
+            fields["max_lora"] = _int_label(labels, "max_lora", d.lora_info) or 0
+    if d.cache_info is not None:
+        for sample in find_samples(text, d.cache_info):
+            labels = parse_labels(sample.labels)
+            fields["block_size"] = _int_label(labels, "block_size", d.cache_info)
+            fields["num_gpu_blocks"] = _int_label(labels, "num_gpu_blocks", d.cache_info)
+            break
+
+    return Metrics(
+        waiting=max(0.0, waiting or 0.0),
+        running=max(0.0, running or 0.0),
+        kv_usage=min(1.0, max(0.0, kv or 0.0)),
+        scraped_at=scraped_at,
+        **fields,  # type: ignore[arg-type]
+    )

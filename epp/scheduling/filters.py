@@ -1,0 +1,46 @@
+"""Filters: which pods may take a request. Each returns the survivors in input order.
+
+The stale and saturation filters never refuse on their own: when every candidate fails
+them the candidates are kept (a stale or saturated pod is still better than a 503), and the
+saturation filter reports it so admission can shed load instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from epp.pool import EndpointState
+from epp.request import InferenceRequest
+from epp.scheduling.profiles import Thresholds
+from epp.scheduling.saturation import is_saturated
+
+
+def serving(request: InferenceRequest, endpoints: Sequence[EndpointState]) -> list[EndpointState]:
+    """Pods that serve the request's base model and, for a LoRA request, its adapter."""
+    model, adapter = request.target_model, request.adapter
+    return [s for s in endpoints if s.endpoint.serves(model, adapter)]
+
+
+def healthy(candidates: Sequence[EndpointState]) -> list[EndpointState]:
+    """Pods whose scrapes are not failing repeatedly (the pool's `healthy` flag)."""
+    return [s for s in candidates if s.healthy]
+
+
+def fresh(candidates: Sequence[EndpointState], stale_after: float) -> list[EndpointState]:
+    """Pods with metrics younger than `stale_after` seconds; never-scraped pods are stale.
+
+    Stale metrics of an idle-looking pod would otherwise attract every request (herding);
+    when all candidates are stale they are all kept and the scorers treat unknowns as bad.
+    """
+    kept = [s for s in candidates if s.metrics_age <= stale_after]
+    return kept if kept else list(candidates)
+
+
+def unsaturated(
+    candidates: Sequence[EndpointState], thresholds: Thresholds
+) -> tuple[list[EndpointState], bool]:
+    """(pods under the queue/KV thresholds, True when none is and all were kept)."""
+    kept = [s for s in candidates if not is_saturated(s, thresholds)]
+    if kept or not candidates:
+        return kept, False
+    return list(candidates), True

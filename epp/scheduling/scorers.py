@@ -1,0 +1,168 @@
+"""Scorers: `score(request, candidates, ctx) -> list[float]`, one value in [0, 1] per pod.
+
+Higher is better. Each scorer's formula is in its docstring. Pods whose metrics were never
+scraped (`metrics is None`) get the worst metric-based score, never an idle-looking one:
+a pod the EPP knows nothing about must not attract a herd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from epp.pool import EndpointState
+from epp.request import InferenceRequest
+from epp.scheduling.prefix import PrefixIndex
+from epp.scheduling.profiles import DEFAULT_THRESHOLDS, Thresholds
+from epp.scheduling.saturation import effective_queue
+
+# Output tokens assumed for a request without max_tokens when predicting its service time.
+DEFAULT_OUTPUT_TOKENS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringContext:
+    """Per-request inputs shared by all scorers (computed once per request, not per pod)."""
+
+    thresholds: Thresholds = DEFAULT_THRESHOLDS
+    prefix_hashes: tuple[int, ...] = ()
+    prefix_index: PrefixIndex | None = None
+
+
+Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]
+
+
+def _min_max_inverse(values: Sequence[float | None]) -> list[float]:
+    """(max - x) / (max - min) over known values, 1 when all equal; unknown (None) -> 0."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return [0.0] * len(values)
+    lo, hi = min(known), max(known)
+    if hi == lo:
+        return [0.0 if v is None else 1.0 for v in values]
+    span = hi - lo
+    return [0.0 if v is None else (hi - v) / span for v in values]
+
+
+def queue(request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext) -> list[float]:
+    """GIE's queue scorer: (maxQ - q) / (maxQ - minQ) over candidates, 1 if all equal.
+
+    q = waiting + in-flight requests the scrape has not seen yet
+    (max(0, inflight - waiting - running)). Between two scrapes the scraped queue is frozen,
+    so a burst would all land on the pod that looked emptiest; the unseen term spreads it
+    without double counting requests the scrape already shows.
+    """
+    return _min_max_inverse([effective_queue(s) if s.metrics is not None else None for s in candidates])
+
+
+def kv_cache(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """1 - KV-cache usage (0..1); unknown -> 0."""
+    return [0.0 if s.metrics is None else min(1.0, max(0.0, 1.0 - s.metrics.kv_usage)) for s in candidates]
+
+
+def running_requests(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """(maxR - r) / (maxR - minR) over candidates with r = running requests, 1 if all equal."""
+    return _min_max_inverse([s.metrics.running if s.metrics is not None else None for s in candidates])
+
+
+def lora_affinity(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """GIE's LoRA affinity: 1.0 adapter active; 0.8 room to load it (active + waiting <
+    max_lora, or the pod does not report LoRA state); 0.6 adapter waiting; else 0.
+    A base-model request scores 1 everywhere (nothing to load); unknown metrics -> 0.
+    """
+    adapter = request.adapter
+    if adapter is None:
+        return [1.0] * len(candidates)
+    out: list[float] = []
+    for s in candidates:
+        m = s.metrics
+        if m is None:
+            out.append(0.0)
+        elif adapter in m.running_adapters:
+            out.append(1.0)
+        elif m.max_lora <= 0 or len(m.running_adapters) + len(m.waiting_adapters) < m.max_lora:
+            out.append(0.8)
+        elif adapter in m.waiting_adapters:
+            out.append(0.6)
+        else:
+            out.append(0.0)
+    return out
+
+
+def prefix_cache(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """matched leading blocks / max(total blocks, prefix_min_blocks).
+
+    GIE divides by the prompt's own block count, so a 2-block prompt that matches scores
+    1.0, as much as a 10k-token document hit, and outranks real load differences. Dividing
+    by at least `prefix_min_blocks` (16 blocks ~ 256 tokens by default) makes the score
+    proportional to the prefill a hit actually saves.
+    """
+    hashes, index = ctx.prefix_hashes, ctx.prefix_index
+    if not hashes or index is None:
+        return [0.0] * len(candidates)
+    denom = float(max(len(hashes), ctx.thresholds.prefix_min_blocks))
+    return [index.match(hashes, s.address) / denom for s in candidates]
+
+
+def inflight(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """1 - (r / max r + t / max t) / 2 over the EPP's own in-flight requests r and tokens t.
+
+    Proportional rather than min-max: 10 vs 11 in-flight should be nearly a tie, not 1 vs 0.
+    Needs no scrape, so it is current to the last request and works before the first scrape.
+    """
+    max_r = max((s.inflight_requests for s in candidates), default=0)
+    max_t = max((s.inflight_tokens for s in candidates), default=0)
+    out: list[float] = []
+    for s in candidates:
+        load = (s.inflight_requests / max_r if max_r else 0.0) + (s.inflight_tokens / max_t if max_t else 0.0)
+        out.append(1.0 - load / 2.0)
+    return out
+
+
+def observed_speed(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """min(wait) / wait_i with predicted wait_i = (n_i + 1) x t_i, for heterogeneous GPUs.
+
+    t_i = ttft_ewma + tpot_ewma x expected output tokens: the observed time per request on
+    this pod; n_i = max(in-flight, scraped waiting + running): the requests ahead of this one.
+    A pod 5x slower at equal load scores 0.2. Pods without observations yet take the median
+    t of those with (neither favoured nor starved); if none has any, only load counts.
+    """
+    out_tokens = request.max_tokens or DEFAULT_OUTPUT_TOKENS
+    times: list[float | None] = []
+    for s in candidates:
+        if s.ttft_ewma is None and s.tpot_ewma is None:
+            times.append(None)
+        else:
+            times.append((s.ttft_ewma or 0.0) + (s.tpot_ewma or 0.0) * out_tokens)
+    known = sorted(t for t in times if t is not None)
+    fallback = known[len(known) // 2] if known else 1.0
+    waits: list[float] = []
+    for s, t in zip(candidates, times, strict=True):
+        m = s.metrics
+        ahead = max(float(s.inflight_requests), (m.waiting + m.running) if m is not None else 0.0)
+        waits.append((ahead + 1.0) * max(t if t is not None else fallback, 1e-6))
+    best = min(waits, default=1.0)
+    return [best / w for w in waits]
+
+
+SCORERS: dict[str, Scorer] = {
+    "queue": queue,
+    "kv-cache": kv_cache,
+    "prefix-cache": prefix_cache,
+    "lora-affinity": lora_affinity,
+    "running-requests": running_requests,
+    "inflight": inflight,
+    "observed-speed": observed_speed,
+}

@@ -1,0 +1,119 @@
+"""`WeightedScheduler`: filter, score with a profile's weights, pick. Pure and synchronous.
+
+pick(): serving -> healthy -> fresh (stale filter) -> unsaturated (or all, flagged) ->
+each weighted scorer once over all candidates -> total = sum(weight x score) -> picker.
+The prompt is hashed at most once per request; `on_routed` reuses those hashes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+from epp.pool import EndpointState, PoolSnapshot
+from epp.request import InferenceRequest
+from epp.scheduling.base import Decision
+from epp.scheduling.filters import fresh, healthy, serving, unsaturated
+from epp.scheduling.picker import PICKERS
+from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
+from epp.scheduling.profiles import BUILTIN_PROFILES, Profile
+from epp.scheduling.scorers import SCORERS, ScoringContext
+
+# Characters per token used to turn a server's KV block size (tokens) into characters.
+CHARS_PER_TOKEN = 4
+# Hashes of recently picked requests kept for `on_routed` (bounded: a request that is
+# picked but never routed must not leak).
+_RECENT_HASHES = 4096
+
+
+def block_chars_for(candidates: Sequence[EndpointState], default: int = DEFAULT_BLOCK_CHARS) -> int:
+    """block_size x 4 characters when every candidate that reports a block size agrees."""
+    sizes = {s.metrics.block_size for s in candidates if s.metrics is not None and s.metrics.block_size}
+    if len(sizes) == 1:
+        return sizes.pop() * CHARS_PER_TOKEN  # type: ignore[operator]
+    return default
+
+
+class WeightedScheduler:
+    def __init__(
+        self,
+        profiles: Mapping[str, Profile] = BUILTIN_PROFILES,
+        default_profile: str = "default",
+        rng: random.Random | None = None,
+        prefix_index: PrefixIndex | None = None,
+    ) -> None:
+        if default_profile not in profiles:
+            raise ValueError(f"default profile {default_profile!r} is not among {sorted(profiles)}")
+        self.profiles = dict(profiles)
+        self.default_profile = default_profile
+        self.rng = rng or random.Random()
+        self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
+        self._recent: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def profile_for(self, request: InferenceRequest) -> Profile:
+        objective = request.objective
+        if objective is not None and objective in self.profiles:
+            return self.profiles[objective]
+        return self.profiles[self.default_profile]
+
+    def pick(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
+        profile = self.profile_for(request)
+        th = profile.thresholds
+        candidates = serving(request, snapshot.endpoints)
+        if not candidates:
+            what = f"adapter {request.adapter!r} of " if request.adapter else ""
+            reason = f"no endpoint serves {what}model {request.target_model!r}"
+            return Decision((), profile=profile.name, reason=reason)
+        candidates = healthy(candidates)
+        if not candidates:
+            reason = f"no healthy endpoint for model {request.target_model!r}"
+            return Decision((), profile=profile.name, reason=reason)
+        candidates, all_saturated = unsaturated(fresh(candidates, th.stale_after), th)
+
+        hashes: tuple[int, ...] = ()
+        if profile.weights.get("prefix-cache", 0.0) > 0:
+            hashes = self._hashes(request, candidates)
+        ctx = ScoringContext(thresholds=th, prefix_hashes=hashes, prefix_index=self.prefix_index)
+
+        n = len(candidates)
+        totals = [0.0] * n
+        per_scorer: list[tuple[str, list[float]]] = []
+        for name, weight in profile.weights.items():
+            if weight <= 0:
+                continue
+            values = SCORERS[name](request, candidates, ctx)
+            per_scorer.append((name, values))
+            for i, v in enumerate(values):
+                totals[i] += weight * (0.0 if v < 0.0 else 1.0 if v > 1.0 else v)
+
+        order = PICKERS[profile.picker](totals, self.rng)
+        scores: dict[str, dict[str, float]] = {}
+        for i, s in enumerate(candidates):
+            row = {name: values[i] for name, values in per_scorer}
+            row["total"] = totals[i]
+            scores[s.address] = row
+        return Decision(
+            ranked=tuple(candidates[i].address for i in order),
+            scores=scores,
+            profile=profile.name,
+            saturated=all_saturated,
+        )
+
+    def on_routed(self, request: InferenceRequest, address: str) -> None:
+        """Remember the request's prefix blocks on the pod it was sent to."""
+        hashes = self._recent.pop(request.request_id, None)
+        if hashes is None:
+            hashes = self.prefix_index.hashes(request.target_model, request.prompt)
+        if hashes:
+            self.prefix_index.add(address, hashes)
+
+    def _hashes(self, request: InferenceRequest, candidates: Sequence[EndpointState]) -> tuple[int, ...]:
+        hashes = self.prefix_index.hashes(
+            request.target_model, request.prompt, block_chars_for(candidates, self.prefix_index.block_chars)
+        )
+        recent = self._recent
+        recent[request.request_id] = hashes
+        if len(recent) > _RECENT_HASHES:
+            recent.popitem(last=False)
+        return hashes

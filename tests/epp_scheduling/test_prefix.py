@@ -1,0 +1,84 @@
+import time
+
+import pytest
+import xxhash
+
+from epp.scheduling.prefix import APPROX_BYTES_PER_ENTRY, PrefixIndex, prompt_hashes
+
+
+def test_chained_hashes_follow_the_documented_formula():
+    prompt = "a" * 64 + "b" * 64 + "c" * 10  # two full blocks, tail ignored
+    h0 = xxhash.xxh64_intdigest(b"llama")
+    h1 = xxhash.xxh64_intdigest(b"a" * 64, h0)
+    h2 = xxhash.xxh64_intdigest(b"b" * 64, h1)
+    assert prompt_hashes("llama", prompt) == (h1, h2)
+
+
+def test_hash_names_the_whole_prefix_and_the_model():
+    a = prompt_hashes("m", "x" * 64 + "same block" * 7)
+    b = prompt_hashes("m", "y" * 64 + "same block" * 7)
+    assert a[1] != b[1]  # same second block, different history
+    assert prompt_hashes("m1", "z" * 128) != prompt_hashes("m2", "z" * 128)
+
+
+def test_block_cap_bounds_huge_prompts():
+    assert len(prompt_hashes("m", "q" * 200_000)) == 256
+    assert len(prompt_hashes("m", "q" * 200_000, block_chars=128, max_blocks=10)) == 10
+    with pytest.raises(ValueError):
+        prompt_hashes("m", "q", block_chars=0)
+
+
+def test_hashing_a_200kb_prompt_is_fast():
+    prompt = "lorem ipsum dolor sit amet " * 8000
+    start = time.perf_counter()
+    for _ in range(20):
+        prompt_hashes("m", prompt)
+    per_call = (time.perf_counter() - start) / 20
+    assert per_call < 0.005  # measured ~0.1 ms; bounded by the 256-block cap
+
+
+def test_match_counts_consecutive_leading_blocks():
+    index = PrefixIndex()
+    hashes = prompt_hashes("m", "".join(chr(65 + i % 26) * 64 for i in range(10)))
+    index.add("a", hashes[:4] + hashes[5:])
+    assert index.match(hashes, "a") == 4
+    assert index.match(hashes, "unknown") == 0
+    assert index.match_many(hashes, ["a", "b"]) == {"a": 4, "b": 0}
+
+
+def test_lru_is_bounded_and_evicts_tail_blocks_first():
+    index = PrefixIndex(capacity_per_pod=10)
+    old = prompt_hashes("m", "o" * 64 * 8)
+    new = prompt_hashes("m", "n" * 64 * 8)
+    index.add("a", old)
+    index.add("a", new)
+    assert index.memory_entries() == 10
+    assert index.match(new, "a") == 8
+    assert index.match(old, "a") == 2  # its leading blocks were the most recently used
+
+
+def test_re_adding_refreshes_entries():
+    index = PrefixIndex(capacity_per_pod=4)
+    x, y = prompt_hashes("m", "x" * 128), prompt_hashes("m", "y" * 128)
+    index.add("a", x)
+    index.add("a", y)
+    index.add("a", x)  # refresh x, then a new prompt evicts y, not x
+    index.add("a", prompt_hashes("m", "z" * 128))
+    assert index.match(x, "a") == 2 and index.match(y, "a") == 0
+
+
+def test_retain_drops_departed_pods_and_memory_is_reported():
+    index = PrefixIndex()
+    hashes = prompt_hashes("m", "k" * 640)
+    for pod in ("a", "b", "c"):
+        index.add(pod, hashes)
+    index.retain(["a", "c"])
+    assert index.entries_by_pod() == {"a": 10, "c": 10}
+    assert index.approx_bytes() == 20 * APPROX_BYTES_PER_ENTRY
+    index.drop("a")
+    assert index.memory_entries() == 10
+
+
+def test_invalid_construction():
+    with pytest.raises(ValueError):
+        PrefixIndex(capacity_per_pod=0)
