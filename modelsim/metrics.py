@@ -1,0 +1,145 @@
+"""Prometheus exposition of an engine's state under a model server's metric dialect.
+
+``vllm`` uses vLLM V1's names and labels (``model_name``, ``engine``); ``sglang``, ``tgi`` and
+``trtllm`` export the gauges routers read from those servers. One CollectorRegistry per pod.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from modelsim.stats import Histogram
+
+if TYPE_CHECKING:
+    from modelsim.engine import Engine
+
+DIALECTS = ("vllm", "sglang", "tgi", "trtllm")
+
+
+def _hist(name: str, doc: str, labels: dict[str, str], h: Histogram) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=list(labels))
+    fam.add_metric(list(labels.values()), buckets=h.cumulative(), sum_value=h.sum)
+    return fam
+
+
+def _gauge(name: str, doc: str, labels: dict[str, str], value: float) -> GaugeMetricFamily:
+    fam = GaugeMetricFamily(name, doc, labels=list(labels))
+    fam.add_metric(list(labels.values()), value)
+    return fam
+
+
+def _counter(name: str, doc: str, labels: dict[str, str], value: float) -> CounterMetricFamily:
+    fam = CounterMetricFamily(name, doc, labels=list(labels))
+    fam.add_metric(list(labels.values()), value)
+    return fam
+
+
+class EngineCollector:
+    """Reads the engine on every scrape; nothing is cached between scrapes."""
+
+    def __init__(self, engine: Engine, model_name: str, dialect: str) -> None:
+        if dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}")
+        self.engine = engine
+        self.model_name = model_name
+        self.dialect = dialect
+
+    def collect(self) -> Iterator[Metric]:
+        return getattr(self, f"_{self.dialect}")()
+
+    def _vllm(self) -> Iterator[Metric]:
+        e, s = self.engine, self.engine.stats
+        lab = {"model_name": self.model_name, "engine": "0"}
+        yield _gauge("vllm:num_requests_running", "Requests in model execution batches.", lab, len(e.running))
+        yield _gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", lab, len(e.waiting))
+        yield _gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", lab, e.kv_usage()
+        )
+        lora = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        lora.add_metric(
+            [str(e.profile.max_loras), ",".join(e.running_adapters()), ",".join(e.waiting_adapters())],
+            time.time(),
+        )
+        yield lora
+        cache = {
+            "block_size": str(e.block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": str(e.kv.enable_prefix_caching),
+            "gpu_memory_utilization": "0.9",
+            "num_cpu_blocks": "0",
+            "num_gpu_blocks": str(e.kv.num_blocks),
+        }
+        yield _gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", cache, 1.0)
+        yield _counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", lab, s.prefix_cache_queries
+        )
+        yield _counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", lab, s.prefix_cache_hits)
+        yield _counter("vllm:prompt_tokens", "Number of prefill tokens processed.", lab, s.prompt_tokens)
+        yield _counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", lab, s.generation_tokens
+        )
+        yield _counter("vllm:num_preemptions", "Cumulative number of preemptions.", lab, s.num_preemptions)
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*lab, "finished_reason"],
+        )
+        for reason in ("stop", "length", "abort"):
+            success.add_metric([*lab.values(), reason], s.request_success.get(reason, 0))
+        yield success
+        yield _hist("vllm:time_to_first_token_seconds", "Histogram of time to first token.", lab, s.ttft)
+        yield _hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", lab, s.itl)
+        yield _hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency.", lab, s.e2e)
+        yield _hist("vllm:request_queue_time_seconds", "Time spent in WAITING phase.", lab, s.queue_time)
+
+    def _sglang(self) -> Iterator[Metric]:
+        e, s = self.engine, self.engine.stats
+        lab = {"model_name": self.model_name}
+        hit_rate = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
+        yield _gauge(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", lab, len(e.waiting)
+        )
+        yield _gauge("sglang:num_running_reqs", "The number of running requests.", lab, len(e.running))
+        yield _gauge("sglang:token_usage", "The token usage.", lab, e.kv_usage())
+        yield _gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", lab, hit_rate)
+        yield _counter("sglang:prompt_tokens", "Number of prefill tokens processed.", lab, s.prompt_tokens)
+        yield _counter("sglang:generation_tokens", "Number of generation tokens.", lab, s.generation_tokens)
+        yield _hist("sglang:time_to_first_token_seconds", "Histogram of time to first token.", lab, s.ttft)
+
+    def _tgi(self) -> Iterator[Metric]:
+        e = self.engine
+        max_tokens = sum(s.num_tokens for s in e.running)
+        yield _gauge("tgi_queue_size", "Requests waiting in the queue.", {}, len(e.waiting))
+        yield _gauge("tgi_batch_current_size", "Current batch size.", {}, len(e.running))
+        yield _gauge("tgi_batch_current_max_tokens", "Tokens held by the current batch.", {}, max_tokens)
+
+    def _trtllm(self) -> Iterator[Metric]:
+        e = self.engine
+        lab = {"model_name": self.model_name, "engine_type": "trtllm"}
+        yield _gauge("trtllm_num_requests_waiting", "Requests waiting.", lab, len(e.waiting))
+        yield _gauge("trtllm_num_requests_running", "Requests running.", lab, len(e.running))
+        yield _gauge("trtllm_kv_cache_utilization", "KV cache utilization (0..1).", lab, e.kv_usage())
+
+
+def make_registry(engine: Engine, model_name: str, dialect: str) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(engine, model_name, dialect))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,394 @@
+"""One simulated model-server pod: an aiohttp app in front of an ``Engine``, with fault knobs.
+
+The pod owns its listening socket (not an aiohttp site) so it can refuse connections, or crash:
+close the listener and abort every open connection mid-stream, as a killed process would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from modelsim.clock import SimClock
+from modelsim.engine import Engine, Seq
+from modelsim.metrics import DIALECTS, make_registry, render
+from modelsim.openai_api import (
+    ApiError,
+    GenerationRequest,
+    chunk,
+    error_body,
+    full_response,
+    new_id,
+    now_s,
+    parse_generation,
+    parse_json,
+    prompt_ids_of,
+    resolve_model,
+    usage,
+    usage_chunk,
+)
+from modelsim.profiles import GpuProfile
+
+log = logging.getLogger("modelsim")
+POD_HEADER = "x-modelsim-pod"
+
+
+@dataclass
+class Faults:
+    """Runtime fault knobs; ``stall_s`` is in simulated seconds (wall = stall_s / time_scale)."""
+
+    error_rate: float = 0.0
+    stall_s: float = 0.0
+    refuse: bool = False
+    crashed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "error_rate": self.error_rate,
+            "stall_s": self.stall_s,
+            "refuse": self.refuse,
+            "crash": self.crashed,
+        }
+
+
+@dataclass
+class PodConfig:
+    name: str
+    model: str
+    profile: GpuProfile
+    adapters: tuple[str, ...] = ()
+    dialect: str = "vllm"
+    seed: int = 0
+    enable_prefix_caching: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.dialect not in DIALECTS:
+            raise ValueError(
+                f"pod {self.name!r}: unknown dialect {self.dialect!r}; known: {', '.join(DIALECTS)}"
+            )
+        if self.model in self.adapters:
+            raise ValueError(f"pod {self.name!r}: adapter name equals the base model name")
+
+
+def _json(status: int, body: Any, pod: str) -> web.Response:
+    return web.Response(
+        status=status, text=json.dumps(body), content_type="application/json", headers={POD_HEADER: pod}
+    )
+
+
+class Pod:
+    """A pod's engine, HTTP app, listener and fault state. ``start()`` then ``stop()``."""
+
+    def __init__(self, config: PodConfig, clock: SimClock) -> None:
+        self.config = config
+        self.clock = clock
+        self.faults = Faults()
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._rng = random.Random(config.seed)
+        self.engine = self._new_engine()
+        self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def _new_engine(self) -> Engine:
+        c = self.config
+        engine = Engine(
+            c.profile, self.clock, model=c.model, seed=c.seed, enable_prefix_caching=c.enable_prefix_caching
+        )
+        self.registry = make_registry(engine, c.model, c.dialect)
+        return engine
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        app = web.Application(client_max_size=256 * 1024**2)
+        app.add_routes(
+            [
+                web.post("/v1/chat/completions", self._chat),
+                web.post("/v1/completions", self._completions),
+                web.get("/v1/models", self._models),
+                web.get("/health", self._health),
+                web.get("/metrics", self._metrics),
+                web.post("/tokenize", self._tokenize),
+                web.post("/sim/probe", self._probe),
+                web.post("/sim/fault", self._fault),
+                web.get("/sim/fault", self._fault_get),
+            ]
+        )
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
+        await self._runner.setup()
+        self.engine.start()
+        await self._listen(port)
+
+    async def _listen(self, port: int) -> None:
+        assert self._runner is not None and self._runner.server is not None
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(self._runner.server, self.host, port, reuse_address=True)
+        self.port = self._listener.sockets[0].getsockname()[1]
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    async def stop(self) -> None:
+        self._close_listener()
+        await self.engine.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None
+
+    # ---- faults ----------------------------------------------------------------------------
+    async def set_fault(
+        self,
+        error_rate: float | None = None,
+        stall_s: float | None = None,
+        refuse: bool | None = None,
+        crash: bool | None = None,
+    ) -> Faults:
+        if error_rate is not None:
+            if not 0.0 <= error_rate <= 1.0:
+                raise ValueError("error_rate must be within [0, 1]")
+            self.faults.error_rate = error_rate
+        if stall_s is not None:
+            if stall_s < 0:
+                raise ValueError("stall_s must be >= 0")
+            self.faults.stall_s = stall_s
+        if crash:
+            await self.crash()
+        elif crash is False and self.faults.crashed:
+            await self.restart()
+        if refuse is not None and not self.faults.crashed:
+            self.faults.refuse = refuse
+            if refuse:
+                self._close_listener()
+            elif self._listener is None:
+                await self._listen(self.port)
+        return self.faults
+
+    async def crash(self) -> None:
+        """Stop listening and abort every connection mid-flight; the engine's state is lost."""
+        self.crash_now()
+        await self.engine.stop()
+
+    def crash_now(self) -> None:
+        """The synchronous part of ``crash``: after it returns no byte more leaves this pod."""
+        self.faults.crashed = True
+        self._close_listener()
+        if self._runner is not None and self._runner.server is not None:
+            for handler in self._runner.server.connections:
+                if handler.transport is not None:
+                    handler.transport.abort()
+        self.engine.halt()
+
+    async def restart(self) -> None:
+        """Come back after a crash on the same port with an empty engine (a restarted pod)."""
+        if not self.faults.crashed:
+            return
+        await self.engine.stop()
+        self.engine = self._new_engine()
+        self.engine.start()
+        self.faults = Faults(error_rate=self.faults.error_rate, stall_s=self.faults.stall_s)
+        await self._listen(self.port)
+
+    async def _apply_faults(self) -> web.Response | None:
+        if self.faults.stall_s > 0:
+            await self.clock.sleep(self.faults.stall_s)
+        if self.faults.error_rate > 0 and self._rng.random() < self.faults.error_rate:
+            return _json(500, error_body(500, "simulated internal server error (fault injection)"), self.name)
+        return None
+
+    # ---- handlers --------------------------------------------------------------------------
+    async def _health(self, _: web.Request) -> web.Response:
+        if self.faults.stall_s > 0:
+            await self.clock.sleep(self.faults.stall_s)
+        return web.Response(status=200, headers={POD_HEADER: self.name})
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=render(self.registry),
+            headers={POD_HEADER: self.name, "Content-Type": "text/plain; version=0.0.4"},
+        )
+
+    async def _models(self, _: web.Request) -> web.Response:
+        c = self.config
+        created = now_s()
+        base = {
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "max_model_len": self.engine.max_model_len,
+        }
+        data = [{**base, "id": c.model, "root": c.model, "parent": None}]
+        data += [{**base, "id": a, "root": f"/adapters/{a}", "parent": c.model} for a in c.adapters]
+        return _json(200, {"object": "list", "data": data}, self.name)
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = parse_json(await request.read())
+            resolve_model(body, self.config.model, self.config.adapters)
+            kind = "chat" if "messages" in body else "completion"
+            ids = prompt_ids_of(body, kind, self.config.profile.vocab_size)
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        out = {
+            "count": len(ids),
+            "max_model_len": self.engine.max_model_len,
+            "tokens": ids,
+            "token_strs": None,
+        }
+        return _json(200, out, self.name)
+
+    async def _fault(self, request: web.Request) -> web.Response:
+        try:
+            body = parse_json(await request.read())
+            kwargs: dict[str, Any] = {}
+            for key, typ in (
+                ("error_rate", (int, float)),
+                ("stall_s", (int, float)),
+                ("refuse", bool),
+                ("crash", bool),
+            ):
+                if key in body:
+                    v = body[key]
+                    if not isinstance(v, typ) or (typ is not bool and isinstance(v, bool)):
+                        raise ApiError(400, f"'{key}' has the wrong type")
+                    kwargs[key] = v
+            unknown = set(body) - {"error_rate", "stall_s", "refuse", "crash"}
+            if unknown:
+                raise ApiError(400, f"unknown fault fields {sorted(unknown)}")
+            if kwargs.get("crash"):
+                # Answer first, then crash: the caller learns the knob took effect.
+                asyncio.get_running_loop().call_later(0.01, self.crash_now)
+                self.faults.crashed = True
+                return _json(200, self.faults.as_dict(), self.name)
+            faults = await self.set_fault(**kwargs)
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        except ValueError as exc:
+            return _json(400, error_body(400, str(exc)), self.name)
+        return _json(200, faults.as_dict(), self.name)
+
+    async def _fault_get(self, _: web.Request) -> web.Response:
+        return _json(200, self.faults.as_dict(), self.name)
+
+    async def _probe(self, request: web.Request) -> web.Response:
+        try:
+            body = parse_json(await request.read())
+            _, adapter = resolve_model(body, self.config.model, self.config.adapters)
+            kind = "chat" if "messages" in body else "completion"
+            ids = prompt_ids_of(body, kind, self.config.profile.vocab_size)
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        return _json(200, self.probe(ids, adapter), self.name)
+
+    def probe(self, prompt_ids: list[int], adapter: str | None) -> dict[str, Any]:
+        """Exact engine state plus a TTFT prediction for this request (simulated seconds)."""
+        e = self.engine
+        return {
+            "pod": self.name,
+            "waiting": len(e.waiting),
+            "running": len(e.running),
+            "kv_usage": e.kv_usage(),
+            "free_blocks": e.kv.num_free,
+            "cached_prefix_tokens": e.cached_prefix_tokens(prompt_ids, adapter),
+            "prompt_tokens": len(prompt_ids),
+            "adapter_resident": None if adapter is None else e.lora.resident(adapter),
+            "predicted_ttft_s": e.predict_ttft(prompt_ids, adapter),
+            "sim_time_s": self.clock.now(),
+        }
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        faulted = await self._apply_faults()
+        if faulted is not None:
+            return faulted
+        c = self.config
+        try:
+            req = parse_generation(
+                parse_json(await request.read()), kind, c.model, c.adapters, c.profile.vocab_size
+            )
+            max_tokens = req.max_tokens
+            if max_tokens is None:
+                max_tokens = self.engine.default_max_tokens(req.prompt_ids, req.seed)
+            seq = self.engine.submit(req.prompt_ids, max_tokens, req.adapter)
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        except ValueError as exc:
+            return _json(400, error_body(400, str(exc)), self.name)
+        try:
+            if req.stream:
+                return await self._stream(request, req, seq)
+            return await self._unary(req, seq)
+        finally:
+            self.engine.abort(seq)
+
+    async def _unary(self, req: GenerationRequest, seq: Seq) -> web.Response:
+        parts: list[str] = []
+        while True:
+            ev = await seq.events.get()
+            if ev.finish_reason is not None:
+                break
+            parts.append(ev.text)
+        if ev.error is not None:
+            return _json(500, error_body(500, ev.error), self.name)
+        use = usage(seq.num_prompt, seq.num_output, seq.cached_tokens)
+        body = full_response(
+            req.kind, new_id(req.kind), now_s(), req.served_model, "".join(parts), ev.finish_reason, use
+        )
+        return _json(200, body, self.name)
+
+    async def _stream(self, request: web.Request, req: GenerationRequest, seq: Seq) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", POD_HEADER: self.name}
+        )
+        await resp.prepare(request)
+        rid, created, model = new_id(req.kind), now_s(), req.served_model
+
+        async def send(obj: Any) -> None:
+            await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+        if req.kind == "chat":
+            await send(chunk(req.kind, rid, created, model, None, None))
+        while True:
+            ev = await seq.events.get()
+            if ev.error is not None:
+                await send(error_body(500, ev.error))
+                break
+            if ev.finish_reason is not None:
+                await send(chunk(req.kind, rid, created, model, "", ev.finish_reason))
+                if req.include_usage:
+                    use = usage(seq.num_prompt, seq.num_output, seq.cached_tokens)
+                    await send(usage_chunk(req.kind, rid, created, model, use))
+                break
+            await send(chunk(req.kind, rid, created, model, ev.text, None))
+        await resp.write(b"data: [DONE]\n\n")
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp

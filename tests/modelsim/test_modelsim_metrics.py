@@ -1,0 +1,57 @@
+"""Metric names and labels per dialect, parsed the way a Prometheus scraper would."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from modelsim.fleet import Fleet
+
+
+async def scrape(fleet: Fleet, pod: str) -> dict[str, list]:
+    async with httpx.AsyncClient(base_url=fleet.pod(pod).url) as c:
+        r = await c.get("/metrics")
+    assert r.status_code == 200
+    return {f.name: f.samples for f in text_string_to_metric_families(r.text)}
+
+
+async def test_vllm_names_labels_and_counters_move(fleet: Fleet) -> None:
+    async with httpx.AsyncClient(base_url=fleet.pod("llama-0").url) as c:
+        body = {"model": "llama-sql", "prompt": "count the tables " * 20, "max_tokens": 4}
+        assert (await c.post("/v1/completions", json=body)).status_code == 200
+    fams = await scrape(fleet, "llama-0")
+    for gauge in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        (sample,) = fams[gauge]
+        assert sample.labels == {"model_name": "llama", "engine": "0"}
+    # The parser strips _total from counter family names; the wire carries it.
+    for counter in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens",
+                    "vllm:generation_tokens", "vllm:num_preemptions", "vllm:request_success"):  # fmt: skip
+        assert all(s.name == counter + "_total" for s in fams[counter])
+    gen = fams["vllm:generation_tokens"][0].value
+    assert gen == 4
+    success = {s.labels["finished_reason"]: s.value for s in fams["vllm:request_success"]}
+    assert success["length"] == 1
+    for hist in ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+                 "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds"):  # fmt: skip
+        count = next(s.value for s in fams[hist] if s.name == hist + "_count")
+        assert count >= 1
+    (lora,) = fams["vllm:lora_requests_info"]
+    assert set(lora.labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}
+    assert lora.value > 1e9  # a unix timestamp, as vLLM exports it
+    (cache,) = fams["vllm:cache_config_info"]
+    assert cache.labels["block_size"] == "16" and cache.labels["num_gpu_blocks"] == "28000"
+
+
+async def test_other_dialects_export_their_names(fleet: Fleet) -> None:
+    sglang = await scrape(fleet, "qwen")
+    assert {"sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage",
+            "sglang:cache_hit_rate"} <= set(sglang)  # fmt: skip
+    assert not any(n.startswith("vllm:") for n in sglang)
+    tgi = await scrape(fleet, "tgi")
+    assert {"tgi_queue_size", "tgi_batch_current_size", "tgi_batch_current_max_tokens"} <= set(tgi)
+    trt = await scrape(fleet, "trt")
+    assert {
+        "trtllm_num_requests_waiting",
+        "trtllm_num_requests_running",
+        "trtllm_kv_cache_utilization",
+    } <= set(trt)
