@@ -19,7 +19,7 @@ import itertools
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -100,6 +100,7 @@ class Engine:
         model: str = "model",
         seed: int = 0,
         enable_prefix_caching: bool = True,
+        max_lag_wall_s: float = 0.02,
     ) -> None:
         self.profile = profile
         self.clock = clock
@@ -118,7 +119,10 @@ class Engine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._busy_until = 0.0
+        self.max_lag_wall_s = max_lag_wall_s
         self.last_step_ms = 0.0
+        self.max_lag_seen_s = 0.0
+        self.on_step: Callable[[StepPlan, float, float], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -299,7 +303,12 @@ class Engine:
                         self._wake.wait(), self.profile.t0_ms / 1000 / self.clock.time_scale
                     )
                 continue
-            start = max(self._busy_until, self.clock.now())
+            # Simulated timeline: back-to-back steps stay exact while the process lags by at most
+            # max_lag_wall_s; a step never starts before a request in it arrived.
+            now_sim = self.clock.now()
+            start = max(self._busy_until, now_sim - self.max_lag_wall_s * self.clock.time_scale)
+            start = max([start, *(s.arrival for s, _ in plan.scheduled if s.first_scheduled is None)])
+            self.max_lag_seen_s = max(self.max_lag_seen_s, (now_sim - start) / self.clock.time_scale)
             now = start
             for seq, _ in plan.scheduled:
                 if seq.first_scheduled is None:
@@ -315,6 +324,8 @@ class Engine:
             self._busy_until = end
             await self.clock.sleep_until(end)
             self._complete(plan, end)
+            if self.on_step is not None:
+                self.on_step(plan, start, end)
 
     def _complete(self, plan: StepPlan, now: float) -> None:
         self.stats.steps += 1
