@@ -16,6 +16,7 @@ its engines are the same size.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -40,6 +41,28 @@ class Dialect:
 
     def core_names(self) -> tuple[str, ...]:
         return self.waiting + self.running + self.kv_usage + self.kv_tokens
+
+    def wanted_names(self) -> tuple[str, ...]:
+        info = tuple(n for n in (self.lora_info, self.cache_info) if n is not None)
+        return self.core_names() + info
+
+
+def _common_prefix(names: tuple[str, ...] | list[str]) -> str:
+    first, last = min(names), max(names)
+    n = 0
+    while n < len(first) and first[n] == last[n]:
+        n += 1
+    return first[:n]
+
+
+def _line_pattern(d: Dialect) -> re.Pattern[str]:
+    """`\n(name)(rest of line)` for the dialect's names, longest first so that an exact name
+    wins over a prefix of it; the rest must start with a label block or whitespace."""
+    names = sorted(d.wanted_names(), key=len, reverse=True)
+    # A literal prefix outside the group lets the engine skip ahead with a fast search.
+    common = _common_prefix(names)
+    tails = "|".join(re.escape(n[len(common) :]) for n in names)
+    return re.compile(r"\n" + re.escape(common) + r"(" + tails + r")([{ \t][^\n]*)")
 
 
 DIALECTS: dict[str, Dialect] = {
@@ -105,16 +128,44 @@ def find_samples(text: str, name: str) -> Iterator[Sample]:
         line = text[pos:] if end < 0 else text[pos:end]
         sep = line[nlen : nlen + 1]
         if sep == "{" or sep == " " or sep == "\t":
-            yield _parse_line(line, nlen)
+            yield _parse_rest(line[nlen:], line)
         if end < 0:
             return
         pos = text.find(needle, end)
         pos = pos + 1 if pos >= 0 else -1
 
 
-def _parse_line(line: str, nlen: int) -> Sample:
+_SCANNERS: dict[Dialect, tuple[re.Pattern[str], str]] = {}
+
+
+def _scanner(d: Dialect) -> tuple[re.Pattern[str], str]:
+    scanner = _SCANNERS.get(d)
+    if scanner is None:
+        scanner = _SCANNERS[d] = (_line_pattern(d), _common_prefix(d.wanted_names()))
+    return scanner
+
+
+def collect_samples(text: str, d: Dialect) -> dict[str, list[Sample]]:
+    """All samples of the dialect's wanted metrics, by name, in one pass over the page."""
+    if not text.startswith("\n"):
+        text = "\n" + text
+    out: dict[str, list[Sample]] = {}
+    pattern, common = _scanner(d)
+    for match in pattern.finditer(text):
+        tail, rest = match.group(1, 2)
+        name = common + tail
+        sample = _parse_rest(rest, name + rest)
+        bucket = out.get(name)
+        if bucket is None:
+            out[name] = [sample]
+        else:
+            bucket.append(sample)
+    return out
+
+
+def _parse_rest(rest: str, line: str) -> Sample:
+    """Parse what follows the metric name: optional {labels}, value, optional timestamp."""
     labels = ""
-    rest = line[nlen:]
     if rest.startswith("{"):
         close = rest.rfind("}")  # values and timestamps never contain '}', so the last one closes
         if close < 0:
@@ -185,20 +236,20 @@ def _finite(name: str, value: float) -> float:
     return value
 
 
-def _sum_of(text: str, names: tuple[str, ...]) -> float | None:
+def _sum_of(samples: dict[str, list[Sample]], names: tuple[str, ...]) -> float | None:
     """Sum of all series of the first alias present; None when no alias is on the page."""
     for name in names:
-        values = [s.value for s in find_samples(text, name)]
-        if values:
-            return _finite(name, math.fsum(values))
+        found = samples.get(name)
+        if found:
+            return _finite(name, math.fsum(s.value for s in found))
     return None
 
 
-def _mean_of(text: str, names: tuple[str, ...]) -> float | None:
+def _mean_of(samples: dict[str, list[Sample]], names: tuple[str, ...]) -> float | None:
     for name in names:
-        values = [s.value for s in find_samples(text, name)]
-        if values:
-            return _finite(name, math.fsum(values) / len(values))
+        found = samples.get(name)
+        if found:
+            return _finite(name, math.fsum(s.value for s in found) / len(found))
     return None
 
 
@@ -236,11 +287,12 @@ def parse_metrics(
     if not isinstance(text, str):
         raise MetricsParseError(f"metrics page must be text, got {type(text).__name__}")
 
-    waiting = _sum_of(text, d.waiting)
-    running = _sum_of(text, d.running)
-    kv = _mean_of(text, d.kv_usage) if d.kv_usage else None
+    samples = collect_samples(text, d)
+    waiting = _sum_of(samples, d.waiting)
+    running = _sum_of(samples, d.running)
+    kv = _mean_of(samples, d.kv_usage) if d.kv_usage else None
     if d.kv_tokens:
-        held = _sum_of(text, d.kv_tokens)
+        held = _sum_of(samples, d.kv_tokens)
         if kv is None and held is not None:
             kv = held / kv_capacity_tokens if kv_capacity_tokens else 0.0
     if waiting is None and running is None and kv is None:
@@ -250,7 +302,7 @@ def parse_metrics(
     fields: dict[str, object] = {}
     if d.lora_info is not None:
         newest: Sample | None = None
-        for sample in find_samples(text, d.lora_info):
+        for sample in samples.get(d.lora_info, ()):
             if newest is None or sample.value >= newest.value:
                 newest = sample
         if newest is not None:
@@ -259,7 +311,7 @@ def parse_metrics(
             fields["waiting_adapters"] = _adapters(labels.get("waiting_lora_adapters", ""))
             fields["max_lora"] = _int_label(labels, "max_lora", d.lora_info) or 0
     if d.cache_info is not None:
-        for sample in find_samples(text, d.cache_info):
+        for sample in samples.get(d.cache_info, ()):
             labels = parse_labels(sample.labels)
             fields["block_size"] = _int_label(labels, "block_size", d.cache_info)
             fields["num_gpu_blocks"] = _int_label(labels, "num_gpu_blocks", d.cache_info)

@@ -74,6 +74,9 @@ class Thresholds:
             raise ProfileError(f"{where}.prefix_min_blocks: must be >= 1, got {self.prefix_min_blocks}")
 
 
+DEFAULT_THRESHOLDS = Thresholds()
+
+
 @dataclass(frozen=True, slots=True)
 class Profile:
     name: str
@@ -172,46 +175,78 @@ def _thresholds_from(data: Any, where: str) -> Thresholds:
     return thresholds
 
 
-# GIE's and AWS's published defaults, so results compare with theirs.
-DEFAULT = Profile("default", {"queue": 2, "kv-cache": 2, "prefix-cache": 3})
-# Interactive chat, tuned for TTFT: the EPP's own in-flight count reacts within a request
-# (scrapes lag by up to a scrape interval), observed speed steers away from slow GPUs,
-# prefix hits cut prefill, LoRA affinity avoids adapter loads on the critical path.
-CHAT = Profile(
-    "chat",
+# Built-ins as plain data, the same shape a config file uses.
+BUILTIN_PROFILE_DATA: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
-        "queue": 2,
-        "kv-cache": 1,
-        "prefix-cache": 2,
-        "lora-affinity": 1,
-        "inflight": 2,
-        "observed-speed": 3,
-    },
+        # GIE's and AWS's published defaults, so results compare with theirs.
+        "default": {"weights": {"queue": 2, "kv-cache": 2, "prefix-cache": 3}},
+        # Interactive chat, tuned for TTFT: the EPP's own in-flight count reacts within a
+        # request (scrapes lag by up to an interval), observed speed steers away from slow
+        # GPUs, prefix hits cut prefill, LoRA affinity keeps adapter loads off the path.
+        "chat": {
+            "weights": {
+                "queue": 2,
+                "kv-cache": 1,
+                "prefix-cache": 2,
+                "lora-affinity": 1,
+                "inflight": 2,
+                "observed-speed": 3,
+            }
+        },
+        # Offline/batch throughput: keep caches hot and leave KV headroom for big batches;
+        # queues are tolerated (saturated only at 20 waiting or 95 % KV).
+        "batch": {
+            "weights": {"prefix-cache": 4, "kv-cache": 3, "queue": 1, "lora-affinity": 1},
+            "thresholds": {"queue_saturated": 20, "kv_saturated": 0.95},
+        },
+    }
 )
-# Offline/batch throughput: keep caches hot and leave KV headroom for big batches; queues
-# are tolerated (a pod counts as saturated only at 20 waiting or 95 % KV).
-BATCH = Profile(
-    "batch",
-    {"prefix-cache": 4, "kv-cache": 3, "queue": 1, "lora-affinity": 1},
-    thresholds=Thresholds(queue_saturated=20, kv_saturated=0.95),
-)
-BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType({p.name: p for p in (DEFAULT, CHAT, BATCH)})
 
 
 def profiles_from_dict(
-    data: Mapping[str, Any], *, base: Mapping[str, Profile] = BUILTIN_PROFILES
+    data: Mapping[str, Any] | None = None,
+    *,
+    thresholds: Mapping[str, Any] | None = None,
+    include_builtins: bool = True,
 ) -> dict[str, Profile]:
-    """Overlay config-defined profiles ({name: {weights, picker, thresholds}}) on `base`."""
+    """Profiles from config data ({name: {weights, picker, priority, thresholds}}) overlaid
+    on the built-ins. `thresholds` are pool-wide defaults (config spellings accepted, e.g.
+    `{"queue": 5, "kvCache": 0.8, "staleAfterMs": 1000}`); a profile's own thresholds win.
+    """
+    data = {} if data is None else data
     if not isinstance(data, Mapping):
         raise ProfileError("profiles: must be a mapping of profile name to profile")
-    merged = dict(base)
+    if thresholds is not None and not isinstance(thresholds, Mapping):
+        raise ProfileError("thresholds: must be a mapping")
+    sources: dict[str, Any] = dict(BUILTIN_PROFILE_DATA) if include_builtins else {}
     for pname, body in data.items():
         if not isinstance(pname, str) or not pname:
             raise ProfileError("profiles: profile names must be non-empty strings")
         if isinstance(body, Mapping) and "name" in body and body["name"] != pname:
             raise ProfileError(f"profiles.{pname}.name: differs from its key {pname!r}")
+        sources[pname] = body
+    merged: dict[str, Profile] = {}
+    for pname, body in sources.items():
+        if isinstance(body, Mapping) and thresholds:
+            own = body.get("thresholds", {})
+            if not isinstance(own, Mapping):
+                raise ProfileError(f"profiles.{pname}.thresholds: must be a mapping")
+            body = {**body, "thresholds": _merge_thresholds(thresholds, own)}
         merged[pname] = Profile.from_dict(body, name=pname)
     return merged
 
 
-DEFAULT_THRESHOLDS = Thresholds()
+def _merge_thresholds(pool_wide: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
+    """Pool-wide defaults under a profile's own values, compared by canonical field name."""
+
+    def canonical(key: str) -> str:
+        return MS_THRESHOLDS.get(key) or THRESHOLD_ALIASES.get(key, key)
+
+    own_fields = {canonical(k) for k in own}
+    return {**{k: v for k, v in pool_wide.items() if canonical(k) not in own_fields}, **own}
+
+
+BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(profiles_from_dict())
+DEFAULT = BUILTIN_PROFILES["default"]
+CHAT = BUILTIN_PROFILES["chat"]
+BATCH = BUILTIN_PROFILES["batch"]

@@ -45,7 +45,10 @@ def is_saturated(state: EndpointState, thresholds: Thresholds = DEFAULT_THRESHOL
     m = state.metrics
     if m is None:
         return False
-    return effective_queue(state) >= thresholds.queue_saturated or m.kv_usage >= thresholds.kv_saturated
+    if m.kv_usage >= thresholds.kv_saturated:
+        return True
+    unseen = state.inflight_requests - m.waiting - m.running  # effective_queue, inlined (hot)
+    return m.waiting + (unseen if unseen > 0 else 0.0) >= thresholds.queue_saturated
 
 
 def saturation(

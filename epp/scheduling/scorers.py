@@ -14,7 +14,6 @@ from epp.pool import EndpointState
 from epp.request import InferenceRequest
 from epp.scheduling.prefix import PrefixIndex
 from epp.scheduling.profiles import DEFAULT_THRESHOLDS, Thresholds
-from epp.scheduling.saturation import effective_queue
 
 # Output tokens assumed for a request without max_tokens when predicting its service time.
 DEFAULT_OUTPUT_TOKENS = 256
@@ -52,14 +51,29 @@ def queue(request: InferenceRequest, candidates: Sequence[EndpointState], ctx: S
     so a burst would all land on the pod that looked emptiest; the unseen term spreads it
     without double counting requests the scrape already shows.
     """
-    return _min_max_inverse([effective_queue(s) if s.metrics is not None else None for s in candidates])
+    qs: list[float | None] = []
+    for s in candidates:
+        m = s.metrics
+        if m is None:
+            qs.append(None)
+        else:  # effective_queue(s), inlined: this runs for every pod of every request
+            unseen = s.inflight_requests - m.waiting - m.running
+            qs.append(m.waiting + (unseen if unseen > 0 else 0.0))
+    return _min_max_inverse(qs)
 
 
 def kv_cache(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """1 - KV-cache usage (0..1); unknown -> 0."""
-    return [0.0 if s.metrics is None else min(1.0, max(0.0, 1.0 - s.metrics.kv_usage)) for s in candidates]
+    """1 - KV-cache usage, clamped to [0, 1]; unknown -> 0."""
+    out: list[float] = []
+    for s in candidates:
+        if s.metrics is None:
+            out.append(0.0)
+        else:
+            free = 1.0 - s.metrics.kv_usage
+            out.append(free if 0.0 <= free <= 1.0 else (0.0 if free < 0.0 else 1.0))
+    return out
 
 
 def running_requests(
@@ -151,8 +165,10 @@ def observed_speed(
     waits: list[float] = []
     for s, t in zip(candidates, times, strict=True):
         m = s.metrics
-        ahead = max(float(s.inflight_requests), (m.waiting + m.running) if m is not None else 0.0)
-        waits.append((ahead + 1.0) * max(t if t is not None else fallback, 1e-6))
+        seen = (m.waiting + m.running) if m is not None else 0.0
+        ahead = s.inflight_requests if s.inflight_requests > seen else seen
+        per_request = fallback if t is None else t
+        waits.append((ahead + 1.0) * (per_request if per_request > 1e-6 else 1e-6))
     best = min(waits, default=1.0)
     return [best / w for w in waits]
 

@@ -63,3 +63,15 @@ def test_profiles_from_dict_overlays_builtins():
     assert set(merged) == {"default", "chat", "batch", "gold"}
     with pytest.raises(ProfileError, match=r"profiles\.gold\.weights"):
         profiles_from_dict({"gold": {"weights": {}}})
+
+
+def test_pool_wide_thresholds_apply_unless_a_profile_sets_its_own():
+    merged = profiles_from_dict(
+        {"gold": {"weights": {"queue": 1}, "thresholds": {"kvCache": 0.7}}},
+        thresholds={"queue": 8, "kvCache": 0.9, "staleAfterMs": 500},
+    )
+    assert merged["default"].thresholds == Thresholds(queue_saturated=8, kv_saturated=0.9, stale_after=0.5)
+    assert merged["gold"].thresholds == Thresholds(queue_saturated=8, kv_saturated=0.7, stale_after=0.5)
+    assert merged["batch"].thresholds.queue_saturated == 20  # its own tolerant setting stays
+    with pytest.raises(ProfileError, match=r"profiles\.default\.thresholds\.queue"):
+        profiles_from_dict(thresholds={"queue": -1})

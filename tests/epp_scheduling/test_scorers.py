@@ -116,3 +116,7 @@ def test_observed_speed_unknown_pod_takes_median_not_best():
     pods = [state("a", ttft=1.0), state("b", ttft=3.0), state("c", ttft=2.0), state("new")]
     scores = observed_speed(req(max_tokens=None), pods, CTX)
     assert scores[3] == scores[2] == pytest.approx(0.5)
+
+
+def test_kv_cache_clamps_out_of_range_usage():
+    assert kv_cache(req(), [state("a", kv=1.3), state("b", kv=-0.2)], CTX) == [0.0, 1.0]
