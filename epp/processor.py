@@ -38,6 +38,9 @@ class EppProcessor:
         self._status: int | None = None
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+        if not body and MODEL_HEADER not in headers:
+            # Not an inference request (GET /v1/models, health): Envoy answers it on its own route.
+            return RequestRoute()
         started = time.perf_counter()
         request = self._parse(headers, body)
         if isinstance(request, ErrorResponse):

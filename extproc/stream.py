@@ -82,6 +82,8 @@ class ExtProcStream:
 
     async def handle(self, msg: pb.ProcessingRequest) -> AsyncIterator[pb.ProcessingResponse]:
         kind = msg.WhichOneof("request")
+        if self._phase is _Phase.REFUSED:
+            return  # Envoy may still flush queued chunks after an immediate response
         if kind == "request_headers":
             async for r in self._on_request_headers(msg.request_headers):
                 yield r
@@ -91,25 +93,33 @@ class ExtProcStream:
         elif kind == "request_trailers":
             async for r in self._on_request_trailers():
                 yield r
-        elif kind == "response_headers":
-            self._expect(_Phase.FORWARDED, kind)
-            self.processor.on_response_headers(messages.headers_to_dict(msg.response_headers))
-            if msg.response_headers.end_of_stream:
-                self.completed = True
-            yield messages.continue_response_headers()
-        elif kind == "response_body":
-            self._expect(_Phase.FORWARDED, kind)
-            body = msg.response_body
-            self.processor.on_response_body(body.body, body.end_of_stream)
-            if body.end_of_stream:
-                self.completed = True
-            yield messages.continue_response_body()
-        elif kind == "response_trailers":
-            self._expect(_Phase.FORWARDED, kind)
-            self.completed = True
-            yield messages.continue_response_trailers()
+        elif kind in ("response_headers", "response_body", "response_trailers"):
+            for r in self._on_response(msg, kind):
+                yield r
         else:
             raise ProtocolViolation(f"unsupported ext_proc message {kind!r}")
+
+    def _on_response(self, msg: pb.ProcessingRequest, kind: str) -> list[pb.ProcessingResponse]:
+        """Acknowledge response events; only a forwarded request's are the processor's business.
+
+        A response before our request phase finished is a local reply from an earlier filter
+        (e.g. BBR refusing a body): it still passes through this filter's encoder path.
+        """
+        forwarded = self._phase is _Phase.FORWARDED
+        if kind == "response_headers":
+            if forwarded:
+                self.processor.on_response_headers(messages.headers_to_dict(msg.response_headers))
+                self.completed = self.completed or msg.response_headers.end_of_stream
+            return [messages.continue_response_headers()]
+        if kind == "response_body":
+            body = msg.response_body
+            if forwarded:
+                self.processor.on_response_body(body.body, body.end_of_stream)
+                self.completed = self.completed or body.end_of_stream
+            return [messages.continue_response_body()]
+        if forwarded:
+            self.completed = True
+        return [messages.continue_response_trailers()]
 
     def _expect(self, phase: _Phase, kind: str) -> None:
         if self._phase is not phase:

@@ -205,9 +205,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
                 "name": f"{pool.name}-pick",
                 "match": {"prefix": "/", "headers": [model_match]},
                 "route": {"cluster": fallback, "timeout": "0s", "idle_timeout": "300s"},
-                "typed_per_filter_config": {
-                    EPP_FILTER: {"@type": _TYPES["filter_config"], "config": epp_override, "disabled": False}
-                },
+                "typed_per_filter_config": {EPP_FILTER: epp_override},
             }
         )
     return routes
@@ -265,8 +263,8 @@ def _split_address(address: str) -> tuple[str, int]:
 def _local_reply_config() -> dict[str, Any]:
     """Shape Envoy's own error replies (ext_proc down, upstream reset, no route) as OpenAI JSON.
 
-    Replies our services produced (details prefixed `gateway_`) are already JSON and pass
-    through untouched.
+    Replies our services produced (details prefixed `gateway_`) and our direct responses are
+    already JSON and pass through untouched.
     """
     return {
         "mappers": [
@@ -276,14 +274,17 @@ def _local_reply_config() -> dict[str, Any]:
                         "name": "envoy.access_loggers.extension_filters.cel",
                         "typed_config": {
                             "@type": _TYPES["cel"],
-                            "expression": f"!response.code_details.startsWith('{ERROR_DETAILS_PREFIX}')",
+                            "expression": (
+                                f"!response.code_details.startsWith('{ERROR_DETAILS_PREFIX}')"
+                                " && response.code_details != 'direct_response'"
+                            ),
                         },
                     }
                 },
                 "body_format_override": {
                     "json_format": {
                         "error": {
-                            "message": "%LOCAL_REPLY_BODY%",
+                            "message": "the gateway could not complete the request (%RESPONSE_CODE_DETAILS%) %LOCAL_REPLY_BODY%",
                             "type": "server_error",
                             "code": "%RESPONSE_CODE_DETAILS%",
                         }
@@ -342,9 +343,10 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
                 },
             },
             _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, disabled=False),
-            # The EPP filter is off by default and switched on per pool route with that pool's EPP.
+            # Each pool route points this filter at its own EPP (ExtProcPerRoute). The per-route config is read when the filter runs, i.e. after
+            # BBR has cleared the route cache, so it follows the model header.
             _ext_proc_filter(
-                EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=True, disabled=True
+                EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=True, disabled=False
             ),
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
         ],

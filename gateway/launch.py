@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -129,7 +130,12 @@ class LocalGateway:
         return f"https://127.0.0.1:{self.listen_port}"
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, verify=str(self.certs.ca), timeout=60, **kwargs)
+        return httpx.AsyncClient(
+            base_url=self.url,
+            verify=ssl.create_default_context(cafile=str(self.certs.ca)),
+            timeout=60,
+            **kwargs,
+        )
 
     def pods_of(self, model: str) -> list[str]:
         return [p["address"] for p in self.pods if p["model"] == model]
@@ -298,7 +304,7 @@ def start_local_gateway(
                 str(bootstrap),
                 "--use-dynamic-base-id",
                 "--log-level",
-                "warn",
+                os.environ.get("GATEWAY_ENVOY_LOG_LEVEL", "warn"),
                 "--concurrency",
                 "1",
             ],

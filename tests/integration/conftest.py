@@ -1,0 +1,37 @@
+"""Integration fixtures: a whole local gateway (real Envoy, BBR, EPPs, simulated fleet)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.launch import LocalGateway, start_local_gateway
+
+# Fast simulated pods: integration tests check routing, not GPU timing.
+FAST_FLEET = {
+    "time_scale": 20.0,
+    "pods": [
+        {
+            "name": "llama",
+            "model": "llama-3.1-8b-instruct",
+            "adapters": ["sql-lora"],
+            "profile": "h100-llama3.1-8b",
+            "replicas": 2,
+        },
+        {"name": "qwen", "model": "qwen3-32b", "profile": "h100x2-qwen3-32b", "replicas": 2},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
+    gw = start_local_gateway(tmp_path_factory.mktemp("gateway"), fleet=FAST_FLEET)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def chat(model: str, content: str = "Hello there", **extra: object) -> dict[str, object]:
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 8, **extra}

@@ -1,0 +1,75 @@
+"""The rendered bootstrap is accepted by the real Envoy binary."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from gateway.certs import make_certs
+from gateway.config import parse_config
+from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap, write_bootstrap
+from gateway.launch import envoy_binary
+
+CONFIG = {
+    "pools": [
+        {
+            "name": "llama",
+            "models": [{"name": "llama", "adapters": ["sql"]}],
+            "endpoints": [{"address": "127.0.0.1:8000"}],
+        },
+        {
+            "name": "qwen",
+            "failureMode": "FailOpen",
+            "models": [{"name": "qwen"}],
+            "endpoints": [{"address": "127.0.0.1:8001"}],
+        },
+    ]
+}
+
+
+def _topology(tmp: Path, mtls: bool) -> Topology:
+    certs = make_certs(tmp / "certs")
+    return Topology(
+        listen_port=18443,
+        admin_port=19901,
+        bbr=("127.0.0.1", 19004),
+        epps={"llama": ("127.0.0.1", 19002), "qwen": ("127.0.0.1", 19003)},
+        server_cert=certs.server_cert,
+        server_key=certs.server_key,
+        extproc_tls=ExtProcTls(certs.client_cert, certs.client_key, certs.ca) if mtls else None,
+    )
+
+
+@pytest.mark.parametrize("mtls", [False, True])
+def test_envoy_validates_rendered_bootstrap(tmp_path: Path, mtls: bool) -> None:
+    path = write_bootstrap(parse_config(CONFIG), _topology(tmp_path, mtls), tmp_path / "envoy.json")
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "OK" in result.stdout + result.stderr
+
+
+def test_destination_comes_from_metadata_never_the_header(tmp_path: Path) -> None:
+    boot = render_bootstrap(parse_config(CONFIG), _topology(tmp_path, False))
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    odst = clusters["pool-llama"]["original_dst_lb_config"]
+    assert odst["use_http_header"] is False
+    assert odst["metadata_key"] == {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}]}
+    # FailOpen pools get a fallback cluster over the pool's own endpoints only.
+    fallback = clusters["fallback-qwen"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [e["endpoint"]["address"]["socket_address"]["port_value"] for e in fallback] == [8001]
+    assert "fallback-llama" not in clusters
+
+
+def test_misspelt_field_is_rejected_at_render_time() -> None:
+    from gateway.envoy_config import validate_bootstrap
+
+    with pytest.raises(json_format.ParseError):
+        validate_bootstrap({"static_resources": {"clusterz": []}})

@@ -1,0 +1,148 @@
+"""Real HTTPS requests through the real Envoy, BBR, EPP and simulated pods."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from gateway.launch import LocalGateway
+from tests.integration.conftest import chat
+
+LLAMA, QWEN = "llama-3.1-8b-instruct", "qwen3-32b"
+
+
+async def test_each_model_reaches_only_its_own_pods(gateway: LocalGateway) -> None:
+    served: dict[str, set[str]] = {LLAMA: set(), QWEN: set()}
+    async with gateway.client() as client:
+        for _ in range(4):
+            for model in (LLAMA, QWEN):
+                r = await client.post("/v1/chat/completions", json=chat(model))
+                assert r.status_code == 200, r.text
+                assert r.json()["model"] == model
+                served[model].add(r.headers["x-modelsim-pod"])
+    assert served[LLAMA] == {"llama-0", "llama-1"}  # round-robin reaches both
+    assert served[QWEN] == {"qwen-0", "qwen-1"}
+
+
+async def test_lora_adapter_goes_to_its_base_model_pool(gateway: LocalGateway) -> None:
+    async with gateway.client() as client:
+        r = await client.post("/v1/chat/completions", json=chat("sql-lora"))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-modelsim-pod"].startswith("llama-")
+    assert r.json()["model"] == "sql-lora"
+
+
+async def test_http2_is_negotiated_by_alpn(gateway: LocalGateway) -> None:
+    async with gateway.client(http2=True) as client:
+        r = await client.post("/v1/completions", json={"model": QWEN, "prompt": "Say hi", "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.http_version == "HTTP/2"
+
+
+async def test_256kb_prompt_passes_intact(gateway: LocalGateway) -> None:
+    size = 256 * 1024
+    prompt = ("lorem ipsum dolor sit amet " * (size // 27 + 1))[:size]
+    async with gateway.client() as client:
+        r = await client.post("/v1/completions", json={"model": LLAMA, "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 200, r.text[:300]
+    # The simulator counts prompt tokens from the text it received: all of it arrived.
+    assert r.json()["usage"]["prompt_tokens"] > size // 8
+
+
+async def test_2mb_prompt_reaches_the_model_server_whole(gateway: LocalGateway) -> None:
+    """2 MB is beyond the model's context: the pod itself must be the one to say so."""
+    size = 2 * 1024 * 1024
+    prompt = ("lorem ipsum dolor sit amet " * (size // 27 + 1))[:size]
+    async with gateway.client() as client:
+        r = await client.post("/v1/completions", json={"model": LLAMA, "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 400, r.text[:300]
+    assert r.headers["x-modelsim-pod"].startswith("llama-")
+    tokens = int(r.json()["error"]["message"].split()[2])
+    assert tokens > size // 8
+
+
+async def test_streaming_passes_through_chunk_by_chunk(gateway: LocalGateway) -> None:
+    body = chat(LLAMA, stream=True, stream_options={"include_usage": True}, max_tokens=12)
+    events: list[str] = []
+    async with gateway.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) >= 12  # one chunk per token, not one buffered blob
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "code"),
+    [
+        (b"this is not json", 400, "invalid_json"),
+        (b"\xff\xfe\x00garbage", 400, "invalid_encoding"),
+        (b"[1, 2, 3]", 400, "invalid_json"),
+        (b'{"messages": []}', 400, "model_required"),
+        (b'{"model": 42}', 400, "invalid_model"),
+        (b'{"model": "no-such-model", "prompt": "x"}', 404, "model_not_found"),
+    ],
+)
+async def test_bad_requests_get_openai_json_errors(
+    gateway: LocalGateway, content: bytes, status: int, code: str
+) -> None:
+    async with gateway.client() as client:
+        r = await client.post(
+            "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
+        )
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert error["code"] == code and error["message"] and error["type"]
+
+
+async def test_unknown_path_without_body_is_a_json_404(gateway: LocalGateway) -> None:
+    async with gateway.client() as client:
+        r = await client.get("/nothing/here")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "route_not_found"
+
+
+async def test_models_list_names_every_model_and_adapter(gateway: LocalGateway) -> None:
+    async with gateway.client() as client:
+        r = await client.get("/v1/models")
+    assert r.status_code == 200
+    assert {m["id"] for m in r.json()["data"]} == {LLAMA, "sql-lora", QWEN}
+
+
+async def test_client_sent_destination_header_cannot_steer(gateway: LocalGateway) -> None:
+    """Point the header at a qwen pod (another local port) on llama requests: ignored."""
+    qwen_pod = gateway.pods_of(QWEN)[0]
+    headers = {"x-gateway-destination-endpoint": qwen_pod, "x-gateway-model-name": QWEN}
+    async with gateway.client() as client:
+        for _ in range(4):
+            r = await client.post("/v1/chat/completions", json=chat(LLAMA), headers=headers)
+            assert r.status_code == 200
+            assert r.headers["x-modelsim-pod"].startswith("llama-")
+            assert r.json()["model"] == LLAMA
+
+
+async def test_inflight_accounting_returns_to_zero(gateway: LocalGateway) -> None:
+    async with gateway.client() as client:
+        await asyncio.gather(*(client.post("/v1/chat/completions", json=chat(LLAMA)) for _ in range(8)))
+        # A client that gives up mid-stream must not leak an in-flight slot either.
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=chat(LLAMA, stream=True, max_tokens=200)
+        ) as r:
+            async for _ in r.aiter_lines():
+                break
+    port = gateway.epp_metrics_ports["llama-3-1-8b-instruct"]
+    async with httpx.AsyncClient() as plain:
+        for _ in range(100):
+            pool = (await plain.get(f"http://127.0.0.1:{port}/debug/pool")).json()
+            if all(e["inflight_requests"] == 0 for e in pool["endpoints"]):
+                break
+            await asyncio.sleep(0.05)
+    assert [e["inflight_requests"] for e in pool["endpoints"]] == [0, 0]

@@ -1,0 +1,200 @@
+"""The shared ext_proc state machine, driven with the messages Envoy sends."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+from extproc.errors import ErrorResponse, bad_request
+from extproc.messages import MAX_CHUNK_BYTES
+from extproc.server import start_grpc_service
+from extproc.stream import ExtProcServicer, ExtProcStream, ProtocolViolation, RequestRoute
+from tests.unit.extproc_helpers import (
+    POST,
+    body_msgs,
+    headers_msg,
+    response_headers_msg,
+    set_headers_of,
+    streamed_body_of,
+    trailers_msg,
+)
+
+
+class Recorder:
+    """A processor that records what the stream layer hands it."""
+
+    def __init__(
+        self, *, limit: int = 10 * 1024 * 1024, answer: RequestRoute | ErrorResponse | None = None
+    ) -> None:
+        self.max_body_bytes = limit
+        self.answer = answer or RequestRoute(set_headers={"x-test": "1"}, clear_route_cache=True)
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.response_headers: list[dict[str, str]] = []
+        self.closed: list[bool] = []
+
+    async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+        self.requests.append((headers, body))
+        return self.answer
+
+    def on_response_headers(self, headers: dict[str, str]) -> None:
+        self.response_headers.append(headers)
+
+    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
+        return None
+
+    def on_close(self, completed: bool) -> None:
+        self.closed.append(completed)
+
+
+async def drive(stream: ExtProcStream, msgs: list[pb.ProcessingRequest]) -> list[pb.ProcessingResponse]:
+    out = []
+    for m in msgs:
+        async for r in stream.handle(m):
+            out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("size", [0, 1, 61_999, 62_000, 62_001, 256 * 1024, 2 * 1024 * 1024])
+async def test_body_is_collected_and_reemitted_in_bounded_chunks(size: int) -> None:
+    body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    rec = Recorder()
+    stream = ExtProcStream(rec)
+    responses = await drive(stream, [headers_msg(POST), *body_msgs(body, chunk=17_000)])
+    assert rec.requests == [(POST, body)]
+    assert responses[0].HasField("request_headers")
+    headers = set_headers_of(responses[0])
+    assert headers["content-length"] == str(size)
+    assert headers["x-test"] == "1"
+    assert responses[0].request_headers.response.clear_route_cache
+    emitted, sizes, ended = streamed_body_of(responses)
+    assert emitted == body
+    assert all(s <= MAX_CHUNK_BYTES for s in sizes)
+    assert ended
+
+
+async def test_nothing_is_answered_before_the_body_ends() -> None:
+    stream = ExtProcStream(Recorder())
+    chunks = body_msgs(b"a" * 50_000, chunk=10_000)
+    assert await drive(stream, [headers_msg(POST), *chunks[:-1]]) == []
+    assert len(await drive(stream, chunks[-1:])) == 2
+
+
+async def test_get_without_body_is_answered_at_headers() -> None:
+    rec = Recorder()
+    responses = await drive(
+        ExtProcStream(rec), [headers_msg({":method": "GET", ":path": "/v1/models"}, end_of_stream=True)]
+    )
+    assert len(responses) == 1 and responses[0].HasField("request_headers")
+    assert "content-length" not in set_headers_of(responses[0])
+    assert rec.requests[0][1] == b""
+
+
+async def test_trailers_end_the_body_and_are_acknowledged() -> None:
+    body = b'{"model":"m"}'
+    msgs = [headers_msg(POST), pb.ProcessingRequest(request_body=pb.HttpBody(body=body)), trailers_msg()]
+    responses = await drive(ExtProcStream(Recorder()), msgs)
+    emitted, _, ended = streamed_body_of(responses)
+    assert emitted == body and not ended  # the trailers response ends the stream
+    assert responses[-1].HasField("request_trailers")
+
+
+async def test_replacement_body_fixes_content_length() -> None:
+    rec = Recorder(answer=RequestRoute(body=b'{"model":"other"}'))
+    responses = await drive(ExtProcStream(rec), [headers_msg(POST), *body_msgs(b'{"model":"m"}')])
+    assert set_headers_of(responses[0])["content-length"] == str(len(b'{"model":"other"}'))
+    assert streamed_body_of(responses)[0] == b'{"model":"other"}'
+
+
+async def test_oversized_body_gets_413_json() -> None:
+    stream = ExtProcStream(Recorder(limit=1000))
+    responses = await drive(stream, [headers_msg(POST), *body_msgs(b"x" * 5000, chunk=600)])
+    immediate = [r for r in responses if r.HasField("immediate_response")]
+    assert len(immediate) == 1
+    assert immediate[0].immediate_response.status.code == 413
+    error = json.loads(immediate[0].immediate_response.body)["error"]
+    assert error["code"] == "request_too_large" and error["type"] == "invalid_request_error"
+    assert stream.refused
+
+
+async def test_refusal_is_an_openai_json_error() -> None:
+    rec = Recorder(answer=bad_request("nope", "invalid_json"))
+    responses = await drive(ExtProcStream(rec), [headers_msg(POST), *body_msgs(b"{")])
+    imm = responses[0].immediate_response
+    assert imm.status.code == 400
+    assert json.loads(imm.body) == {
+        "error": {"message": "nope", "type": "invalid_request_error", "code": "invalid_json"}
+    }
+    headers = {h.header.key: h.header.raw_value.decode() for h in imm.headers.set_headers}
+    assert headers["content-type"] == "application/json"
+
+
+async def test_out_of_order_messages_are_protocol_violations() -> None:
+    with pytest.raises(ProtocolViolation):
+        await drive(ExtProcStream(Recorder()), body_msgs(b"{}"))
+    with pytest.raises(ProtocolViolation):
+        await drive(ExtProcStream(Recorder()), [headers_msg(POST), headers_msg(POST)])
+
+
+async def test_local_reply_of_an_earlier_filter_is_acknowledged_not_accounted() -> None:
+    rec = Recorder()
+    responses = await drive(ExtProcStream(rec), [response_headers_msg(400)])
+    assert [r.WhichOneof("response") for r in responses] == ["response_headers"]
+    assert rec.response_headers == []
+
+
+@pytest.fixture
+async def grpc_recorders():
+    recorders: list[Recorder] = []
+
+    def factory() -> Recorder:
+        recorders.append(Recorder())
+        return recorders[-1]
+
+    servicer = ExtProcServicer(factory, name="test")
+    service = await start_grpc_service(servicer, host="127.0.0.1", port=0)
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{service.port}")
+    yield pb_grpc.ExternalProcessorStub(channel), recorders, servicer
+    await channel.close()
+    await service.server.stop(0)
+
+
+async def test_over_real_grpc_close_is_reported_once_and_completed(grpc_recorders) -> None:
+    stub, recorders, servicer = grpc_recorders
+    msgs = [headers_msg(POST), *body_msgs(b'{"model":"m"}'), response_headers_msg(200)]
+    call = stub.Process(iter(msgs))
+    kinds = [r.WhichOneof("response") async for r in call]
+    assert kinds == ["request_headers", "request_body", "response_headers"]
+    assert recorders[0].closed == [False]  # response body never ended: not a completed response
+    assert recorders[0].response_headers[0][":status"] == "200"
+    assert servicer.active_streams == 0
+
+
+async def test_over_real_grpc_client_disconnect_mid_body_closes_once(grpc_recorders) -> None:
+    stub, recorders, servicer = grpc_recorders
+    call = stub.Process()
+    await call.write(headers_msg(POST))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=b'{"model":')))
+    call.cancel()
+    for _ in range(100):
+        if recorders and recorders[0].closed:
+            break
+        import asyncio
+
+        await asyncio.sleep(0.01)
+    assert recorders[0].closed == [False]
+    assert recorders[0].requests == []  # never routed: the body never completed
+    assert servicer.active_streams == 0
+
+
+async def test_over_real_grpc_protocol_violation_is_failed_precondition(grpc_recorders) -> None:
+    stub, recorders, _ = grpc_recorders
+    call = stub.Process(iter(body_msgs(b"{}")))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in call:
+            pass
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert recorders[0].closed == [False]
