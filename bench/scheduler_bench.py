@@ -64,6 +64,9 @@ def main() -> None:
     prompt = system + "".join(rng.choice("klmnop ") for _ in range(1096))  # 4 KB
     hash_us = _best(lambda: prompt_hashes("llama", prompt), args.repeat)
     print(f"hash 4 KB prompt (64 blocks): {hash_us:.1f} us")
+    huge = "".join(rng.choice("abcdefghij ") for _ in range(200_000))
+    huge_us = _best(lambda: prompt_hashes("llama", huge), max(10, args.repeat // 10))
+    print(f"hash 200 KB prompt (capped at 256 blocks): {huge_us:.1f} us")
     print(f"{'profile':>8} {'pods':>5} {'pick us':>8} {'pick - hash us':>15}")
     for pods in (8, 64):
         snapshot = make_snapshot(pods, rng)

@@ -123,7 +123,7 @@ def prefix_cache(
     if not hashes or index is None:
         return [0.0] * len(candidates)
     denom = float(max(len(hashes), ctx.thresholds.prefix_min_blocks))
-    return [index.match(hashes, s.address) / denom for s in candidates]
+    return [n / denom for n in index.match_counts(hashes, [s.address for s in candidates])]
 
 
 def inflight(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from epp.pool import EndpointState, PoolSnapshot
 from epp.request import InferenceRequest
@@ -17,7 +18,7 @@ from epp.scheduling.base import Decision
 from epp.scheduling.filters import fresh, healthy, serving, unsaturated
 from epp.scheduling.picker import PICKERS
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
-from epp.scheduling.profiles import BUILTIN_PROFILES, Profile
+from epp.scheduling.profiles import BUILTIN_PROFILES, Profile, profiles_from_dict
 from epp.scheduling.scorers import SCORERS, ScoringContext
 
 # Characters per token used to turn a server's KV block size (tokens) into characters.
@@ -50,6 +51,27 @@ class WeightedScheduler:
         self.rng = rng or random.Random()
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
         self._recent: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    @classmethod
+    def from_config(
+        cls,
+        profiles: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        thresholds: Mapping[str, Any] | None = None,
+        default_profile: str = "default",
+        rng: random.Random | None = None,
+        prefix_index: PrefixIndex | None = None,
+    ) -> WeightedScheduler:
+        """Build from plain config data, e.g. gateway config `model_dump()` output:
+        profiles {name: {weights, picker, priority, thresholds}} over the built-ins, pool-wide
+        thresholds {queue, kv_cache, stale_after_ms}. Pass the previous scheduler's
+        `prefix_index` on a config reload so the learned prefixes survive."""
+        return cls(
+            profiles_from_dict(profiles, thresholds=thresholds),
+            default_profile=default_profile,
+            rng=rng,
+            prefix_index=prefix_index,
+        )
 
     def profile_for(self, request: InferenceRequest) -> Profile:
         objective = request.objective

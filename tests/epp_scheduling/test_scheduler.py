@@ -235,3 +235,23 @@ def test_slow_pod_gets_less_traffic_in_simulated_loop():
     # Control: balancing by in-flight count alone sends the slow pod far more.
     blind = simulate_slow_pod(Profile("blind", {"inflight": 1}))
     assert blind["slow"] > 2 * routed["slow"]
+
+
+def test_from_gateway_config_models():
+    from gateway.config import ProfileConfig
+    from gateway.config import Thresholds as ConfigThresholds
+
+    profiles = {"gold": ProfileConfig(weights={"queue": 1, "kvCache": 2}, picker="weighted", priority=-1)}
+    index = scheduler().prefix_index
+    sched = WeightedScheduler.from_config(
+        {name: p.model_dump() for name, p in profiles.items()},
+        thresholds=ConfigThresholds(queue=3, staleAfterMs=400).model_dump(),
+        default_profile="gold",
+        prefix_index=index,
+    )
+    gold = sched.profiles["gold"]
+    assert dict(gold.weights) == {"queue": 1.0, "kv-cache": 2.0} and gold.picker == "weighted-random"
+    assert gold.thresholds == Thresholds(queue_saturated=3, kv_saturated=0.8, stale_after=0.4)
+    assert sched.prefix_index is index
+    d = sched.pick(req(), snap(state("a", waiting=3), state("b", waiting=2)))
+    assert d.profile == "gold" and d.ranked == ("b",)
