@@ -1,25 +1,38 @@
-"""Assemble one EPP: config store, pool, discovery, scheduler, gRPC and admin servers."""
+"""Assemble one EPP: config store, pool, discovery, scraper, scheduler, gRPC and admin servers.
+
+A configuration reload rebuilds the scheduler (keeping the learned prefix index) and, for
+static pools, the endpoint set; in-flight accounting lives in the Pool and is never reset.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
+from typing import Any
 
 from epp.admin import start_admin_server
 from epp.context import EppContext
 from epp.discovery.static import static_endpoints
-from epp.pool import Pool
+from epp.pool import Endpoint, Pool
 from epp.processor import EppProcessor
-from epp.scheduling.base import RoundRobinScheduler, Scheduler
+from epp.scheduling.weighted import WeightedScheduler
+from epp.scrape import Scraper
 from epp.telemetry import Telemetry
 from extproc.server import GrpcService, TlsFiles, start_grpc_service
 from extproc.stream import ExtProcServicer
 from gateway.config import GatewayConfig, load_config
 from gateway.config_store import ConfigStore
 
+log = logging.getLogger(__name__)
 
-def build_scheduler(config: GatewayConfig) -> Scheduler:
-    return RoundRobinScheduler()
+
+def build_scheduler(config: GatewayConfig, previous: WeightedScheduler | None = None) -> WeightedScheduler:
+    return WeightedScheduler(
+        config.scheduler_profiles(),
+        default_profile=config.default_profile,
+        prefix_index=previous.prefix_index if previous is not None else None,
+    )
 
 
 class EppApp:
@@ -33,30 +46,73 @@ class EppApp:
         metrics_port: int = 0,
         tls: TlsFiles | None = None,
     ) -> None:
-        self._tls = tls
         self.store: ConfigStore[GatewayConfig] = ConfigStore(config_path, loader=load_config)
         config = self.store.current()
-        config.pool(pool_name)  # KeyError early if the pool is unknown
+        pool_config = config.pool(pool_name)  # KeyError early if the pool is unknown
         self.pool_name = pool_name
-        self.pool = Pool(static_endpoints(config, pool_name))
+        self.pool = Pool()
         self.telemetry = Telemetry(pool_name)
         self.telemetry.attach_pool(self.pool.snapshot)
-        self.ctx = EppContext(
-            pool_name, self.pool, build_scheduler(config), self.store.current, self.telemetry
+        self.scheduler = build_scheduler(config)
+        self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
+        self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
+        self.scraper = Scraper(
+            self.pool, interval_s=config.scrape.interval_ms / 1000, timeout_s=config.scrape.timeout_ms / 1000
         )
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
+        self._kubernetes = pool_config.kubernetes
+        self._discovery: Any = None
+        self._apply(config)
         self.store.subscribe(self._on_config)
+        self._tls = tls
         self._host, self._port, self._metrics_port = host, port, metrics_port
         self._tasks: list[asyncio.Task[None]] = []
         self.grpc: GrpcService | None = None
         self.port = 0
         self.metrics_port = 0
 
+    def _apply(self, config: GatewayConfig) -> None:
+        """Derive everything per-request code reads from a validated config."""
+        profiles = config.scheduler_profiles()
+        self.ctx.priorities = {name: p.priority for name, p in profiles.items()}
+        pool = config.pool(self.pool_name)
+        self.ctx.model_profiles = {m.name: m.profile for m in pool.models if m.profile}
+        self.ctx.fallback_endpoints = pool.fallback_endpoints
+        if self._kubernetes is None:
+            self.set_endpoints(static_endpoints(config, self.pool_name))
+
     def _on_config(self, config: GatewayConfig) -> None:
-        self.pool.set_endpoints(static_endpoints(config, self.pool_name))
-        self.ctx.scheduler = build_scheduler(config)
+        try:
+            config.pool(self.pool_name)
+        except KeyError:
+            log.error("reloaded config has no pool %r; keeping the previous pool settings", self.pool_name)
+            return
+        self.scheduler = build_scheduler(config, self.scheduler)
+        self.ctx.scheduler = self.scheduler
+        self._apply(config)
+
+    def set_endpoints(self, endpoints: list[Endpoint]) -> None:
+        """The one entry point for discovery (static or Kubernetes) to change the pool."""
+        self.pool.set_endpoints(endpoints)
+        self.scheduler.prefix_index.retain(ep.address for ep in endpoints)
+        try:
+            self.scraper.sync()
+        except RuntimeError:  # no running loop yet: start() syncs
+            pass
 
     async def start(self) -> None:
+        if self._kubernetes is not None:
+            from epp.discovery.kubernetes import InferencePoolDiscovery
+
+            config = self.store.current()
+            self._discovery = InferencePoolDiscovery(
+                namespace=self._kubernetes.namespace,
+                pool_name=self._kubernetes.pool_name,
+                on_change=self.set_endpoints,
+                engine=config.pool(self.pool_name).engine,
+            )
+            await self._discovery.start()
+        self.scraper.sync()
         self.grpc = await start_grpc_service(self.servicer, host=self._host, port=self._port, tls=self._tls)
         self.port = self.grpc.port
         self._admin, self.metrics_port = await start_admin_server(
@@ -69,4 +125,7 @@ class EppApp:
             task.cancel()
         if self.grpc:
             await self.grpc.drain_and_stop(grace_s)
+        if self._discovery is not None:
+            await self._discovery.stop()
+        await self.scraper.stop()
         await self._admin.cleanup()

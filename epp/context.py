@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.pool import Pool
 from epp.scheduling.base import Scheduler
@@ -18,15 +18,12 @@ class EppContext:
     scheduler: Scheduler
     config: Callable[[], GatewayConfig]
     telemetry: Telemetry
+    priorities: dict[str, int] = field(default_factory=dict)  # profile name -> priority
+    model_profiles: dict[str, str] = field(default_factory=dict)  # base model -> default profile
+    fallback_endpoints: int = 0  # extra ranked endpoints appended to the destination list
 
     def profile_for(self, base_model: str) -> str | None:
-        for model in self.config().pool(self.pool_name).models:
-            if model.name == base_model:
-                return model.profile
-        return None
+        return self.model_profiles.get(base_model)
 
     def priority_for(self, objective: str | None) -> int:
-        if objective is None:
-            return 0
-        profile = self.config().profiles.get(objective)
-        return profile.priority if profile else 0
+        return self.priorities.get(objective, 0) if objective else 0

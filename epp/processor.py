@@ -34,7 +34,6 @@ class EppProcessor:
         self._address: str | None = None
         self._request: InferenceRequest | None = None
         self._routed_at = 0.0
-        self._first_byte_at: float | None = None
         self._status: int | None = None
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
@@ -58,16 +57,20 @@ class EppProcessor:
             return unavailable(f"no endpoint can serve model '{request.model}': {decision.reason}")
         address = decision.ranked[0]
         self._address, self._request = address, request
+        destination = ",".join(decision.ranked[: 1 + self._ctx.fallback_endpoints])
+        prefix = decision.scores.get(address, {}).get("prefix-cache")
+        if prefix is not None:
+            self._ctx.telemetry.prefix_lookup(prefix)
         self._ctx.pool.on_routed(address, request.estimated_tokens)
         self._ctx.scheduler.on_routed(request, address)
         self._ctx.telemetry.routed(request)
         self._routed_at = time.monotonic()
-        set_headers = {DESTINATION_HEADER: address}
+        set_headers = {DESTINATION_HEADER: destination}
         if headers.get(DECISION_HEADER) in ("1", "true", "yes"):
             set_headers[DECISION_HEADER] = explain(decision)
         return RequestRoute(
             set_headers=set_headers,
-            metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: address}},
+            metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
             clear_route_cache=True,
         )
 
@@ -102,7 +105,6 @@ class EppProcessor:
     def on_response_headers(self, headers: dict[str, str]) -> None:
         if self._address is None:
             return
-        self._first_byte_at = time.monotonic()
         status = headers.get(":status", "0")
         self._status = int(status) if status.isdigit() else 0
 
@@ -115,9 +117,10 @@ class EppProcessor:
         address, request = self._address, self._request
         self._address = None  # exactly once, even if called again
         self._ctx.pool.on_finished(address, request.estimated_tokens)
-        ok = completed and self._status is not None and self._status < 500
-        if self._first_byte_at is not None and ok:
-            self._ctx.pool.observe_speed(address, ttft=self._first_byte_at - self._routed_at)
+        # Response bodies are not streamed to the EPP (a gRPC round trip per SSE chunk would
+        # cost more than the scheduling itself); Envoy closes this stream when the HTTP
+        # stream ends, which is what releases the in-flight slot. Speed comes from the scrape.
+        ok = self._status is not None and self._status < 500
         self._ctx.telemetry.finished(request, ok=ok, duration=time.monotonic() - self._routed_at)
 
 

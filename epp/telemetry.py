@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from epp.pool import PoolSnapshot
 from epp.request import InferenceRequest
+from epp.scheduling.prefix import PrefixIndex
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _SCHEDULER_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
@@ -76,6 +77,18 @@ class Telemetry:
         self.running = Gauge(
             "inference_objective_running_requests", "Requests in flight", ["model_name"], registry=r
         )
+        self.prefix_entries = Gauge(
+            "inference_extension_prefix_indexer_size", "Block hashes held by the prefix index", registry=r
+        )
+        self.prefix_bytes = Gauge(
+            "inference_extension_prefix_indexer_bytes", "Approximate memory of the prefix index", registry=r
+        )
+        self.prefix_hit_ratio = Histogram(
+            "inference_extension_prefix_indexer_hit_ratio",
+            "Prefix-cache score of the chosen endpoint",
+            buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=r,
+        )
         self.scheduler_e2e = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Parse + schedule time per request",
@@ -85,6 +98,14 @@ class Telemetry:
 
     def attach_pool(self, snapshot: Callable[[], PoolSnapshot]) -> None:
         self.registry.register(_PoolCollector(self.pool_name, snapshot))
+
+    def attach_prefix_index(self, index: PrefixIndex) -> None:
+        """Export the prefix index's size so its memory bound is visible in production."""
+        self.prefix_entries.set_function(index.memory_entries)
+        self.prefix_bytes.set_function(index.approx_bytes)
+
+    def prefix_lookup(self, hit_ratio: float) -> None:
+        self.prefix_hit_ratio.observe(hit_ratio)
 
     def scheduled(self, seconds: float) -> None:
         self.scheduler_e2e.observe(seconds)

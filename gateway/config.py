@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from epp.scheduling.profiles import Profile, ProfileError, profiles_from_dict
+
 Engine = Literal["vllm", "sglang", "tgi", "trtllm"]
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # the AWS gateway's BBR default (facts.md)
@@ -78,6 +80,8 @@ class PoolConfig(_Model):
     kubernetes: KubernetesDiscovery | None = None
     failure_mode: Literal["FailClose", "FailOpen"] = Field(default="FailClose", alias="failureMode")
     epp: EppAddress = Field(default_factory=EppAddress)
+    # Extra endpoints, ranked after the chosen one, that Envoy may retry on (0 = none).
+    fallback_endpoints: int = Field(default=0, ge=0, le=8, alias="fallbackEndpoints")
 
 
 class Thresholds(_Model):
@@ -95,6 +99,7 @@ class ProfileConfig(_Model):
     weights: dict[str, float]
     picker: Literal["max", "weighted"] = "max"
     priority: int = 0
+    thresholds: dict[str, float] = Field(default_factory=dict)  # overrides of the pool-wide ones
 
     @field_validator("weights")
     @classmethod
@@ -152,6 +157,12 @@ class GatewayConfig(_Model):
                         )
                 if model.rewrites and sum(rw.weight for rw in model.rewrites) == 0:
                     raise ValueError(f"pools.{pool.name}.models.{model.name}.rewrites: weights sum to 0")
+        try:  # the scheduler's own parser: unknown scorer names or bad values fail here
+            self.scheduler_profiles()
+        except ProfileError as exc:
+            raise ValueError(str(exc)) from None
+        if self.default_profile not in self.scheduler_profiles():
+            raise ValueError(f"defaultProfile: {self.default_profile!r} is not a defined profile")
         if self.bbr.default_model is not None and self.bbr.default_model not in names:
             raise ValueError(f"bbr.defaultModel: {self.bbr.default_model!r} is not a configured model")
         return self
@@ -165,6 +176,13 @@ class GatewayConfig(_Model):
                 for adapter in model.adapters:
                     out[adapter] = ModelRoute(pool.name, model.name, adapter)
         return out
+
+    def scheduler_profiles(self) -> dict[str, Profile]:
+        """Configured profiles over the built-ins (default, chat, batch), pool-wide thresholds applied."""
+        data = {name: p.model_dump(exclude_defaults=True) for name, p in self.profiles.items()}
+        for name, p in self.profiles.items():
+            data[name]["weights"] = dict(p.weights)
+        return profiles_from_dict(data, thresholds=self.thresholds.model_dump(by_alias=True))
 
     def pool(self, name: str) -> PoolConfig:
         for pool in self.pools:
