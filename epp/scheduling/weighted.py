@@ -50,7 +50,9 @@ class WeightedScheduler:
         self.default_profile = default_profile
         self.rng = rng or random.Random()
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
-        self._recent: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # request_id -> (the prompt object hashed, its hashes); the identity check guards
+        # against two requests that share a client-chosen id.
+        self._recent: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
 
     @classmethod
     def from_config(
@@ -124,8 +126,10 @@ class WeightedScheduler:
 
     def on_routed(self, request: InferenceRequest, address: str) -> None:
         """Remember the request's prefix blocks on the pod it was sent to."""
-        hashes = self._recent.pop(request.request_id, None)
-        if hashes is None:
+        cached = self._recent.pop(request.request_id, None)
+        if cached is not None and cached[0] is request.prompt:
+            hashes = cached[1]
+        else:
             hashes = self.prefix_index.hashes(request.target_model, request.prompt)
         if hashes:
             self.prefix_index.add(address, hashes)
@@ -135,7 +139,7 @@ class WeightedScheduler:
             request.target_model, request.prompt, block_chars_for(candidates, self.prefix_index.block_chars)
         )
         recent = self._recent
-        recent[request.request_id] = hashes
+        recent[request.request_id] = (request.prompt, hashes)
         if len(recent) > _RECENT_HASHES:
             recent.popitem(last=False)
         return hashes

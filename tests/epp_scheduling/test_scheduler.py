@@ -255,3 +255,15 @@ def test_from_gateway_config_models():
     assert sched.prefix_index is index
     d = sched.pick(req(), snap(state("a", waiting=3), state("b", waiting=2)))
     assert d.profile == "gold" and d.ranked == ("b",)
+
+
+def test_on_routed_uses_the_right_prompt_when_request_ids_collide():
+    from dataclasses import replace
+
+    sched = scheduler()
+    a = req("a" * 640)
+    b = replace(req("b" * 640), request_id=a.request_id)
+    sched.pick(a, snap(state("p")))
+    sched.on_routed(b, "p")
+    assert sched.prefix_index.match(sched.prefix_index.hashes("m", b.prompt), "p") == 10
+    assert sched.prefix_index.match(sched.prefix_index.hashes("m", a.prompt), "p") == 0
