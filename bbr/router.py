@@ -20,7 +20,10 @@ log = logging.getLogger(__name__)
 
 MODEL_HEADER = "x-gateway-model-name"
 BASE_MODEL_HEADER = "x-gateway-base-model-name"
-ROUTING_HEADER_PREFIX = "x-gateway-"
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+# Headers that steer routing: only the gateway may set them. Other x-gateway-* headers
+# (inference objective, decision explain) are client requests and pass through.
+ROUTING_HEADERS = frozenset({MODEL_HEADER, BASE_MODEL_HEADER, DESTINATION_HEADER})
 
 
 def decode_json_object(body: bytes) -> dict | ErrorResponse:
@@ -42,7 +45,7 @@ def decode_json_object(body: bytes) -> dict | ErrorResponse:
 
 def client_routing_headers(headers: dict[str, str]) -> tuple[str, ...]:
     """Routing headers a client sent: never trusted, always removed."""
-    return tuple(name for name in headers if name.startswith(ROUTING_HEADER_PREFIX))
+    return tuple(name for name in headers if name in ROUTING_HEADERS)
 
 
 class BodyRouter:

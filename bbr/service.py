@@ -18,7 +18,7 @@ class BbrProcessor:
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         return self._router.route(headers, body)
 
-    def on_response_headers(self, headers: dict[str, str]) -> None:
+    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
         return None
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:

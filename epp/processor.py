@@ -35,6 +35,7 @@ class EppProcessor:
         self._request: InferenceRequest | None = None
         self._routed_at = 0.0
         self._status: int | None = None
+        self._explain: str | None = None  # returned on the response when the client asked
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         if not body and MODEL_HEADER not in headers:
@@ -65,11 +66,10 @@ class EppProcessor:
         self._ctx.scheduler.on_routed(request, address)
         self._ctx.telemetry.routed(request)
         self._routed_at = time.monotonic()
-        set_headers = {DESTINATION_HEADER: destination}
         if headers.get(DECISION_HEADER) in ("1", "true", "yes"):
-            set_headers[DECISION_HEADER] = explain(decision)
+            self._explain = explain(decision)
         return RequestRoute(
-            set_headers=set_headers,
+            set_headers={DESTINATION_HEADER: destination},
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
             clear_route_cache=True,
         )
@@ -102,11 +102,12 @@ class EppProcessor:
         except RequestError as exc:
             return bad_request(str(exc))
 
-    def on_response_headers(self, headers: dict[str, str]) -> None:
+    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
         if self._address is None:
-            return
+            return None
         status = headers.get(":status", "0")
         self._status = int(status) if status.isdigit() else 0
+        return {DECISION_HEADER: self._explain} if self._explain else None
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
         return None

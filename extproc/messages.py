@@ -81,8 +81,11 @@ def request_trailers_response() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(request_trailers=pb.TrailersResponse())
 
 
-def continue_response_headers() -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+def continue_response_headers(set_headers: Mapping[str, str] | None = None) -> pb.ProcessingResponse:
+    if not set_headers:
+        return pb.ProcessingResponse(response_headers=pb.HeadersResponse())
+    common = pb.CommonResponse(header_mutation=header_mutation(set_headers))
+    return pb.ProcessingResponse(response_headers=pb.HeadersResponse(response=common))
 
 
 def continue_response_body() -> pb.ProcessingResponse:

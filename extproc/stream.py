@@ -46,7 +46,9 @@ class Processor(Protocol):
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse: ...
 
-    def on_response_headers(self, headers: dict[str, str]) -> None: ...
+    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
+        """Observe the response status; may return headers to set on the response."""
+        ...
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None: ...
 
@@ -107,10 +109,11 @@ class ExtProcStream:
         """
         forwarded = self._phase is _Phase.FORWARDED
         if kind == "response_headers":
+            extra = None
             if forwarded:
-                self.processor.on_response_headers(messages.headers_to_dict(msg.response_headers))
+                extra = self.processor.on_response_headers(messages.headers_to_dict(msg.response_headers))
                 self.completed = self.completed or msg.response_headers.end_of_stream
-            return [messages.continue_response_headers()]
+            return [messages.continue_response_headers(extra)]
         if kind == "response_body":
             body = msg.response_body
             if forwarded:

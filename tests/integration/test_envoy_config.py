@@ -59,9 +59,11 @@ def test_envoy_validates_rendered_bootstrap(tmp_path: Path, mtls: bool) -> None:
 def test_destination_comes_from_metadata_never_the_header(tmp_path: Path) -> None:
     boot = render_bootstrap(parse_config(CONFIG), _topology(tmp_path, False))
     clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
-    odst = clusters["pool-llama"]["original_dst_lb_config"]
-    assert odst["use_http_header"] is False
-    assert odst["metadata_key"] == {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}]}
+    # Static pools: OverrideHost over the pool's own pods, host taken from `envoy.lb` metadata only.
+    policy = clusters["pool-llama"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    sources = policy["typed_config"]["override_host_sources"]
+    assert sources == [{"metadata": {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}]}}]
+    assert "original_dst_lb_config" not in clusters["pool-llama"]
     # FailOpen pools get a fallback cluster over the pool's own endpoints only.
     fallback = clusters["fallback-qwen"]["load_assignment"]["endpoints"][0]["lb_endpoints"]
     assert [e["endpoint"]["address"]["socket_address"]["port_value"] for e in fallback] == [8001]

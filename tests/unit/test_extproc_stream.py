@@ -40,8 +40,9 @@ class Recorder:
         self.requests.append((headers, body))
         return self.answer
 
-    def on_response_headers(self, headers: dict[str, str]) -> None:
+    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
         self.response_headers.append(headers)
+        return None
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
         return None
