@@ -122,6 +122,7 @@ class Engine:
         self.max_lag_wall_s = max_lag_wall_s
         self.last_step_ms = 0.0
         self.max_lag_seen_s = 0.0
+        self.lag_sum_s = 0.0
         self.on_step: Callable[[StepPlan, float, float], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -308,7 +309,9 @@ class Engine:
             now_sim = self.clock.now()
             start = max(self._busy_until, now_sim - self.max_lag_wall_s * self.clock.time_scale)
             start = max([start, *(s.arrival for s, _ in plan.scheduled if s.first_scheduled is None)])
-            self.max_lag_seen_s = max(self.max_lag_seen_s, (now_sim - start) / self.clock.time_scale)
+            lag = max(0.0, now_sim - start) / self.clock.time_scale
+            self.max_lag_seen_s = max(self.max_lag_seen_s, lag)
+            self.lag_sum_s += lag
             now = start
             for seq, _ in plan.scheduled:
                 if seq.first_scheduled is None:

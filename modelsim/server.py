@@ -130,6 +130,7 @@ class Pod:
                 web.post("/sim/probe", self._probe),
                 web.post("/sim/fault", self._fault),
                 web.get("/sim/fault", self._fault_get),
+                web.get("/sim/state", self._state),
             ]
         )
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
@@ -289,6 +290,29 @@ class Pod:
         except ValueError as exc:
             return _json(400, error_body(400, str(exc)), self.name)
         return _json(200, faults.as_dict(), self.name)
+
+    async def _state(self, _: web.Request) -> web.Response:
+        """Engine counters in simulated seconds, plus how far the process lagged (wall seconds)."""
+        e, s = self.engine, self.engine.stats
+        body = {
+            "pod": self.name,
+            "sim_time_s": self.clock.now(),
+            "time_scale": self.clock.time_scale,
+            "steps": s.steps,
+            "waiting": len(e.waiting),
+            "running": len(e.running),
+            "kv_usage": e.kv_usage(),
+            "num_preemptions": s.num_preemptions,
+            "generation_tokens": s.generation_tokens,
+            "ttft_sum_s": s.ttft.sum,
+            "ttft_count": s.ttft.count,
+            "itl_sum_s": s.itl.sum,
+            "itl_count": s.itl.count,
+            "max_lag_wall_s": e.max_lag_seen_s,
+            "lag_sum_wall_s": e.lag_sum_s,
+            "lora_gpu": e.lora.gpu_adapters(),
+        }
+        return _json(200, body, self.name)
 
     async def _fault_get(self, _: web.Request) -> web.Response:
         return _json(200, self.faults.as_dict(), self.name)
