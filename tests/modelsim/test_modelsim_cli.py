@@ -46,3 +46,24 @@ def test_fleet_cli_rejects_bad_spec(tmp_path: Path) -> None:
         [sys.executable, "-m", "modelsim", "fleet", "--spec", str(spec)], capture_output=True, timeout=30
     )
     assert out.returncode == 2 and b"unknown profile" in out.stderr
+
+
+def test_serve_cli_single_pod(tmp_path: Path) -> None:
+    ready = tmp_path / "ready.json"
+    args = ["serve", "--model", "m", "--port", "0", "--dialect", "sglang", "--time-scale", "20"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modelsim", *args, "--ready-file", str(ready)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        (pod,) = json.loads(ready.read_text())["pods"]
+        assert pod["name"] == "m-0" and pod["dialect"] == "sglang"
+        assert "sglang:num_queue_reqs" in httpx.get(f"http://{pod['address']}/metrics").text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) == 0

@@ -55,3 +55,23 @@ async def test_other_dialects_export_their_names(fleet: Fleet) -> None:
         "trtllm_num_requests_running",
         "trtllm_kv_cache_utilization",
     } <= set(trt)
+
+
+async def test_repeated_long_prompt_hits_prefix_cache_over_http(fleet: Fleet) -> None:
+    pod = fleet.pod("llama-0")
+    body = {"model": "llama", "prompt": "You are a careful assistant for invoices. " * 150, "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=pod.url) as c:
+        first = (await c.post("/v1/completions", json=body)).json()["usage"]
+        second = (await c.post("/v1/completions", json=body)).json()["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second["prompt_tokens_details"]["cached_tokens"] == (second["prompt_tokens"] - 1) // 16 * 16
+    fams = await scrape(fleet, "llama-0")
+    assert fams["vllm:prefix_cache_hits"][0].value == second["prompt_tokens_details"]["cached_tokens"]
+    assert fams["vllm:prefix_cache_queries"][0].value == 2 * second["prompt_tokens"]
+    ttft = {
+        s.labels["le"]: s.value
+        for s in fams["vllm:time_to_first_token_seconds"]
+        if s.name.endswith("_bucket")
+    }
+    # Cold: ~2.4k tokens of prefill (~90 ms); warm: one decode-sized step (~6.5 ms).
+    assert ttft["0.01"] == 1 and ttft["0.1"] == 2
