@@ -10,8 +10,15 @@ integration tests then run `envoy --mode validate` on the result. One source of 
 Request path per pool (see README):
   strip client x-gateway-* headers -> BBR ext_proc (sets x-gateway-model-name) ->
   route on the model header -> that pool's EPP ext_proc (per-route override) ->
-  ORIGINAL_DST cluster reading the destination from `envoy.lb` metadata only, so a
+  the pool's cluster, which reads the destination from `envoy.lb` metadata only, so a
   client-sent destination header can never steer traffic.
+
+Pools with static endpoints use a STATIC cluster of exactly those pods with the OverrideHost
+load-balancing policy: the metadata value is `primary` or `primary,fallback1,fallback2` (ip:port,
+comma-separated, best first, IPv6 in brackets); each retry (connect failure, refused stream,
+reset before request) takes the next address of the list, and only cluster members can ever be
+chosen, so even a compromised EPP cannot send traffic outside the pool. Kubernetes-discovered
+pools keep ORIGINAL_DST (their pods are not known at render time) and use the first address.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, PoolConfig
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 MODEL_HEADER = "x-gateway-model-name"
@@ -44,7 +51,14 @@ _TYPES = {
     "tls_up": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
     "http_opts": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
     "cel": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+    "override_host": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+    "least_request": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
+    "previous_hosts": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
 }
+
+# A refused or reset connection to the picked pod moves to the next pod of the EPP's ranked list.
+RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+RETRIES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +199,12 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
                     "prefix": "/",
                     "headers": [model_match, {"name": DESTINATION_HEADER, "present_match": True}],
                 },
-                "route": {"cluster": f"pool-{pool.name}", "timeout": "0s", "idle_timeout": "300s"},
+                "route": {
+                    "cluster": f"pool-{pool.name}",
+                    "timeout": "0s",
+                    "idle_timeout": "300s",
+                    **({"retry_policy": _retry_policy()} if uses_override_host(pool) else {}),
+                },
             }
         )
         # 2) Before the EPP chose: run this pool's EPP. If it fails open, the fallback cluster serves.
@@ -211,27 +230,99 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
     return routes
 
 
+def _retry_policy() -> dict[str, Any]:
+    """Only failures before the pod saw the request: a generation is never run twice."""
+    return {
+        "retry_on": RETRY_ON,
+        "num_retries": RETRIES,
+        "retry_host_predicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": {"@type": _TYPES["previous_hosts"]},
+            }
+        ],
+        "host_selection_retry_max_attempts": 3,
+    }
+
+
 def _regex_escape(name: str) -> str:
     return re.escape(name)
+
+
+def _static_lb_endpoints(addresses: list[str]) -> list[dict[str, Any]]:
+    return [{"lb_endpoints": [{"endpoint": {"address": _socket(*_split_address(a))}} for a in addresses]}]
+
+
+def _override_host_policy() -> dict[str, Any]:
+    """Pick the host named by the EPP's metadata; retries walk its ranked list.
+
+    The fallback (least-request over the members) only serves when the listed hosts are all
+    used up or none is a member: still never a host outside the pool.
+    """
+    return {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.override_host",
+                    "typed_config": {
+                        "@type": _TYPES["override_host"],
+                        "override_host_sources": [
+                            {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}}
+                        ],
+                        "fallback_policy": {
+                            "policies": [
+                                {
+                                    "typed_extension_config": {
+                                        "name": "envoy.load_balancing_policies.least_request",
+                                        "typed_config": {"@type": _TYPES["least_request"]},
+                                    }
+                                }
+                            ]
+                        },
+                    },
+                }
+            }
+        ]
+    }
+
+
+def uses_override_host(pool: PoolConfig) -> bool:
+    """Static pools: every pod is known at render time, so the cluster can list them."""
+    return bool(pool.endpoints) and pool.kubernetes is None
 
 
 def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
     clusters: list[dict[str, Any]] = []
     for pool in config.pools:
-        clusters.append(
-            {
-                "name": f"pool-{pool.name}",
-                "type": "ORIGINAL_DST",
-                "lb_policy": "CLUSTER_PROVIDED",
-                "connect_timeout": "2s",
-                "cleanup_interval": "60s",
-                "original_dst_lb_config": {
-                    "use_http_header": False,
-                    "metadata_key": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]},
-                },
-                "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
-            }
-        )
+        if uses_override_host(pool):
+            clusters.append(
+                {
+                    "name": f"pool-{pool.name}",
+                    "type": "STATIC",
+                    "connect_timeout": "2s",
+                    "load_assignment": {
+                        "cluster_name": f"pool-{pool.name}",
+                        "endpoints": _static_lb_endpoints([ep.address for ep in pool.endpoints]),
+                    },
+                    "load_balancing_policy": _override_host_policy(),
+                    "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
+                }
+            )
+        else:
+            clusters.append(
+                {
+                    "name": f"pool-{pool.name}",
+                    "type": "ORIGINAL_DST",
+                    "lb_policy": "CLUSTER_PROVIDED",
+                    "connect_timeout": "2s",
+                    "cleanup_interval": "60s",
+                    "original_dst_lb_config": {
+                        "use_http_header": False,
+                        "metadata_key": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]},
+                    },
+                    "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
+                }
+            )
         if pool.failure_mode == "FailOpen":
             endpoints = topo.fallback_endpoints.get(pool.name) or [ep.address for ep in pool.endpoints]
             clusters.append(
@@ -242,13 +333,7 @@ def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
                     "connect_timeout": "2s",
                     "load_assignment": {
                         "cluster_name": f"fallback-{pool.name}",
-                        "endpoints": [
-                            {
-                                "lb_endpoints": [
-                                    {"endpoint": {"address": _socket(*_split_address(a))}} for a in endpoints
-                                ]
-                            }
-                        ],
+                        "endpoints": _static_lb_endpoints(endpoints),
                     },
                 }
             )
@@ -409,6 +494,9 @@ def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
     from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
         http_connection_manager_pb2,
     )
+    from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2  # noqa: F401
+    from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2  # noqa: F401
+    from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401
     from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
     from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 
