@@ -398,21 +398,24 @@ class Pod:
         async def send(obj: Any) -> None:
             await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
-        if req.kind == "chat":
-            await send(chunk(req.kind, rid, created, model, None, None))
-        while True:
-            ev = await seq.events.get()
-            if ev.error is not None:
-                await send(error_body(500, ev.error))
-                break
-            if ev.finish_reason is not None:
-                await send(chunk(req.kind, rid, created, model, "", ev.finish_reason))
-                if req.include_usage:
-                    use = usage(seq.num_prompt, seq.num_output, seq.cached_tokens)
-                    await send(usage_chunk(req.kind, rid, created, model, use))
-                break
-            await send(chunk(req.kind, rid, created, model, ev.text, None))
-        await resp.write(b"data: [DONE]\n\n")
+        # A vanished client (or a crashed pod's aborted transport) ends the stream quietly.
         with contextlib.suppress(ConnectionError):
+            if req.kind == "chat":
+                await send(chunk(req.kind, rid, created, model, None, None))
+            while True:
+                ev = await seq.events.get()
+                if ev.error is not None:
+                    if self.faults.crashed:
+                        return resp
+                    await send(error_body(500, ev.error))
+                    break
+                if ev.finish_reason is not None:
+                    await send(chunk(req.kind, rid, created, model, "", ev.finish_reason))
+                    if req.include_usage:
+                        use = usage(seq.num_prompt, seq.num_output, seq.cached_tokens)
+                        await send(usage_chunk(req.kind, rid, created, model, use))
+                    break
+                await send(chunk(req.kind, rid, created, model, ev.text, None))
+            await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         return resp

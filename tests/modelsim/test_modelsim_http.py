@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -126,3 +127,17 @@ async def test_health_and_peer_probe_paths(client: httpx.AsyncClient) -> None:
     assert r.status_code == 200 and r.content == b""
     assert (await client.get("/server_info")).status_code == 404
     assert (await client.get("/model_info")).status_code == 404
+
+
+async def test_client_disconnect_aborts_request(fleet: Fleet) -> None:
+    pod = fleet.pod("llama-0")
+    req = {"model": "llama", "prompt": "tell me everything", "max_tokens": 100_000, "stream": True}
+    async with httpx.AsyncClient(base_url=pod.url) as c, c.stream("POST", "/v1/completions", json=req) as r:
+        async for _ in r.aiter_raw():
+            break
+        assert len(pod.engine.running) == 1
+    for _ in range(200):
+        if not pod.engine.running:
+            break
+        await asyncio.sleep(0.01)
+    assert not pod.engine.running and pod.engine.kv.num_free == pod.engine.kv.num_blocks
