@@ -1,0 +1,122 @@
+"""The EPP's request lifecycle on one stream: parse, pick, account exactly once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from epp.context import EppContext
+from epp.pool import Endpoint, Metrics, Pool
+from epp.processor import DESTINATION_HEADER, EppProcessor
+from epp.scheduling.weighted import WeightedScheduler
+from epp.telemetry import Telemetry
+from extproc.errors import ErrorResponse
+from extproc.stream import RequestRoute
+from gateway.config import parse_config
+
+CONFIG = parse_config(
+    {
+        "pools": [
+            {"name": "llama", "models": [{"name": "llama", "adapters": ["sql"]}], "fallbackEndpoints": 1},
+            {"name": "qwen", "models": [{"name": "qwen"}]},
+        ]
+    }
+)
+A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+
+
+def make_ctx() -> EppContext:
+    pool = Pool(
+        [
+            Endpoint(A, frozenset({"llama"}), frozenset({"sql"})),
+            Endpoint(B, frozenset({"llama"}), frozenset({"other"})),
+        ]
+    )
+    for address, waiting in ((A, 0.0), (B, 3.0)):
+        pool.record_metrics(address, Metrics(waiting=waiting, scraped_at=pool.snapshot().taken_at))
+    ctx = EppContext(
+        "llama", pool, WeightedScheduler(CONFIG.scheduler_profiles()), lambda: CONFIG, Telemetry("llama")
+    )
+    ctx.fallback_endpoints = 1
+    return ctx
+
+
+def body(model: str = "llama", **extra: object) -> bytes:
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}).encode()
+
+
+async def test_routes_to_the_best_pod_with_a_fallback_and_accounts_once() -> None:
+    ctx = make_ctx()
+    proc = EppProcessor(ctx)
+    route = await proc.on_request({"x-gateway-model-name": "llama"}, body())
+    assert isinstance(route, RequestRoute)
+    assert route.set_headers[DESTINATION_HEADER] == f"{A},{B}"  # best first, then the fallback
+    assert route.metadata == {"envoy.lb": {DESTINATION_HEADER: f"{A},{B}"}}
+    assert route.clear_route_cache
+    assert ctx.pool.inflight_total() == 1
+    proc.on_response_headers({":status": "200"})
+    proc.on_close(True)
+    proc.on_close(False)  # a second close must not decrement again
+    assert ctx.pool.inflight_total() == 0
+
+
+async def test_abort_before_any_response_still_returns_the_slot() -> None:
+    ctx = make_ctx()
+    proc = EppProcessor(ctx)
+    await proc.on_request({}, body())
+    proc.on_close(False)
+    assert ctx.pool.inflight_total() == 0
+
+
+async def test_adapter_requests_only_go_to_pods_that_have_it() -> None:
+    ctx = make_ctx()
+    ctx.pool.record_metrics(A, Metrics(waiting=9.0, scraped_at=ctx.pool.snapshot().taken_at))
+    route = await EppProcessor(ctx).on_request({}, body("sql"))
+    assert isinstance(route, RequestRoute)
+    assert route.set_headers[DESTINATION_HEADER] == A  # B lacks the adapter, however idle
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "code"),
+    [
+        (b"", 400, "missing_body"),
+        (b"{not json", 400, "invalid_json"),
+        (body("qwen"), 404, "model_not_found"),  # another pool's model
+        (body(max_tokens="many"), 400, "invalid_request"),
+        (json.dumps({"model": "llama", "messages": "nope"}).encode(), 400, "invalid_request"),
+    ],
+)
+async def test_bad_requests_are_refused_without_accounting(payload: bytes, status: int, code: str) -> None:
+    ctx = make_ctx()
+    proc = EppProcessor(ctx)
+    result = await proc.on_request({"x-gateway-model-name": "llama"}, payload)
+    assert isinstance(result, ErrorResponse)
+    assert (result.status, result.code) == (status, code)
+    proc.on_close(False)
+    assert ctx.pool.inflight_total() == 0
+
+
+async def test_no_serving_endpoint_is_503() -> None:
+    ctx = make_ctx()
+    ctx.pool.set_endpoints([])
+    result = await EppProcessor(ctx).on_request({}, body())
+    assert isinstance(result, ErrorResponse) and result.status == 503
+
+
+async def test_decision_is_explained_on_the_response_only_when_asked() -> None:
+    ctx = make_ctx()
+    asked = EppProcessor(ctx)
+    await asked.on_request({"x-gateway-decision": "true"}, body())
+    explained = asked.on_response_headers({":status": "200"})
+    assert explained is not None and explained["x-gateway-decision"].startswith(
+        "profile=default; 10.0.0.1:8000"
+    )
+    quiet = EppProcessor(ctx)
+    await quiet.on_request({}, body())
+    assert quiet.on_response_headers({":status": "200"}) is None
+
+
+async def test_body_less_request_passes_through_untouched() -> None:
+    result = await EppProcessor(make_ctx()).on_request({":method": "GET"}, b"")
+    assert result == RequestRoute()
