@@ -1,0 +1,203 @@
+"""Benchmark CLI.
+
+python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-cache_aware [--policy ...]
+python -m bench report [--results bench/results] [--doc docs/benchmarks.md]
+python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
+python -m bench overhead                                          # load generator self-test
+python -m bench policies                                          # registered policy names
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shlex
+import statistics
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bench.fleet import running_fleet
+from bench.loadgen import LoadGenConfig, RequestResult, run_trace
+from bench.overhead import measure_overhead, render_overhead
+from bench.report import build_report, run_from, save_run, write_section
+from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
+from bench.stats import summarize
+from bench.targets import POLICIES, TargetContext, load_plugins, make_target
+
+
+def _options(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--target-opt expects key=value, got {pair!r}")
+        out[key] = value
+    return out
+
+
+@contextlib.asynccontextmanager
+async def _workers(scenario: Scenario, urls: Sequence[str]) -> AsyncIterator[list[str]]:
+    if urls:
+        yield list(urls)
+        return
+    async with running_fleet(scenario.fleet) as fleet_urls:
+        yield fleet_urls
+
+
+async def run_policy(
+    scenario: Scenario, policy: str, args: argparse.Namespace, ctx: TargetContext
+) -> list[RequestResult]:
+    trace = scenario.trace()
+    if args.max_requests:
+        trace = trace[: args.max_requests]
+    target = make_target(policy, ctx)
+    base_url = await target.start()
+    try:
+        lg = scenario.loadgen
+        config = LoadGenConfig(
+            base_url=base_url,
+            http2=args.http2 or bool(lg.get("http2", False)),
+            verify=args.ca_file or False,
+            concurrency=args.concurrency or int(lg.get("concurrency", 256)),
+            timeout_s=float(lg.get("timeout_s", 300.0)),
+            max_wall_s=args.max_wall_s or scenario.duration_s * 3 + 60,
+        )
+        with tqdm(
+            total=len(trace), desc=f"{scenario.name}/{policy}", unit="req", disable=args.no_progress
+        ) as bar:
+            run = await run_trace(trace, config, on_done=lambda _: bar.update())
+    finally:
+        await target.stop()
+    meta = {
+        "description": scenario.description,
+        "fleet": scenario.fleet,
+        "workload": scenario.workload,
+        "arrivals": scenario.arrivals,
+        "duration_s": scenario.duration_s,
+        "seed": scenario.seed,
+        "base_url": base_url,
+    }
+    path = save_run(args.results, run_from(scenario.name, policy, scenario.mode, run, meta))
+    s = summarize(run.results)
+    print(
+        f"{scenario.name}/{policy}: {s.ok}/{s.requests} ok, TTFT P50/P95/P99 "
+        f"{_fmt(s.ttft_p50)}/{_fmt(s.ttft_p95)}/{_fmt(s.ttft_p99)} s, {s.output_tok_s:,.0f} tok/s, "
+        f"errors {s.error_kinds or 0}, pods {s.pods} -> {path}"
+    )
+    return run.results
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    load_plugins(tuple(args.policy_module))
+    for policy in args.policy:
+        if policy not in POLICIES:
+            print(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}", file=sys.stderr)
+            return 2
+    scenario = load_scenario(args.scenario, args.mode)
+    work_dir = Path(tempfile.mkdtemp(prefix=f"bench-{scenario.name}-"))
+    async with _workers(scenario, args.worker_urls) as urls:
+        for policy in args.policy:
+            ctx = TargetContext(urls, work_dir, scenario, _options(args.target_opt))
+            await run_policy(scenario, policy, args, ctx)
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario, args.mode)
+    trace = scenario.trace()
+    chars = [sum(len(m["content"]) for m in r.body["messages"]) for r in trace]
+    print(f"{scenario.name} ({scenario.mode}): {len(trace)} requests over {scenario.duration_s:g} s")
+    if trace:
+        print(f"  offered rate {len(trace) / scenario.duration_s:.2f} req/s")
+        print(f"  prompt tokens (~chars/4): mean {statistics.mean(chars) / 4:.0f}, max {max(chars) / 4:.0f}")
+        print(f"  max_tokens mean {statistics.mean(r.body['max_tokens'] for r in trace):.0f}")
+        print(f"  distinct tags {len({r.tag for r in trace})}")
+    return 0
+
+
+async def cmd_overhead(args: argparse.Namespace) -> int:
+    rates = [float(r) for r in args.rates.split(",")]
+    results = await measure_overhead(rates, args.seconds, args.peak_requests, args.tokens)
+    command = (
+        "python -m bench overhead " + shlex.join(sys.argv[2:]) if sys.argv[2:] else "python -m bench overhead"
+    )
+    markdown = render_overhead(results, command.strip(), args.tokens)
+    print(markdown)
+    if args.doc:
+        write_section(args.doc, "loadgen-overhead", markdown)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one scenario under one or more policies")
+    run.add_argument("--scenario", required=True)
+    run.add_argument("--policy", action="append", required=True, help="repeatable; see `policies`")
+    run.add_argument("--mode", choices=MODES, default="quick")
+    run.add_argument(
+        "--worker-urls", nargs="*", default=[], help="use running pods instead of starting modelsim"
+    )
+    run.add_argument(
+        "--target-opt", action="append", default=[], help="key=value passed to the policy target"
+    )
+    run.add_argument("--policy-module", action="append", default=[], help="module that registers policies")
+    run.add_argument("--results", default="bench/results")
+    run.add_argument("--http2", action="store_true")
+    run.add_argument("--ca-file", help="CA bundle for TLS targets (default: verification off)")
+    run.add_argument("--concurrency", type=int, help="in-flight cap (default from the scenario, else 256)")
+    run.add_argument("--max-requests", type=int, help="cut the trace to its first N requests")
+    run.add_argument("--max-wall-s", type=float, help="hard wall-time limit per policy")
+    run.add_argument("--no-progress", action="store_true")
+
+    rep = sub.add_parser("report", help="render saved results into docs/benchmarks.md and docs/img")
+    rep.add_argument("--results", default="bench/results")
+    rep.add_argument("--doc", default="docs/benchmarks.md")
+    rep.add_argument("--img", default="docs/img")
+    rep.add_argument("--baseline", default="round-robin")
+
+    tr = sub.add_parser("trace", help="print a scenario's trace statistics")
+    tr.add_argument("--scenario", required=True)
+    tr.add_argument("--mode", choices=MODES, default="quick")
+
+    ov = sub.add_parser("overhead", help="measure the load generator against a local stub")
+    ov.add_argument("--rates", default="20,50,100,200")
+    ov.add_argument("--seconds", type=float, default=10.0)
+    ov.add_argument("--peak-requests", type=int, default=3000)
+    ov.add_argument("--tokens", type=int, default=16)
+    ov.add_argument("--doc", help="also write the section into this markdown file")
+
+    sub.add_parser("policies", help="list registered policy names")
+
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            return asyncio.run(cmd_run(args))
+        if args.command == "report":
+            names = build_report(args.results, args.doc, args.img, args.baseline)
+            print(f"rendered {len(names)} scenario(s) into {args.doc}: {', '.join(names) or 'none'}")
+            return 0
+        if args.command == "trace":
+            return cmd_trace(args)
+        if args.command == "overhead":
+            return asyncio.run(cmd_overhead(args))
+        load_plugins()
+        print("\n".join(sorted(POLICIES)))
+        return 0
+    except ScenarioError as exc:
+        print(f"scenario error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Open-loop async load generator for OpenAI-compatible streaming endpoints.
+
+Requests leave at their scheduled times whether or not earlier ones finished (open loop), so
+a slow router shows up as latency, not as a lower offered rate. A concurrency cap bounds the
+number of in-flight requests to keep a 2-core client from thrashing; a request held back by
+the cap records the delay as `lag_s`, which the report shows, so a saturated generator is
+visible instead of silently turning the run into a closed loop.
+
+Per request: lag vs schedule, TTFT (first SSE chunk carrying non-empty content), inter-token
+latencies, end-to-end time, output tokens (from the usage chunk, else counted chunks), HTTP
+status or error, and the serving pod from the `x-modelsim-pod` response header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from bench.workloads import TraceRequest
+
+POD_HEADER = "x-modelsim-pod"
+
+
+@dataclass
+class RequestResult:
+    index: int
+    tag: str
+    scheduled_s: float  # from the trace
+    sent_s: float = 0.0  # actual send time, seconds after the run start
+    lag_s: float = 0.0  # sent_s - scheduled_s: generator overhead plus concurrency-cap wait
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    content_chunks: int = 0
+    status: int = 0  # HTTP status; 0 when no response arrived
+    error: str | None = None
+    pod: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.status == 200
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RequestResult:
+        return cls(**data)
+
+
+@dataclass
+class LoadGenConfig:
+    base_url: str
+    http2: bool = False
+    verify: bool | str = False  # False: TLS verification off; a path: CA bundle file
+    concurrency: int = 256  # in-flight cap
+    max_requests: int | None = None  # send at most this many trace entries
+    max_wall_s: float | None = None  # stop sending (and cancel in-flight) after this
+    timeout_s: float = 300.0  # per request
+    headers: dict[str, str] = field(default_factory=dict)
+    path: str | None = None  # default: chat completions when the body has messages, else completions
+
+
+@dataclass
+class RunResult:
+    results: list[RequestResult]
+    started_at: float  # wall clock (time.time()) at the run start
+    wall_s: float  # from the run start to the last completion
+    not_sent: int = 0  # trace entries cut by max_requests / max_wall_s
+
+
+def _content_of(event: dict[str, Any]) -> str:
+    choices = event.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return delta.get("content") or ""
+    return choice.get("text") or ""
+
+
+async def send_one(
+    client: httpx.AsyncClient, config: LoadGenConfig, req: TraceRequest, result: RequestResult, t0: float
+) -> None:
+    """Send one streaming request and fill `result`; never raises (errors land in result.error)."""
+    start = time.perf_counter()
+    result.sent_s = start - t0
+    result.lag_s = result.sent_s - result.scheduled_s
+    last = start
+    usage_tokens: int | None = None
+    try:
+        headers = {**config.headers, **req.headers}
+        path = config.path or ("/v1/chat/completions" if "messages" in req.body else "/v1/completions")
+        async with client.stream("POST", path, json=req.body, headers=headers) as resp:
+            result.status = resp.status_code
+            result.pod = resp.headers.get(POD_HEADER)
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                result.error = f"HTTP {resp.status_code}: {text[:200]}"
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    event = json.loads(data)
+                except json.JSONDecodeError:
+                    result.error = f"bad SSE data: {data[:100]}"
+                    return
+                if "error" in event:
+                    result.error = f"stream error: {str(event['error'])[:200]}"
+                    return
+                if _content_of(event):
+                    now = time.perf_counter()
+                    if result.ttft_s is None:
+                        result.ttft_s = now - start
+                    else:
+                        result.itl_s.append(now - last)
+                    last = now
+                    result.content_chunks += 1
+                usage = event.get("usage")
+                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                    usage_tokens = int(usage["completion_tokens"])
+        result.e2e_s = time.perf_counter() - start
+        result.output_tokens = usage_tokens if usage_tokens is not None else result.content_chunks
+        if result.ttft_s is None:
+            result.error = "no content in stream"
+    except asyncio.CancelledError:
+        result.error = "cancelled at wall-time limit"
+        raise
+    except httpx.TimeoutException:
+        result.error = f"timeout after {config.timeout_s:g}s"
+    except httpx.HTTPError as exc:
+        result.error = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def make_client(config: LoadGenConfig) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
+    return httpx.AsyncClient(
+        base_url=config.base_url,
+        http1=not config.http2,
+        http2=config.http2,
+        verify=config.verify,
+        timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
+        limits=limits,
+    )
+
+
+async def run_trace(
+    trace: Sequence[TraceRequest],
+    config: LoadGenConfig,
+    on_done: Callable[[RequestResult], None] | None = None,
+) -> RunResult:
+    """Replay `trace` open-loop against `config.base_url`; returns one result per sent request."""
+    if config.concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    entries = list(trace)
+    if config.max_requests is not None:
+        entries = entries[: config.max_requests]
+    sem = asyncio.Semaphore(config.concurrency)
+    results: list[RequestResult] = []
+    tasks: set[asyncio.Task[None]] = set()
+    deadline = config.max_wall_s
+
+    async with make_client(config) as client:
+        started_at = time.time()
+        t0 = time.perf_counter()
+
+        async def guarded(req: TraceRequest, result: RequestResult) -> None:
+            try:
+                await send_one(client, config, req, result, t0)
+            finally:
+                sem.release()
+                if on_done is not None:
+                    on_done(result)
+
+        not_sent = 0
+        for i, req in enumerate(entries):
+            delay = req.at_s - (time.perf_counter() - t0)
+            if deadline is not None and req.at_s >= deadline:
+                not_sent = len(entries) - i
+                break
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await sem.acquire()
+            if deadline is not None and time.perf_counter() - t0 >= deadline:
+                sem.release()
+                not_sent = len(entries) - i
+                break
+            result = RequestResult(index=i, tag=req.tag, scheduled_s=req.at_s)
+            results.append(result)
+            task = asyncio.create_task(guarded(req, result))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            remaining = None if deadline is None else max(0.0, deadline - (time.perf_counter() - t0))
+            _, pending = await asyncio.wait(set(tasks), timeout=remaining)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        wall = time.perf_counter() - t0
+    return RunResult(results=results, started_at=started_at, wall_s=wall, not_sent=not_sent)

@@ -1,0 +1,110 @@
+"""Load generator against the local stub: TTFT, ITL, tokens, pods, errors, schedule, bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bench.loadgen import LoadGenConfig, run_trace
+from bench.peers import free_port
+from bench.stub_server import StubConfig, StubServer
+from bench.workloads import TraceRequest, chat_body
+
+
+def _trace(times: list[float], model: str = "m") -> list[TraceRequest]:
+    body = chat_body(model, [{"role": "user", "content": "hi there"}], 8)
+    return [TraceRequest(t, body, tag=f"r{i}") for i, t in enumerate(times)]
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[StubServer]:
+    server = await StubServer(
+        StubConfig(name="pod-a", first_token_delay_s=0.2, inter_token_delay_s=0.05, tokens=5)
+    ).start()
+    yield server
+    await server.stop()
+
+
+async def test_ttft_itl_tokens_and_pod_are_measured(stub: StubServer) -> None:
+    run = await run_trace(_trace([0.0, 0.05, 0.1]), LoadGenConfig(base_url=stub.url))
+    assert len(run.results) == 3 and run.not_sent == 0
+    for r in run.results:
+        assert r.ok, r.error
+        assert 0.2 <= r.ttft_s < 0.3
+        assert len(r.itl_s) == 4
+        assert all(0.045 <= gap < 0.12 for gap in r.itl_s)
+        assert 0.4 <= r.e2e_s < 0.6
+        assert r.output_tokens == 5 and r.content_chunks == 5
+        assert r.pod == "pod-a"
+        assert abs(r.lag_s) < 0.05
+    assert [r.scheduled_s for r in run.results] == [0.0, 0.05, 0.1]
+    assert all(r.sent_s == pytest.approx(r.scheduled_s, abs=0.05) for r in run.results)
+    sent = stub.stats.bodies[0]
+    assert sent["stream"] is True and sent["stream_options"]["include_usage"] is True
+
+
+async def test_output_tokens_fall_back_to_chunks_without_usage(stub: StubServer) -> None:
+    req = _trace([0.0])[0]
+    body = {**req.body, "stream_options": {"include_usage": False}}
+    run = await run_trace([TraceRequest(0.0, body)], LoadGenConfig(base_url=stub.url))
+    assert run.results[0].output_tokens == 5
+
+
+async def test_http_errors_are_counted_not_raised() -> None:
+    server = await StubServer(StubConfig(fail_every=2, tokens=2)).start()
+    try:
+        run = await run_trace(_trace([0.0, 0.01, 0.02, 0.03]), LoadGenConfig(base_url=server.url))
+    finally:
+        await server.stop()
+    statuses = sorted(r.status for r in run.results)
+    assert statuses == [200, 200, 500, 500]
+    failed = [r for r in run.results if not r.ok]
+    assert all(r.error.startswith("HTTP 500") and r.ttft_s is None for r in failed)
+
+
+async def test_connection_refused_and_404_are_errors() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    run = await run_trace(_trace([0.0]), LoadGenConfig(base_url=dead, timeout_s=2))
+    assert run.results[0].status == 0 and "ConnectError" in run.results[0].error
+    server = await StubServer().start()
+    try:
+        run = await run_trace(_trace([0.0]), LoadGenConfig(base_url=server.url, path="/nope"))
+    finally:
+        await server.stop()
+    assert run.results[0].status == 404 and not run.results[0].ok
+
+
+async def test_open_loop_keeps_the_schedule_while_requests_are_in_flight(stub: StubServer) -> None:
+    times = [i * 0.02 for i in range(20)]  # 50 req/s, each request lasts ~0.4 s
+    run = await run_trace(_trace(times), LoadGenConfig(base_url=stub.url))
+    assert all(r.ok for r in run.results)
+    assert max(abs(r.lag_s) for r in run.results) < 0.05
+    assert run.wall_s < 1.2
+
+
+async def test_concurrency_cap_shows_up_as_lag(stub: StubServer) -> None:
+    run = await run_trace(_trace([0.0] * 4), LoadGenConfig(base_url=stub.url, concurrency=2))
+    lags = sorted(r.lag_s for r in run.results)
+    assert lags[1] < 0.05 and lags[2] >= 0.4  # the 3rd waits for a slot (~0.45 s request)
+
+
+async def test_bounds_on_count_and_wall_time(stub: StubServer) -> None:
+    run = await run_trace(_trace([0.0, 0.1, 0.2, 0.3]), LoadGenConfig(base_url=stub.url, max_requests=2))
+    assert len(run.results) == 2
+    slow = await StubServer(StubConfig(first_token_delay_s=30)).start()
+    try:
+        started = asyncio.get_running_loop().time()
+        run = await run_trace(_trace([0.0, 0.1, 5.0]), LoadGenConfig(base_url=slow.url, max_wall_s=0.5))
+        elapsed = asyncio.get_running_loop().time() - started
+    finally:
+        await slow.stop()
+    assert elapsed < 2.0
+    assert len(run.results) == 2 and run.not_sent == 1
+    assert all(r.error == "cancelled at wall-time limit" for r in run.results)
+
+
+async def test_invalid_concurrency_is_rejected(stub: StubServer) -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        await run_trace(_trace([0.0]), LoadGenConfig(base_url=stub.url, concurrency=0))

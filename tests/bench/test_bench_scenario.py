@@ -1,0 +1,129 @@
+"""Scenario YAML loader: shipped scenarios are valid; bad fields fail with their path named."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.scenario import ScenarioError, load_scenario, parse_scenario
+
+SCENARIOS = sorted((Path(__file__).parents[2] / "bench" / "scenarios").glob("*.yaml"))
+
+BASE: dict[str, Any] = {
+    "fleet": {"pods": [{"model": "m", "profile": "h100-llama3.1-8b", "replicas": 2}]},
+    "workload": {"kind": "chat", "model": "m"},
+    "arrivals": {"pattern": "poisson", "rate": 5},
+    "duration_s": 100,
+    "quick": {"duration_s": 10, "arrivals": {"rate": 2}},
+}
+
+
+def test_the_expected_scenarios_ship() -> None:
+    names = {p.stem for p in SCENARIOS}
+    assert {"uniform", "mixed-gpu", "bursty", "shared-prefix", "lora", "long-short"} <= names
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("mode", ["quick", "full"])
+def test_shipped_scenarios_load_and_quick_is_shorter(path: Path, mode: str) -> None:
+    scenario = load_scenario(path, mode)
+    assert scenario.name == path.stem
+    assert scenario.description
+    full = load_scenario(path, "full")
+    if mode == "quick":
+        assert scenario.duration_s < full.duration_s
+        assert 20 <= scenario.duration_s <= 90
+
+
+def test_quick_overrides_deep_merge() -> None:
+    quick = parse_scenario(BASE, "quick", name="x")
+    full = parse_scenario(BASE, "full", name="x")
+    assert (quick.duration_s, quick.arrivals["rate"], quick.arrivals["pattern"]) == (10, 2, "poisson")
+    assert (full.duration_s, full.arrivals["rate"]) == (100, 5)
+    assert quick.fleet["pods"][0]["replicas"] == 2 and quick.fleet["time_scale"] == 1.0
+    assert len(quick.trace()) > 0
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        ("fleet.pods.0.profile", "tpu-v9", "fleet.pods[0].profile"),
+        ("fleet.pods.0.replicas", 0, "fleet.pods[0].replicas"),
+        ("fleet.pods.0.colour", "red", "fleet.pods[0].colour"),
+        ("fleet.pods", [], "fleet.pods"),
+        ("fleet.time_scale", "fast", "fleet.time_scale"),
+        ("workload.kind", "poetry", "workload.kind"),
+        ("workload.model", "other", "workload.model"),
+        ("workload.groups", 3, "workload.groups"),  # not a chat parameter
+        ("arrivals.pattern", "zigzag", "arrivals.pattern"),
+        ("arrivals.rate", -1, "arrivals.rate"),
+        ("arrivals.burstiness", 0.5, "arrivals.burstiness"),  # not a poisson parameter
+        ("duration_s", _DELETE, "duration_s"),
+        ("duration_s", "long", "duration_s"),
+        ("seed", 1.5, "seed"),
+        ("colour", "red", "colour"),
+        ("quick", [1], "quick"),
+    ],
+)
+def test_invalid_fields_are_named(path: str, value: Any, named: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(_with(path, value), "full")
+    assert str(err.value).startswith(named + ":"), str(err.value)
+
+
+def test_bursty_spike_geometry_is_checked() -> None:
+    data = _with("arrivals", {"pattern": "bursty", "rate": 2, "spike_len_s": 40, "spike_every_s": 30})
+    with pytest.raises(ScenarioError, match=r"^arrivals.spike_len_s:"):
+        parse_scenario(data, "full")
+
+
+def test_file_errors_are_scenario_errors(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("fleet: [unclosed")
+    with pytest.raises(ScenarioError, match="invalid YAML"):
+        load_scenario(bad)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(yaml.safe_dump(_with("workload.kind", "poetry")))
+    with pytest.raises(ScenarioError, match=r"^wrong.yaml: workload.kind:"):
+        load_scenario(wrong)
+    with pytest.raises(ScenarioError, match=r"^scenario:"):
+        parse_scenario([1, 2])
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_shipped_fleets_are_valid_modelsim_specs(path: Path) -> None:
+    from modelsim.fleet import FleetSpec
+
+    scenario = load_scenario(path, "full")
+    spec = FleetSpec.from_dict(scenario.fleet)
+    assert len(spec.pods) == sum(p["replicas"] for p in scenario.fleet["pods"])
+    served = {name for pod in spec.pods for name in (pod.model, *pod.adapters)}
+    assert {r.body["model"] for r in scenario.trace()[:200]} <= served
+
+
+def test_lora_adapters_must_be_served() -> None:
+    data = _with("workload", {"kind": "lora", "model": "m", "adapters": 3})
+    with pytest.raises(ScenarioError, match=r"^workload.adapters: adapters not served by any pod: m-lora-00"):
+        parse_scenario(data, "full")

@@ -1,0 +1,167 @@
+"""Trace generators: deterministic per seed, statistically right, prefixes really shared."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+from collections import Counter
+
+import pytest
+
+from bench.workloads import (
+    CHARS_PER_TOKEN,
+    TextSource,
+    bursty_arrivals,
+    gamma_arrivals,
+    generate_trace,
+    in_spike,
+    poisson_arrivals,
+)
+
+MODEL = "llama3.1-8b"
+
+
+def _gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip([0.0, *times], times, strict=False)]
+
+
+def test_same_seed_same_trace_other_seed_differs() -> None:
+    workload = {"kind": "sessions", "model": MODEL, "sessions": 4, "turns": 3}
+    arrivals = {"pattern": "gamma", "rate": 5, "burstiness": 0.5}
+    a = generate_trace(workload, arrivals, 20, seed=7)
+    b = generate_trace(workload, arrivals, 20, seed=7)
+    c = generate_trace(workload, arrivals, 20, seed=8)
+    assert a == b
+    assert [r.at_s for r in a] != [r.at_s for r in c]
+    assert a[0].body != c[0].body
+
+
+def test_poisson_rate_and_exponential_gaps() -> None:
+    times = poisson_arrivals(50.0, 200.0, random.Random(1))
+    assert times == sorted(times) and times[-1] < 200.0
+    assert len(times) / 200.0 == pytest.approx(50.0, rel=0.03)
+    gaps = _gaps(times)
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(1.0, rel=0.05)
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 4.0])
+def test_gamma_burstiness_sets_coefficient_of_variation(burstiness: float) -> None:
+    times = gamma_arrivals(40.0, 300.0, random.Random(2), burstiness)
+    gaps = _gaps(times)
+    assert len(times) / 300.0 == pytest.approx(40.0, rel=0.06)
+    cv = statistics.pstdev(gaps) / statistics.mean(gaps)
+    assert cv == pytest.approx(burstiness**-0.5, rel=0.1)
+
+
+def test_bursty_spikes_multiply_the_rate() -> None:
+    times = bursty_arrivals(5.0, 600.0, random.Random(3), spike_factor=8, spike_len_s=5, spike_every_s=30)
+    inside = [t for t in times if in_spike(t, 25, 5, 30)]
+    spike_time = 20 * 5  # 20 spikes of 5 s in 600 s, the first at 25 s
+    base_rate = (len(times) - len(inside)) / (600 - spike_time)
+    spike_rate = len(inside) / spike_time
+    assert base_rate == pytest.approx(5.0, rel=0.1)
+    assert spike_rate == pytest.approx(40.0, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: gamma_arrivals(0, 10, random.Random()),
+        lambda: gamma_arrivals(1, 10, random.Random(), burstiness=0),
+        lambda: bursty_arrivals(1, 10, random.Random(), spike_len_s=10, spike_every_s=5),
+        lambda: generate_trace({"kind": "nope", "model": MODEL}, {"rate": 1}, 5, 0),
+        lambda: generate_trace({"kind": "chat", "model": MODEL}, {"pattern": "weird", "rate": 1}, 5, 0),
+    ],
+)
+def test_bad_parameters_raise_value_error(bad) -> None:
+    with pytest.raises(ValueError):
+        bad()
+
+
+def test_text_is_sized_at_four_chars_per_token_and_deterministic() -> None:
+    source = TextSource(seed=1)
+    for tokens in (1, 10, 333, 4000):
+        text = source.text(tokens, random.Random(tokens))
+        assert tokens * CHARS_PER_TOKEN - 12 <= len(text) <= tokens * CHARS_PER_TOKEN
+    assert source.text(50, random.Random(5)) == TextSource(seed=1).text(50, random.Random(5))
+
+
+def test_chat_lengths_are_sharegpt_like() -> None:
+    trace = generate_trace({"kind": "chat", "model": MODEL}, {"rate": 40}, 100, seed=3)
+    prompt_tokens = [len(r.body["messages"][0]["content"]) / CHARS_PER_TOKEN for r in trace]
+    outputs = [r.body["max_tokens"] for r in trace]
+    assert 170 < statistics.mean(prompt_tokens) < 280
+    assert 150 < statistics.mean(outputs) < 250
+    body = trace[0].body
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["model"] == MODEL
+
+
+def _prompt(messages: list[dict[str, str]]) -> str:
+    return "".join(f"{m['role']}:{m['content']}\n" for m in messages)
+
+
+def test_session_turns_extend_the_previous_prompt() -> None:
+    workload = {"kind": "sessions", "model": MODEL, "sessions": 3, "turns": 4, "system_tokens": 200}
+    trace = generate_trace(workload, {"rate": 10}, 30, seed=5)
+    by_session: dict[str, list] = {}
+    for req in trace:
+        session, turn = req.tag.split("/")
+        by_session.setdefault(session, []).append((int(turn.removeprefix("turn-")), req.body["messages"]))
+    assert len(by_session) > 3  # finished sessions are replaced by new ones
+    for turns in by_session.values():
+        assert [t for t, _ in turns] == list(range(len(turns)))
+        assert len(turns) <= 4
+        for (_, earlier), (_, later) in itertools.pairwise(turns):
+            assert later[: len(earlier)] == earlier
+            assert len(later) == len(earlier) + 2  # previous answer + new question
+            assert _prompt(later).startswith(_prompt(earlier))
+    systems = {turns[0][1][0]["content"] for turns in by_session.values()}
+    assert len(systems) == len(by_session)  # each session has its own system prompt
+
+
+def test_shared_prefix_groups_share_system_prompts() -> None:
+    workload = {"kind": "shared_prefix", "model": MODEL, "groups": 3, "prompts_per_group": 4}
+    trace = generate_trace(workload, {"rate": 20}, 20, seed=9)
+    systems: dict[str, set[str]] = {}
+    questions: dict[str, set[str]] = {}
+    for req in trace:
+        systems.setdefault(req.tag, set()).add(req.body["messages"][0]["content"])
+        questions.setdefault(req.tag, set()).add(req.body["messages"][1]["content"])
+    assert set(systems) == {"group-0", "group-1", "group-2"}
+    assert all(len(s) == 1 for s in systems.values())
+    assert len({next(iter(s)) for s in systems.values()}) == 3
+    assert all(1 < len(q) <= 4 for q in questions.values())
+    assert len(systems["group-0"].pop()) == pytest.approx(100 * CHARS_PER_TOKEN, abs=12)
+
+
+def test_docqa_shares_a_few_long_documents() -> None:
+    workload = {"kind": "docqa", "model": MODEL, "documents": 2, "document_tokens": 1000}
+    trace = generate_trace(workload, {"rate": 10}, 10, seed=1)
+    docs = {r.body["messages"][0]["content"] for r in trace}
+    assert len(docs) == 2
+    assert all(len(d) > 3900 for d in docs)
+
+
+def test_lora_popularity_is_zipf_like() -> None:
+    workload = {"kind": "lora", "model": MODEL, "adapters": 10, "zipf_s": 1.2}
+    trace = generate_trace(workload, {"rate": 50}, 100, seed=2)
+    counts = Counter(r.body["model"] for r in trace)
+    assert len(counts) == 10
+    top, second = counts[f"{MODEL}-lora-00"], counts[f"{MODEL}-lora-01"]
+    assert top / len(trace) == pytest.approx(1 / sum(k**-1.2 for k in range(1, 11)), rel=0.1)
+    assert top / second == pytest.approx(2**1.2, rel=0.2)
+    assert all(r.tag == r.body["model"] for r in trace)
+
+
+def test_long_short_mix_fraction_and_sizes() -> None:
+    workload = {"kind": "long_short", "model": MODEL, "long_fraction": 0.2, "long_input_tokens": 5000}
+    trace = generate_trace(workload, {"rate": 40}, 50, seed=4)
+    longs = [r for r in trace if r.tag == "long"]
+    assert len(longs) / len(trace) == pytest.approx(0.2, abs=0.04)
+    long_tokens = statistics.mean(len(r.body["messages"][0]["content"]) / 4 for r in longs)
+    short_tokens = statistics.mean(
+        len(r.body["messages"][0]["content"]) / 4 for r in trace if r.tag == "short"
+    )
+    assert long_tokens > 10 * short_tokens
