@@ -10,18 +10,17 @@ from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
 from extproc.server import add_tls_arguments, start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer
-from gateway.config import load_config
-from gateway.config_store import ConfigStore
+from gateway.config_store import ConfigStore, FileWatcher
 
 log = logging.getLogger("bbr")
 
 
 async def serve(args: argparse.Namespace) -> None:
-    store = ConfigStore(args.config, loader=load_config)
+    store = ConfigStore.from_file(args.config)
     router = BodyRouter(store.current)
     servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current), name="bbr")
     service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
-    watcher = asyncio.create_task(store.watch())
+    watcher = asyncio.create_task(FileWatcher(store, args.config).run())
     log.info("bbr listening on %s:%d", args.host, service.port)
     await wait_for_shutdown_signal()
     watcher.cancel()

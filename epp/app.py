@@ -21,8 +21,8 @@ from epp.scrape import Scraper
 from epp.telemetry import Telemetry
 from extproc.server import GrpcService, TlsFiles, start_grpc_service
 from extproc.stream import ExtProcServicer
-from gateway.config import GatewayConfig, load_config
-from gateway.config_store import ConfigStore
+from gateway.config import GatewayConfig
+from gateway.config_store import ConfigStore, FileWatcher
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,8 @@ class EppApp:
         metrics_port: int = 0,
         tls: TlsFiles | None = None,
     ) -> None:
-        self.store: ConfigStore[GatewayConfig] = ConfigStore(config_path, loader=load_config)
+        self.store = ConfigStore.from_file(config_path)
+        self._watcher = FileWatcher(self.store, config_path)
         config = self.store.current()
         pool_config = config.pool(pool_name)  # KeyError early if the pool is unknown
         self.pool_name = pool_name
@@ -118,7 +119,7 @@ class EppApp:
         self._admin, self.metrics_port = await start_admin_server(
             self._host, self._metrics_port, self.telemetry, self.pool.snapshot
         )
-        self._tasks.append(asyncio.create_task(self.store.watch()))
+        self._tasks.append(asyncio.create_task(self._watcher.run()))
 
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:

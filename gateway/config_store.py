@@ -1,7 +1,10 @@
 """Hot-reloadable configuration: the last good config stays in force.
 
-Kubernetes updates a mounted ConfigMap by swapping a symlink, so the store polls the file's
-content hash rather than relying on inotify events on the file itself.
+Every source (a file, a mounted ConfigMap, the InferenceGatewayConfig custom resource) hands
+candidates to `ConfigStore.offer`; a candidate that fails validation is logged, counted in
+`gateway_config_reloads_total{result="rejected"}` and dropped. Kubernetes updates a mounted
+ConfigMap by swapping a symlink, so the file source polls the content hash rather than
+relying on inotify events on the file itself.
 """
 
 from __future__ import annotations
@@ -9,17 +12,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
-from gateway.config import ConfigError
+from gateway.config import ConfigError, GatewayConfig, load_config, parse_config
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 CONFIG_RELOADS = Counter("gateway_config_reloads", "Configuration reload attempts by result", ["result"])
 CONFIG_LAST_SUCCESS = Gauge(
@@ -27,44 +28,37 @@ CONFIG_LAST_SUCCESS = Gauge(
 )
 
 
-class ConfigStore(Generic[T]):
-    def __init__(self, path: str | Path, *, loader: Callable[[Path], T], poll_s: float = 1.0) -> None:
-        self.path = Path(path)
-        self._loader = loader
-        self._poll_s = poll_s
-        self._listeners: list[Callable[[T], None]] = []
-        raw = self.path.read_bytes()
-        self._digest = hashlib.sha256(raw).hexdigest()
-        self._current: T = loader(self.path)  # a bad config at start-up is fatal: nothing to fall back to
+class ConfigStore:
+    def __init__(self, initial: GatewayConfig, *, source: str = "initial") -> None:
+        self._current = initial
+        self._listeners: list[Callable[[GatewayConfig], None]] = []
+        self.source = source
         CONFIG_LAST_SUCCESS.set_to_current_time()
 
-    def current(self) -> T:
+    @classmethod
+    def from_file(cls, path: str | Path) -> ConfigStore:
+        """A bad config at start-up is fatal (ConfigError): there is nothing to fall back to."""
+        return cls(load_config(path), source=str(path))
+
+    def current(self) -> GatewayConfig:
         return self._current
 
-    def subscribe(self, listener: Callable[[T], None]) -> None:
+    def subscribe(self, listener: Callable[[GatewayConfig], None]) -> None:
         self._listeners.append(listener)
 
-    def reload_if_changed(self) -> bool:
-        """Load the file if its content changed; returns True when a new config took effect."""
+    def offer(self, load: Callable[[], GatewayConfig], source: str) -> bool:
+        """Validate a candidate (`load` raises ConfigError when invalid); True if it took effect."""
         try:
-            raw = self.path.read_bytes()
-        except OSError as exc:
-            log.warning("config %s unreadable, keeping the last good one: %s", self.path, exc)
-            return False
-        digest = hashlib.sha256(raw).hexdigest()
-        if digest == self._digest:
-            return False
-        self._digest = digest
-        try:
-            fresh = self._loader(self.path)
+            fresh = load()
         except ConfigError as exc:
             CONFIG_RELOADS.labels(result="rejected").inc()
-            log.error("config %s rejected, keeping the last good one: %s", self.path, exc)
+            log.error("config from %s rejected, keeping the last good one: %s", source, exc)
             return False
         self._current = fresh
+        self.source = source
         CONFIG_RELOADS.labels(result="applied").inc()
         CONFIG_LAST_SUCCESS.set_to_current_time()
-        log.info("config %s reloaded", self.path)
+        log.info("config from %s applied", source)
         for listener in self._listeners:
             try:
                 listener(fresh)
@@ -72,7 +66,34 @@ class ConfigStore(Generic[T]):
                 log.exception("config listener failed")
         return True
 
-    async def watch(self) -> None:
+    def offer_data(self, data: Mapping[str, Any], source: str) -> bool:
+        return self.offer(lambda: parse_config(data), source)
+
+
+class FileWatcher:
+    """Offers the file's content to the store whenever it changes."""
+
+    def __init__(self, store: ConfigStore, path: str | Path, *, poll_s: float = 1.0) -> None:
+        self.store = store
+        self.path = Path(path)
+        self.poll_s = poll_s
+        self._digest = self._read_digest()
+
+    def _read_digest(self) -> str | None:
+        try:
+            return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError as exc:
+            log.warning("config %s unreadable, keeping the last good one: %s", self.path, exc)
+            return None
+
+    def check(self) -> bool:
+        digest = self._read_digest()
+        if digest is None or digest == self._digest:
+            return False
+        self._digest = digest
+        return self.store.offer(lambda: load_config(self.path), str(self.path))
+
+    async def run(self) -> None:
         while True:
-            await asyncio.sleep(self._poll_s)
-            self.reload_if_changed()
+            await asyncio.sleep(self.poll_s)
+            self.check()

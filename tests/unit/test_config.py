@@ -1,0 +1,89 @@
+"""Configuration: one schema, readable errors, hot reload that keeps the last good config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+
+from gateway.config import ConfigError, GatewayConfig, load_config, parse_config
+from gateway.config_store import ConfigStore, FileWatcher
+
+GOOD = {
+    "pools": [{"name": "llama", "models": [{"name": "llama"}], "endpoints": [{"address": "10.0.0.1:8000"}]}]
+}
+
+
+def rejected_total() -> float:
+    return REGISTRY.get_sample_value("gateway_config_reloads_total", {"result": "rejected"}) or 0.0
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"pools": []}, "pools: List should have at least 1 item"),
+        ({"pools": [{"name": "Bad_Name", "models": [{"name": "m"}]}]}, "pools.0.name"),
+        (
+            {"pools": [{"name": "p", "models": [{"name": "m"}], "endpoints": [{"address": "pod-a:80"}]}]},
+            "host must be an IP address",
+        ),
+        (
+            {"pools": [{"name": "p", "models": [{"name": "m"}], "endpoints": [{"address": "10.0.0.1"}]}]},
+            "must be ip:port",
+        ),
+        ({"pools": [{"name": "p", "models": [{"name": "m"}, {"name": "m"}]}]}, "declared twice"),
+        ({"bbr": {"defaultModel": "ghost"}}, "bbr.defaultModel"),
+        ({"thresholds": {"kvCache": 1.5}}, "thresholds.kvCache"),
+        ({"profiles": {"x": {"weights": {"queue": -1}}}}, "must be >= 0"),
+        ({"profiles": {"x": {"weights": {"qeue": 1}}}}, "profiles.x.weights.qeue: unknown scorer"),
+        ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
+    ],
+)
+def test_errors_name_the_field(patch: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        parse_config({**GOOD, **patch})
+
+
+def test_load_config_reports_yaml_errors_with_the_path(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("pools: [unclosed")
+    with pytest.raises(ConfigError, match="c.yaml"):
+        load_config(bad)
+    bad.write_text("- a list")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+
+
+def test_store_keeps_the_last_good_config_and_counts_rejections(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    store = ConfigStore.from_file(path)
+    seen: list[GatewayConfig] = []
+    store.subscribe(seen.append)
+    watcher = FileWatcher(store, path)
+    assert watcher.check() is False  # unchanged
+
+    before = rejected_total()
+    path.write_text("pools: 7")
+    assert watcher.check() is False
+    assert rejected_total() == before + 1
+    assert store.current().pools[0].name == "llama" and seen == []
+
+    changed = {**GOOD, "profiles": {"chat": {"weights": {"queue": 9}}}}
+    path.write_text(yaml.safe_dump(changed))
+    assert watcher.check() is True
+    assert store.current().scheduler_profiles()["chat"].weights["queue"] == 9
+    assert seen == [store.current()]
+
+    path.unlink()  # a ConfigMap mid-swap: unreadable for a moment
+    assert watcher.check() is False
+    assert store.current().profiles["chat"].weights == {"queue": 9}
+
+
+def test_startup_with_an_invalid_file_fails_loudly(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text("pools: []")
+    with pytest.raises(ConfigError):
+        ConfigStore.from_file(path)
