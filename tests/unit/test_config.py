@@ -49,7 +49,7 @@ def test_errors_name_the_field(patch: dict, message: str) -> None:
 def test_load_config_reports_yaml_errors_with_the_path(tmp_path: Path) -> None:
     bad = tmp_path / "c.yaml"
     bad.write_text("pools: [unclosed")
-    with pytest.raises(ConfigError, match="c.yaml"):
+    with pytest.raises(ConfigError, match=r"c\.yaml"):
         load_config(bad)
     bad.write_text("- a list")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
