@@ -1,0 +1,152 @@
+"""A small kustomize for the subset deploy/ uses, for machines without a modern kubectl.
+
+Supported: `resources` (files and directories), `namespace`, `images`, `patches` (strategic
+merge by path, target found by kind and name), `configMapGenerator` (files; behaviours create,
+replace, merge; name hashes disabled). Anything else raises, so deploy/ cannot quietly grow
+features this renderer ignores; tests compare it with `kubectl kustomize` where available.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Obj = dict[str, Any]
+SUPPORTED = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "namespace",
+    "images",
+    "patches",
+    "configMapGenerator",
+    "generatorOptions",
+}
+CLUSTER_SCOPED = {
+    "CustomResourceDefinition",
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ClusterIssuer",
+}
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "volumes": "name",
+    "env": "name",
+    "volumeMounts": "mountPath",
+}
+
+
+class KustomizeError(ValueError):
+    pass
+
+
+def build(path: Path) -> list[Obj]:
+    spec = yaml.safe_load((path / "kustomization.yaml").read_text())
+    unknown = set(spec) - SUPPORTED
+    if unknown:
+        raise KustomizeError(f"{path}: fields not supported by kustomize_lite: {sorted(unknown)}")
+    objs: list[Obj] = []
+    for ref in spec.get("resources", []):
+        target = path / ref
+        objs += build(target) if target.is_dir() else [d for d in yaml.safe_load_all(target.read_text()) if d]
+    _generate(path, spec, objs)
+    for patch in spec.get("patches", []):
+        if set(patch) != {"path"}:
+            raise KustomizeError(f"{path}: only `patches: [{{path: ...}}]` is supported")
+        for doc in yaml.safe_load_all((path / patch["path"]).read_text()):
+            target = _find(objs, doc["kind"], doc["metadata"]["name"])
+            merged = _merge(target, doc)
+            target.clear()
+            target.update(merged)
+    for image in spec.get("images", []):
+        _set_image(objs, image)
+    if "namespace" in spec:
+        _set_namespace(objs, spec["namespace"])
+    return objs
+
+
+def _generate(path: Path, spec: Obj, objs: list[Obj]) -> None:
+    options = spec.get("generatorOptions", {})
+    for gen in spec.get("configMapGenerator", []):
+        gen_options = {**options, **gen.get("options", {})}
+        if gen.get("behavior", "create") == "create" and not gen_options.get("disableNameSuffixHash"):
+            raise KustomizeError(f"{path}: {gen['name']}: name hashes are not supported")
+        data = {}
+        for entry in gen.get("files", []):
+            key, sep, file = entry.partition("=")
+            if not sep:
+                key, file = Path(entry).name, entry
+            data[key] = (path / file).read_text()
+        behavior = gen.get("behavior", "create")
+        if behavior == "create":
+            meta: Obj = {"name": gen["name"]}
+            if gen_options.get("labels"):
+                meta["labels"] = dict(gen_options["labels"])
+            objs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+        elif behavior in ("replace", "merge"):
+            existing = _find(objs, "ConfigMap", gen["name"])
+            existing["data"] = data if behavior == "replace" else {**existing.get("data", {}), **data}
+        else:
+            raise KustomizeError(f"{path}: unknown behavior {behavior!r}")
+
+
+def _find(objs: list[Obj], kind: str, name: str) -> Obj:
+    for obj in objs:
+        if obj["kind"] == kind and obj["metadata"]["name"] == name:
+            return obj
+    raise KustomizeError(f"no {kind}/{name} to patch")
+
+
+def _merge(base: Any, patch: Any, field: str = "") -> Any:
+    """Strategic merge: maps merge (null deletes), keyed lists merge by key, other lists replace."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = copy.deepcopy(base)
+        for key, value in patch.items():
+            if value is None:
+                out.pop(key, None)
+            elif key in out:
+                out[key] = _merge(out[key], value, key)
+            else:
+                out[key] = copy.deepcopy(value)
+        return out
+    key = MERGE_KEYS.get(field)
+    if key and isinstance(base, list) and isinstance(patch, list):
+        out = copy.deepcopy(base)
+        added = []  # kustomize puts items new to the list first
+        for item in patch:
+            match = next((i for i, b in enumerate(out) if b.get(key) == item.get(key)), None)
+            if match is None:
+                added.append(copy.deepcopy(item))
+            else:
+                out[match] = _merge(out[match], item)
+        return added + out
+    return copy.deepcopy(patch)
+
+
+def _containers(obj: Obj) -> list[Obj]:
+    pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+    return [*pod.get("containers", []), *pod.get("initContainers", [])]
+
+
+def _set_image(objs: list[Obj], image: Obj) -> None:
+    for obj in objs:
+        for container in _containers(obj):
+            name, _, tag = container["image"].partition(":")
+            if name == image["name"]:
+                container["image"] = f"{image.get('newName', name)}:{image.get('newTag', tag)}"
+
+
+def _set_namespace(objs: list[Obj], namespace: str) -> None:
+    for obj in objs:
+        if obj["kind"] in CLUSTER_SCOPED:
+            continue
+        obj["metadata"]["namespace"] = namespace
+        if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            for subject in obj.get("subjects", []):
+                if subject.get("kind") == "ServiceAccount":
+                    subject["namespace"] = namespace

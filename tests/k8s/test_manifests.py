@@ -1,0 +1,435 @@
+"""deploy/: every kustomization renders, every object validates, and the pieces fit together.
+
+Rendering uses `kubectl kustomize` when a kubectl with kustomize >= 4 is on PATH and checks
+that tests/k8s/kustomize_lite.py renders the same; elsewhere the lite renderer alone is used.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from gateway.config import parse_config
+from gateway.envoy_config import validate_bootstrap
+from tests.k8s.kustomize_lite import build
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+TARGETS = ["base", "examples", "cert-manager", "overlays/dev", "overlays/eks-hyperpod"]
+OVERLAYS = ["overlays/dev", "overlays/eks-hyperpod"]
+Obj = dict[str, Any]
+
+
+def _key(obj: Obj) -> tuple[str, str, str | None, str]:
+    meta = obj["metadata"]
+    return obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"]
+
+
+@functools.cache
+def _kubectl() -> str | None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return None
+    try:
+        out = subprocess.run(
+            [kubectl, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=20
+        )
+        version = json.loads(out.stdout).get("kustomizeVersion", "v0")
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError):
+        return None
+    return kubectl if int(version.lstrip("v").split(".")[0] or 0) >= 4 else None
+
+
+@functools.cache
+def render(target: str) -> tuple[Obj, ...]:
+    lite = build(DEPLOY / target)
+    kubectl = _kubectl()
+    if kubectl is None:
+        return tuple(lite)
+    out = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / target)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    real = [o for o in yaml.safe_load_all(out.stdout) if o]
+    assert {_key(o): o for o in lite} == {_key(o): o for o in real}, "kustomize_lite disagrees with kubectl"
+    return tuple(real)
+
+
+def find(objs: tuple[Obj, ...], kind: str, name: str) -> Obj:
+    matches = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_renders_with_unique_objects(target: str) -> None:
+    objs = render(target)
+    assert objs
+    keys = [_key(o) for o in objs]
+    assert len(keys) == len(set(keys))
+
+
+# -- schemas ------------------------------------------------------------------------------
+BUILTIN_GROUPS = {"v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}
+
+_str = {"type": "string", "minLength": 1}
+_port = {"type": "integer", "minimum": 1, "maximum": 65535}
+_match_labels = {
+    "type": "object",
+    "required": ["matchLabels"],
+    "properties": {"matchLabels": {"type": "object", "minProperties": 1, "additionalProperties": _str}},
+}
+# The fields of third-party kinds this deployment relies on (their CRDs are not vendored).
+THIRD_PARTY_SCHEMAS: dict[tuple[str, str], Obj] = {
+    ("inference.networking.k8s.io/v1", "InferencePool"): {
+        "type": "object",
+        "required": ["selector", "targetPorts", "endpointPickerRef"],
+        "properties": {
+            "selector": _match_labels,
+            "targetPorts": {
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "object", "required": ["number"], "properties": {"number": _port}},
+            },
+            "endpointPickerRef": {
+                "type": "object",
+                "required": ["name", "port"],
+                "properties": {
+                    "name": _str,
+                    "port": {"type": "object", "required": ["number"], "properties": {"number": _port}},
+                    "failureMode": {"enum": ["FailOpen", "FailClose"]},
+                },
+            },
+        },
+    },
+    ("gateway.networking.k8s.io/v1", "Gateway"): {
+        "type": "object",
+        "required": ["gatewayClassName", "listeners"],
+        "properties": {
+            "listeners": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "protocol", "port"],
+                    "properties": {"port": _port},
+                },
+            }
+        },
+    },
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): {
+        "type": "object",
+        "required": ["parentRefs", "rules"],
+        "properties": {
+            "rules": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["backendRefs"],
+                    "properties": {
+                        "matches": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "headers": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["name", "value"],
+                                            "properties": {"type": {"enum": ["Exact", "RegularExpression"]}},
+                                        },
+                                    }
+                                },
+                            },
+                        },
+                        "backendRefs": {
+                            "type": "array",
+                            "items": {"type": "object", "required": ["group", "kind", "name"]},
+                        },
+                    },
+                },
+            }
+        },
+    },
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {
+        "type": "object",
+        "required": ["selector", "endpoints"],
+        "properties": {
+            "selector": _match_labels,
+            "endpoints": {"type": "array", "items": {"type": "object", "required": ["port"]}},
+        },
+    },
+    ("cert-manager.io/v1", "Issuer"): {
+        "type": "object",
+        "minProperties": 1,
+        "properties": {
+            "ca": {"type": "object", "required": ["secretName"]},
+            "selfSigned": {"type": "object"},
+        },
+    },
+    ("cert-manager.io/v1", "Certificate"): {
+        "type": "object",
+        "required": ["secretName", "issuerRef"],
+        "properties": {
+            "secretName": _str,
+            "issuerRef": {"type": "object", "required": ["name", "kind"]},
+            "dnsNames": {"type": "array", "items": _str},
+            "usages": {
+                "type": "array",
+                "items": {
+                    "enum": [
+                        "server auth",
+                        "client auth",
+                        "digital signature",
+                        "key encipherment",
+                        "cert sign",
+                    ]
+                },
+            },
+        },
+    },
+}
+
+
+def _crd_schema() -> Obj:
+    crd = find(render("base"), "CustomResourceDefinition", "inferencegatewayconfigs.gateway.inference.dev")
+    (version,) = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_object_validates(target: str) -> None:
+    k8s_version = kubernetes_validate.latest_version()
+    for obj in render(target):
+        kind = (obj["apiVersion"], obj["kind"])
+        if obj["apiVersion"] in BUILTIN_GROUPS:
+            kubernetes_validate.validate(copy.deepcopy(obj), k8s_version, strict=True)
+        elif kind == ("gateway.inference.dev/v1alpha1", "InferenceGatewayConfig"):
+            # Kubernetes CRD schemas are OpenAPI 3.0 (boolean exclusiveMinimum): JSON Schema draft 4.
+            jsonschema.Draft4Validator(_crd_schema()).validate(obj)
+        else:
+            assert kind in THIRD_PARTY_SCHEMAS, f"no schema to validate {kind}"
+            jsonschema.Draft4Validator(THIRD_PARTY_SCHEMAS[kind]).validate(obj["spec"])
+
+
+def test_crd_schema_rejects_bad_configs() -> None:
+    validator = jsonschema.Draft4Validator(_crd_schema())
+    good = find(render("examples"), "InferenceGatewayConfig", "inference-gateway")
+    assert validator.is_valid(good)
+    for path, value in [
+        (("pools", 0, "engine"), "llamacpp"),
+        (("profiles", "chat", "weights", "prefixx"), 1),
+        (("profiles", "chat", "weights", "queue"), -1),
+        (("thresholds", "kvCache"), 0),
+        (("auth", "jwt", "jwksUri"), "http://insecure"),
+    ]:
+        bad = copy.deepcopy(good)
+        node = bad["spec"]
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+        assert not validator.is_valid(bad), path
+
+
+# -- the pieces fit -----------------------------------------------------------------------
+def _gateway_config(objs: tuple[Obj, ...]) -> Obj:
+    return yaml.safe_load(find(objs, "ConfigMap", "gateway-config")["data"]["config.yaml"])
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_configs_parse_and_agree_with_the_cluster_objects(target: str) -> None:
+    objs = render(target)
+    config = parse_config(_gateway_config(objs))
+    pool_cfg = config.pools[0]
+    assert pool_cfg.kubernetes is not None
+    assert pool_cfg.kubernetes.namespace == find(objs, "Deployment", "epp")["metadata"]["namespace"]
+    pool = find(objs, "InferencePool", pool_cfg.kubernetes.pool_name)
+    assert pool["spec"]["endpointPickerRef"]["failureMode"] == pool_cfg.failure_mode
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [pool_cfg.target_port]
+    # The EPP serves the pool named in its arguments, and the pool points at the EPP Service.
+    epp_args = find(objs, "Deployment", "epp")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--pool={pool_cfg.name}" in epp_args
+    ref = pool["spec"]["endpointPickerRef"]
+    epp_ports = {p["port"] for p in find(objs, "Service", ref["name"])["spec"]["ports"]}
+    assert ref["port"]["number"] in epp_ports
+    # The example model servers are selected by the pool and named as the config's models.
+    vllm = find(objs, "Deployment", "vllm-llama-3-8b")["spec"]["template"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= vllm["metadata"]["labels"].items()
+    served = set(vllm["metadata"]["annotations"]["gateway.inference.dev/model"].split(","))
+    assert served <= set(config.routes())
+    # The custom resource example carries the same configuration (tls/auth are data-plane only).
+    spec = copy.deepcopy(find(objs, "InferenceGatewayConfig", "inference-gateway")["spec"])
+    spec.pop("tls"), spec.pop("auth")
+    if target == "overlays/eks-hyperpod":
+        assert parse_config(spec) == config
+
+
+def test_dev_is_failopen_and_hyperpod_failclose() -> None:
+    dev, prod = render("overlays/dev"), render("overlays/eks-hyperpod")
+    assert find(dev, "InferencePool", "llama-3-8b")["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
+    assert (
+        find(prod, "InferencePool", "llama-3-8b")["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
+    )
+    assert find(dev, "Deployment", "epp")["spec"]["replicas"] == 1
+    assert find(prod, "Deployment", "epp")["spec"]["replicas"] >= 2
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_references_resolve(target: str) -> None:
+    objs = render(target)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    secrets_made = {o["spec"]["secretName"] for o in objs if o["kind"] == "Certificate"}
+    for dep in (o for o in objs if o["kind"] == "Deployment"):
+        pod = dep["spec"]["template"]
+        assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        if "serviceAccountName" in pod["spec"]:
+            assert ("ServiceAccount", pod["spec"]["serviceAccountName"]) in names
+        for vol in pod["spec"].get("volumes", []):
+            if "configMap" in vol:
+                assert ("ConfigMap", vol["configMap"]["name"]) in names
+            if "secret" in vol:
+                assert vol["secret"]["secretName"] in secrets_made
+        for c in pod["spec"]["containers"]:
+            ports = {p.get("name") for p in c.get("ports", [])}
+            for probe in ("readinessProbe", "livenessProbe"):
+                handler = c.get(probe, {})
+                assert len(set(handler) & {"grpc", "httpGet", "tcpSocket", "exec"}) <= 1, (dep, probe)
+                port = (handler.get("httpGet") or handler.get("tcpSocket") or {}).get("port")
+                assert port is None or isinstance(port, int) or port in ports
+            mounts = {m["name"] for m in c.get("volumeMounts", [])}
+            assert mounts <= {v["name"] for v in pod["spec"].get("volumes", [])}
+    pods = [o["spec"]["template"] for o in objs if o["kind"] == "Deployment"]
+    for svc in (o for o in objs if o["kind"] == "Service"):
+        selected = [p for p in pods if svc["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
+        assert selected, f"Service {svc['metadata']['name']} selects no pods"
+        container_ports = {
+            p.get("name") for pod in selected for c in pod["spec"]["containers"] for p in c["ports"]
+        }
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= container_ports
+    for route in (o for o in objs if o["kind"] == "HTTPRoute"):
+        for rule in route["spec"]["rules"]:
+            for ref in rule["backendRefs"]:
+                assert (ref["kind"], ref["name"]) in names
+        assert all(("Gateway", p["name"]) in names for p in route["spec"]["parentRefs"])
+    monitor = find(objs, "ServiceMonitor", "epp")
+    svc = find(objs, "Service", "epp")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+
+
+def test_role_is_read_only_and_minimal() -> None:
+    role = find(render("base"), "Role", "epp-reader")
+    granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted == {
+        ("", "pods"),
+        ("", "configmaps"),
+        ("inference.networking.k8s.io", "inferencepools"),
+        ("gateway.inference.dev", "inferencegatewayconfigs"),
+    }
+    assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in role["rules"])
+    assert not [o for o in render("base") if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+# -- Envoy --------------------------------------------------------------------------------
+def _bootstrap(target: str) -> Obj:
+    return yaml.safe_load(find(render(target), "ConfigMap", "envoy-bootstrap")["data"]["envoy.yaml"])
+
+
+def _without_transport_sockets(bootstrap: Obj) -> Obj:
+    out = copy.deepcopy(bootstrap)
+    for cluster in out["static_resources"]["clusters"]:
+        cluster.pop("transport_socket", None)
+    return out
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_envoy_bootstrap_routes_by_metadata_to_services_that_exist(target: str) -> None:
+    objs, bootstrap = render(target), _bootstrap(target)
+    validate_bootstrap(bootstrap)  # parses into the real envoy Bootstrap proto
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    namespace = find(objs, "Deployment", "epp")["metadata"]["namespace"]
+    for name in ("bbr", "epp-llama-3-8b"):
+        addr = clusters[name]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        host, port = addr["socket_address"]["address"], addr["socket_address"]["port_value"]
+        svc_name, svc_ns = host.split(".")[:2]
+        assert svc_ns == namespace
+        assert port in {p["port"] for p in find(objs, "Service", svc_name)["spec"]["ports"]}
+    pool = clusters["pool-llama-3-8b"]
+    assert pool["type"] == "ORIGINAL_DST" and pool["lb_policy"] == "CLUSTER_PROVIDED"
+    assert pool["original_dst_lb_config"]["metadata_key"] == {
+        "key": "envoy.lb",
+        "path": [{"key": "x-gateway-destination-endpoint"}],
+    }
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    filters = {f["name"]: f for f in hcm["http_filters"]}
+    assert list(filters) == [
+        "gateway.strip_routing_headers",
+        "gateway.bbr",
+        "gateway.epp",
+        "envoy.filters.http.router",
+    ]
+    epp = filters["gateway.epp"]["typed_config"]
+    assert epp["metadata_options"]["receiving_namespaces"]["untyped"] == ["envoy.lb"]
+    # Every public model name of the config reaches the pool route; other names do not.
+    route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
+    regex = re.compile(route["match"]["headers"][0]["string_match"]["safe_regex"]["regex"])
+    for model in parse_config(_gateway_config(objs)).routes():
+        assert regex.fullmatch(model), model
+    assert not regex.fullmatch("meta-llama/Llama-3X1-8B-Instruct")
+
+
+def test_mtls_bootstrap_differs_from_base_only_by_tls() -> None:
+    base, mtls = _bootstrap("overlays/dev"), _bootstrap("overlays/eks-hyperpod")
+    assert base == _without_transport_sockets(base)
+    assert _without_transport_sockets(mtls) == base
+    mounts = find(render("overlays/eks-hyperpod"), "Deployment", "envoy")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["volumeMounts"]
+    tls_dirs = {m["mountPath"] for m in mounts}
+    for cluster in mtls["static_resources"]["clusters"]:
+        if "transport_socket" in cluster:
+            ctx = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+            files = [
+                ctx["tls_certificates"][0]["certificate_chain"]["filename"],
+                ctx["validation_context"]["trusted_ca"]["filename"],
+            ]
+            assert all(str(Path(f).parent) in tls_dirs for f in files)
+
+
+def test_base_bootstrap_passes_envoy_validate(tmp_path: Path) -> None:
+    envoy = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
+    path = tmp_path / "envoy.yaml"
+    path.write_text(find(render("overlays/dev"), "ConfigMap", "envoy-bootstrap")["data"]["envoy.yaml"])
+    out = subprocess.run(
+        [envoy, "--mode", "validate", "-c", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+# -- monitoring ---------------------------------------------------------------------------
+def test_dashboard_charts_the_epp_metrics() -> None:
+    cm = find(render("base"), "ConfigMap", "epp-grafana-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["epp-dashboard.json"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    for metric in (
+        "inference_objective_request_total",
+        "inference_pool_average_kv_cache_utilization",
+        "inference_pool_average_queue_size",
+        "inference_pool_ready_pods",
+        "inference_extension_scheduler_e2e_duration_seconds_bucket",
+    ):
+        assert metric in exprs
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
