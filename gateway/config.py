@@ -7,6 +7,7 @@ readable message per problem (`pools.0.models.1.name: field required`).
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,8 +125,46 @@ class BbrConfig(_Model):
     default_model: str | None = Field(default=None, alias="defaultModel")
 
 
+class JwtAuth(_Model):
+    """Require a JWT (Authorization: Bearer) signed by a key of this JWKS on every request."""
+
+    issuer: str = Field(min_length=1)
+    audiences: list[str] = Field(default_factory=list)
+    jwks: str = Field(min_length=2, description="inline JWKS JSON: public keys only")
+
+    @field_validator("jwks")
+    @classmethod
+    def _jwks_object(cls, v: str) -> str:
+        try:
+            data = json.loads(v)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc.msg}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("keys"), list) or not data["keys"]:
+            raise ValueError("must be a JWKS object with a non-empty 'keys' list")
+        return v
+
+
+class ListenerConfig(_Model):
+    """What Envoy accepts from clients before any ext_proc service sees the request."""
+
+    max_request_headers_kb: int = Field(default=60, ge=1, le=8192, alias="maxRequestHeadersKb")
+    max_headers_count: int = Field(default=100, ge=1, le=10_000, alias="maxHeadersCount")
+    # Exact request paths routed to pools (e.g. /v1/chat/completions); None routes any path.
+    paths: list[str] | None = Field(default=None, min_length=1)
+    jwt: JwtAuth | None = None
+
+    @field_validator("paths")
+    @classmethod
+    def _absolute(cls, v: list[str] | None) -> list[str] | None:
+        for path in v or []:
+            if not path.startswith("/") or any(c in path for c in "?# "):
+                raise ValueError(f"{path!r} must be an absolute path without query, fragment or spaces")
+        return v
+
+
 class GatewayConfig(_Model):
     pools: list[PoolConfig] = Field(min_length=1)
+    listener: ListenerConfig = Field(default_factory=ListenerConfig)
     profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
     default_profile: str = Field(default="default", alias="defaultProfile")
     thresholds: Thresholds = Field(default_factory=Thresholds)

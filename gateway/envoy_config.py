@@ -51,6 +51,7 @@ _TYPES = {
     "tls_up": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
     "http_opts": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
     "cel": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+    "jwt_authn": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
     "override_host": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
     "least_request": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
     "previous_hosts": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
@@ -183,8 +184,17 @@ def _models_list(config: GatewayConfig) -> str:
     return json.dumps({"object": "list", "data": data})
 
 
+def _path_match(config: GatewayConfig) -> dict[str, Any]:
+    """Any path, or only the configured API paths (exact, query string ignored)."""
+    paths = config.listener.paths
+    if not paths:
+        return {"prefix": "/"}
+    return {"safe_regex": {"regex": "|".join(_regex_escape(p) for p in paths)}}
+
+
 def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
     routes: list[dict[str, Any]] = []
+    path = _path_match(config)
     for pool in config.pools:
         names = [m.name for m in pool.models] + [a for m in pool.models for a in m.adapters]
         model_match = {
@@ -196,7 +206,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
             {
                 "name": f"{pool.name}-picked",
                 "match": {
-                    "prefix": "/",
+                    **path,
                     "headers": [model_match, {"name": DESTINATION_HEADER, "present_match": True}],
                 },
                 "route": {
@@ -216,13 +226,15 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
                     "timeout": _duration(topo.ext_proc_timeout_s),
                 },
                 "failure_mode_allow": pool.failure_mode == "FailOpen",
+                # Response headers are the EPP's accounting signal; only pool routes ask for them.
+                "processing_mode": _processing_mode(response_headers=True),
             },
         }
         fallback = f"fallback-{pool.name}" if pool.failure_mode == "FailOpen" else f"pool-{pool.name}"
         routes.append(
             {
                 "name": f"{pool.name}-pick",
-                "match": {"prefix": "/", "headers": [model_match]},
+                "match": {**path, "headers": [model_match]},
                 "route": {"cluster": fallback, "timeout": "0s", "idle_timeout": "300s"},
                 "typed_per_filter_config": {EPP_FILTER: epp_override},
             }
@@ -345,40 +357,83 @@ def _split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+# Envoy's own refusals by status: (OpenAI error type, stable code, message prefix).
+_LOCAL_ERRORS: dict[int, tuple[str, str, str]] = {
+    401: ("authentication_error", "invalid_api_key", "authentication failed"),
+    403: ("permission_error", "forbidden", "forbidden"),
+    413: ("invalid_request_error", "request_too_large", "request too large"),
+    431: ("invalid_request_error", "request_header_fields_too_large", "request headers too large"),
+}
+
+
+def _mapper(expression: str, error_type: str, code: str, message: str) -> dict[str, Any]:
+    return {
+        "filter": {
+            "extension_filter": {
+                "name": "envoy.access_loggers.extension_filters.cel",
+                "typed_config": {"@type": _TYPES["cel"], "expression": expression},
+            }
+        },
+        "body_format_override": {
+            "json_format": {"error": {"message": message, "type": error_type, "code": code}},
+            "content_type": "application/json",
+        },
+    }
+
+
 def _local_reply_config() -> dict[str, Any]:
-    """Shape Envoy's own error replies (ext_proc down, upstream reset, no route) as OpenAI JSON.
+    """Shape Envoy's own error replies (ext_proc down, upstream reset, no route, auth, limits)
+    as OpenAI JSON.
 
     Replies our services produced (details prefixed `gateway_`) and our direct responses are
     already JSON and pass through untouched.
     """
-    return {
-        "mappers": [
-            {
-                "filter": {
-                    "extension_filter": {
-                        "name": "envoy.access_loggers.extension_filters.cel",
-                        "typed_config": {
-                            "@type": _TYPES["cel"],
-                            "expression": (
-                                f"!response.code_details.startsWith('{ERROR_DETAILS_PREFIX}')"
-                                " && response.code_details != 'direct_response'"
-                            ),
-                        },
-                    }
-                },
-                "body_format_override": {
-                    "json_format": {
-                        "error": {
-                            "message": "the gateway could not complete the request (%RESPONSE_CODE_DETAILS%) %LOCAL_REPLY_BODY%",
-                            "type": "server_error",
-                            "code": "%RESPONSE_CODE_DETAILS%",
-                        }
-                    },
-                    "content_type": "application/json",
-                },
-            }
-        ]
+    ours = f"!response.code_details.startsWith('{ERROR_DETAILS_PREFIX}') && response.code_details != 'direct_response'"
+    mappers = [
+        _mapper(
+            f"{ours} && response.code == {status}",
+            error_type,
+            code,
+            f"{prefix}: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)",
+        )
+        for status, (error_type, code, prefix) in _LOCAL_ERRORS.items()
+    ]
+    mappers.append(
+        _mapper(
+            ours,
+            "server_error",
+            "%RESPONSE_CODE_DETAILS%",
+            "the gateway could not complete the request (%RESPONSE_CODE_DETAILS%) %LOCAL_REPLY_BODY%",
+        )
+    )
+    return {"mappers": mappers}
+
+
+def _jwt_filter(config: GatewayConfig) -> list[dict[str, Any]]:
+    """Verify `Authorization: Bearer <JWT>` against the configured JWKS before anything else runs.
+
+    The token is not forwarded upstream: model servers never see client credentials.
+    """
+    jwt = config.listener.jwt
+    if jwt is None:
+        return []
+    provider: dict[str, Any] = {
+        "issuer": jwt.issuer,
+        "local_jwks": {"inline_string": jwt.jwks},
+        "forward": False,
     }
+    if jwt.audiences:
+        provider["audiences"] = list(jwt.audiences)
+    return [
+        {
+            "name": "envoy.filters.http.jwt_authn",
+            "typed_config": {
+                "@type": _TYPES["jwt_authn"],
+                "providers": {"gateway": provider},
+                "rules": [{"match": {"prefix": "/"}, "requires": {"provider_name": "gateway"}}],
+            },
+        }
+    ]
 
 
 def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
@@ -403,6 +458,12 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
             {"prefix": "/"},
         )
     )
+    # Requests that reach no pool never talk to an EPP. This matters for Envoy's own replies to
+    # malformed requests (headers too large -> 431): the EPP filter would hold the reply's headers
+    # for an ext_proc round trip while the codec closes the connection, and the client would get
+    # an empty reply instead of the JSON 431.
+    for route in (routes[0], routes[-1]):
+        route["typed_per_filter_config"] = {EPP_FILTER: {"@type": _TYPES["ext_proc_route"], "disabled": True}}
     hcm = {
         "@type": _TYPES["hcm"],
         "stat_prefix": "gateway",
@@ -410,6 +471,8 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         "stream_idle_timeout": "300s",
         "request_timeout": "0s",
         "use_remote_address": True,
+        "max_request_headers_kb": config.listener.max_request_headers_kb,
+        "common_http_protocol_options": {"max_headers_count": config.listener.max_headers_count},
         "route_config": {
             "name": "gateway",
             "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
@@ -427,11 +490,14 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
                     },
                 },
             },
+            *_jwt_filter(config),
             _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, disabled=False),
             # Each pool route points this filter at its own EPP (ExtProcPerRoute). The per-route config is read when the filter runs, i.e. after
             # BBR has cleared the route cache, so it follows the model header.
+            # Outside pool routes (e.g. Envoy's own reply to a malformed request, which has no
+            # route) the EPP must not hold the response: the default skips response headers.
             _ext_proc_filter(
-                EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=True, disabled=False
+                EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=False, disabled=False
             ),
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
         ],
@@ -490,6 +556,7 @@ def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
     from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2  # noqa: F401
     from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
     from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2  # noqa: F401
+    from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt_config_pb2  # noqa: F401
     from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
     from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
         http_connection_manager_pb2,

@@ -140,6 +140,13 @@ class LocalGateway:
     def pods_of(self, model: str) -> list[str]:
         return [p["address"] for p in self.pods if p["model"] == model]
 
+    def restart(self, name: str) -> Proc:
+        """Stop one process (SIGTERM) and start it again with the same command line."""
+        old = self.procs[name]
+        old.stop()
+        self.procs[name] = _spawn(name, [str(a) for a in old.popen.args], self.workdir)  # type: ignore[union-attr]
+        return self.procs[name]
+
     def stop(self) -> None:
         # Envoy first so no new traffic reaches the services while they stop.
         for name in sorted(self.procs, key=lambda n: (n != "envoy", n != "fleet")):
