@@ -105,12 +105,14 @@ class EppApp:
         if self._kubernetes is not None:
             from epp.discovery.kubernetes import InferencePoolDiscovery
 
-            config = self.store.current()
+            pool = self.store.current().pool(self.pool_name)
             self._discovery = InferencePoolDiscovery(
                 namespace=self._kubernetes.namespace,
                 pool_name=self._kubernetes.pool_name,
                 on_change=self.set_endpoints,
-                engine=config.pool(self.pool_name).engine,
+                engine=pool.engine,
+                default_models=[m.name for m in pool.models],
+                default_adapters=[a for m in pool.models for a in m.adapters],
             )
             await self._discovery.start()
         self.scraper.sync()
