@@ -11,6 +11,7 @@ InferencePool discovery (epp/discovery/kubernetes.py) and the InferenceGatewayCo
 from __future__ import annotations
 
 import json
+import os
 import logging
 import random
 import threading
@@ -220,5 +221,6 @@ def default_api_client() -> kubernetes.client.ApiClient:
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+        # Read KUBECONFIG now: the client library reads it once, at import time.
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     return kubernetes.client.ApiClient()
