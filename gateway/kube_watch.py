@@ -11,8 +11,8 @@ InferencePool discovery (epp/discovery/kubernetes.py) and the InferenceGatewayCo
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import random
 import threading
 from collections.abc import Callable, Mapping
