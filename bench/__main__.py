@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bench.fleet import running_fleet
-from bench.loadgen import LoadGenConfig, RequestResult, run_trace
+from bench.loadgen import LoadGenConfig, RequestResult, run_trace, to_simulated, to_wall_clock
 from bench.overhead import measure_overhead, render_overhead
 from bench.report import build_report, run_from, save_run, write_section
 from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
@@ -52,7 +52,8 @@ async def _workers(scenario: Scenario, urls: Sequence[str]) -> AsyncIterator[lis
 async def run_policy(
     scenario: Scenario, policy: str, args: argparse.Namespace, ctx: TargetContext
 ) -> list[RequestResult]:
-    trace = scenario.trace()
+    time_scale = float(scenario.fleet.get("time_scale", 1.0))
+    trace = to_wall_clock(scenario.trace(), time_scale)  # the trace is in simulated seconds
     if args.max_requests:
         trace = trace[: args.max_requests]
     target = make_target(policy, ctx)
@@ -65,7 +66,7 @@ async def run_policy(
             verify=args.ca_file or False,
             concurrency=args.concurrency or int(lg.get("concurrency", 256)),
             timeout_s=float(lg.get("timeout_s", 300.0)),
-            max_wall_s=args.max_wall_s or scenario.duration_s * 3 + 60,
+            max_wall_s=args.max_wall_s or scenario.duration_s / time_scale * 3 + 60,
         )
         with tqdm(
             total=len(trace), desc=f"{scenario.name}/{policy}", unit="req", disable=args.no_progress
@@ -73,6 +74,9 @@ async def run_policy(
             run = await run_trace(trace, config, on_done=lambda _: bar.update())
     finally:
         await target.stop()
+    # Report simulated seconds, so runs at different time scales compare directly.
+    run.results = to_simulated(run.results, time_scale)
+    run.wall_s *= time_scale
     meta = {
         "description": scenario.description,
         "fleet": scenario.fleet,
@@ -81,6 +85,8 @@ async def run_policy(
         "duration_s": scenario.duration_s,
         "seed": scenario.seed,
         "base_url": base_url,
+        "time_scale": time_scale,
+        "times": "simulated seconds (wall x time_scale)",
     }
     path = save_run(args.results, run_from(scenario.name, policy, scenario.mode, run, meta))
     s = summarize(run.results)

@@ -14,7 +14,9 @@ status or error, and the serving pod from the `x-modelsim-pod` response header.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -146,11 +148,17 @@ async def send_one(
 
 def make_client(config: LoadGenConfig) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
+    verify: bool | ssl.SSLContext = config.verify if isinstance(config.verify, bool) else False
+    if isinstance(config.verify, str):
+        try:
+            verify = ssl.create_default_context(cafile=config.verify)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"CA file {config.verify!r} unusable: {exc}") from exc
     return httpx.AsyncClient(
         base_url=config.base_url,
         http1=not config.http2,
         http2=config.http2,
-        verify=config.verify,
+        verify=verify,
         timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
         limits=limits,
     )
@@ -211,3 +219,32 @@ async def run_trace(
                 await asyncio.gather(*pending, return_exceptions=True)
         wall = time.perf_counter() - t0
     return RunResult(results=results, started_at=started_at, wall_s=wall, not_sent=not_sent)
+
+
+def to_wall_clock(trace: Sequence[TraceRequest], time_scale: float) -> list[TraceRequest]:
+    """A trace written in simulated seconds, rescheduled for a fleet running `time_scale` x real time."""
+    if time_scale <= 0:
+        raise ValueError("time_scale must be > 0")
+    return [TraceRequest(r.at_s / time_scale, r.body, r.headers, r.tag) for r in trace]
+
+
+def to_simulated(results: Sequence[RequestResult], time_scale: float) -> list[RequestResult]:
+    """Results measured in wall seconds, expressed in simulated seconds (wall x time_scale)."""
+    if time_scale <= 0:
+        raise ValueError("time_scale must be > 0")
+
+    def scale(value: float | None) -> float | None:
+        return None if value is None else value * time_scale
+
+    return [
+        dataclasses.replace(
+            r,
+            scheduled_s=r.scheduled_s * time_scale,
+            sent_s=r.sent_s * time_scale,
+            lag_s=r.lag_s * time_scale,
+            ttft_s=scale(r.ttft_s),
+            e2e_s=scale(r.e2e_s),
+            itl_s=[gap * time_scale for gap in r.itl_s],
+        )
+        for r in results
+    ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import ssl
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,14 +67,18 @@ class StubServer:
         app.router.add_route("*", "/{tail:.*}", self._not_found)
         return app
 
-    async def start(self, port: int = 0) -> StubServer:
+    @property
+    def https_url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    async def start(self, port: int = 0, ssl_context: ssl.SSLContext | None = None) -> StubServer:
         self._runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
         self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
+        await web.SockSite(self._runner, sock, ssl_context=ssl_context).start()
         return self
 
     async def stop(self) -> None:

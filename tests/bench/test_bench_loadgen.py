@@ -108,3 +108,47 @@ async def test_bounds_on_count_and_wall_time(stub: StubServer) -> None:
 async def test_invalid_concurrency_is_rejected(stub: StubServer) -> None:
     with pytest.raises(ValueError, match="concurrency"):
         await run_trace(_trace([0.0]), LoadGenConfig(base_url=stub.url, concurrency=0))
+
+
+def test_time_scale_conversions_round_trip() -> None:
+    from bench.loadgen import RequestResult, to_simulated, to_wall_clock
+
+    trace = to_wall_clock(_trace([0.0, 1.0, 3.0]), time_scale=0.5)  # fleet runs at half speed
+    assert [r.at_s for r in trace] == [0.0, 2.0, 6.0]
+    wall = RequestResult(0, "t", 2.0, 2.1, 0.1, 0.4, 1.0, [0.02, 0.04], 3, 3, 200, None, "p")
+    (sim,) = to_simulated([wall], time_scale=0.5)
+    assert (sim.scheduled_s, sim.sent_s, sim.ttft_s, sim.e2e_s) == (1.0, 1.05, 0.2, 0.5)
+    assert sim.itl_s == [0.01, 0.02] and sim.output_tokens == 3
+    assert to_simulated([RequestResult(1, "t", 0.0)], 2.0)[0].ttft_s is None
+    with pytest.raises(ValueError):
+        to_wall_clock(trace, 0)
+
+
+async def test_tls_with_ca_file_or_verification_off(tmp_path) -> None:
+    import ssl
+
+    from gateway.certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(certs.server_cert, certs.server_key)
+    server = await StubServer(StubConfig(name="tls-pod", tokens=2)).start(ssl_context=ctx)
+    other_ca = make_certs(tmp_path / "other").ca
+    try:
+        by_ca = await run_trace(_trace([0.0]), LoadGenConfig(base_url=server.https_url, verify=str(certs.ca)))
+        unverified = await run_trace(_trace([0.0]), LoadGenConfig(base_url=server.https_url, verify=False))
+        wrong_ca = await run_trace(
+            _trace([0.0]), LoadGenConfig(base_url=server.https_url, verify=str(other_ca))
+        )
+    finally:
+        await server.stop()
+    assert by_ca.results[0].ok and by_ca.results[0].pod == "tls-pod"
+    assert unverified.results[0].ok
+    assert not wrong_ca.results[0].ok and "ConnectError" in wrong_ca.results[0].error
+
+
+async def test_missing_ca_file_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"CA file .* unusable"):
+        await run_trace(
+            _trace([0.0]), LoadGenConfig(base_url="https://127.0.0.1:1", verify=str(tmp_path / "no.pem"))
+        )
