@@ -207,33 +207,50 @@ def pool_name_for(model: str) -> str:
     return safe or "pool"
 
 
+def start_fleet(
+    workdir: Path, fleet: Mapping[str, Any], timeout_s: float = 60.0
+) -> tuple[Proc, list[dict[str, Any]]]:
+    """A simulated fleet in its own process; returns it and its pods once all listen."""
+    fleet_path = workdir / "fleet.yaml"
+    fleet_path.write_text(yaml.safe_dump(dict(fleet)))
+    ready = workdir / "fleet-ready.json"
+    ready.unlink(missing_ok=True)
+    proc = _spawn(
+        "fleet",
+        [sys.executable, "-m", "modelsim", "fleet", "--spec", str(fleet_path), "--ready-file", str(ready)],
+        workdir,
+    )
+    try:
+        wait_until(ready.exists, timeout_s, "model-server fleet", proc.popen)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, json.loads(ready.read_text())["pods"]
+
+
 def start_local_gateway(
     workdir: Path,
     *,
     fleet: Mapping[str, Any] | None = None,
+    pods: list[dict[str, Any]] | None = None,
     config_extra: Mapping[str, Any] | None = None,
     config_patch: Callable[[dict[str, Any]], None] | None = None,
     listen_port: int = 0,
     mtls: bool = False,
     timeout_s: float = 60.0,
 ) -> LocalGateway:
-    """Start everything and wait until a request can flow. On failure, stop what started."""
+    """Start everything and wait until a request can flow. On failure, stop what started.
+
+    With `pods` (name, model, adapters, dialect, address: what the fleet's ready file lists),
+    the gateway fronts model servers that are already running and no fleet is started.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     certs = make_certs(workdir / "certs")
     python = sys.executable
     procs: dict[str, Proc] = {}
     try:
-        fleet_path = workdir / "fleet.yaml"
-        fleet_path.write_text(yaml.safe_dump(dict(fleet or DEFAULT_FLEET)))
-        ready = workdir / "fleet-ready.json"
-        ready.unlink(missing_ok=True)
-        procs["fleet"] = _spawn(
-            "fleet",
-            [python, "-m", "modelsim", "fleet", "--spec", str(fleet_path), "--ready-file", str(ready)],
-            workdir,
-        )
-        wait_until(ready.exists, timeout_s, "model-server fleet", procs["fleet"].popen)
-        pods = json.loads(ready.read_text())["pods"]
+        if pods is None:
+            procs["fleet"], pods = start_fleet(workdir, fleet or DEFAULT_FLEET, timeout_s)
 
         pool_names = sorted({pool_name_for(p["model"]) for p in pods})
         epp_ports = {name: free_port() for name in pool_names}
