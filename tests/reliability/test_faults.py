@@ -1,0 +1,183 @@
+"""Faults through the real Envoy: refused pods, scrape failures, EPP death and restart, bad config.
+
+The pool for llama has three pods and a fallback list of one (`fallbackEndpoints: 1`), so the
+EPP emits `primary,fallback` and Envoy's OverrideHost retries walk it. qwen is FailOpen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.launch import LocalGateway, grpc_serving, start_local_gateway
+from tests.integration.conftest import chat
+from tests.reliability.conftest import record_figures
+from tests.reliability.gateway_helpers import (
+    debug_pool,
+    pod_address,
+    pod_fault,
+    ranked_addresses,
+    rejected_reloads,
+    wait_for,
+)
+
+LLAMA, QWEN = "llama-3.1-8b-instruct", "qwen3-32b"
+LLAMA_POOL, QWEN_POOL = "llama-3-1-8b-instruct", "qwen3-32b"
+FLEET = {
+    "time_scale": 20.0,
+    "pods": [
+        {"name": "llama", "model": LLAMA, "profile": "h100-llama3.1-8b", "replicas": 3},
+        {"name": "qwen", "model": QWEN, "profile": "h100x2-qwen3-32b", "replicas": 2},
+    ],
+}
+
+
+def _patch(config: dict[str, Any]) -> None:
+    for pool in config["pools"]:
+        if pool["name"] == LLAMA_POOL:
+            pool["fallbackEndpoints"] = 1
+        else:
+            pool["failureMode"] = "FailOpen"
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
+    gateway = start_local_gateway(tmp_path_factory.mktemp("faults"), fleet=FLEET, config_patch=_patch)
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+async def test_refused_pod_falls_back_to_the_next_listed_endpoint(gw: LocalGateway) -> None:
+    refused = pod_address(gw, "llama-0")
+    pod_fault(gw, "llama-0", refuse=True)
+    async with gw.client() as client:
+        replies = await asyncio.gather(
+            *(
+                client.post("/v1/chat/completions", json=chat(LLAMA), headers={"x-gateway-decision": "true"})
+                for _ in range(12)
+            )
+        )
+    by_pod = {p["name"]: p["address"] for p in gw.pods}
+    walked = 0
+    for r in replies:
+        assert r.status_code == 200, r.text
+        served = by_pod[r.headers["x-modelsim-pod"]]
+        assert served != refused
+        ranked = ranked_addresses(r.headers["x-gateway-decision"])
+        if ranked[0] == refused:
+            walked += 1
+            assert served == ranked[1], (ranked, served)  # the EPP's fallback, not any pod
+    # The simulator cannot be told to listen again over HTTP (its listener is what refuses), so
+    # llama-0 stays out for the rest of this module. Its open keep-alive connections (the EPP's
+    # scrapes) still work, so it is not marked unhealthy: Envoy's retries are what keep it out.
+    async with gw.client() as client:
+        after = [await client.post("/v1/chat/completions", json=chat(LLAMA)) for _ in range(4)]
+    assert all(r.status_code == 200 and r.headers["x-modelsim-pod"] != "llama-0" for r in after)
+    record_figures(
+        "refused_pod",
+        {"requests": len(replies) + len(after), "errors": 0, "walked_to_fallback": walked},
+    )
+
+
+async def test_pod_killed_mid_stream_is_a_clean_truncation(gw: LocalGateway) -> None:
+    body = chat(LLAMA, stream=True, max_tokens=3000)
+    lines: list[str] = []
+    error: str | None = None
+    async with gw.client() as client:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            victim = r.headers["x-modelsim-pod"]
+            try:
+                async for line in r.aiter_lines():
+                    lines.append(line)
+                    if len(lines) == 10:
+                        pod_fault(gw, victim, crash=True)
+            except httpx.HTTPError as exc:  # a reset mid-body is a clean, visible failure
+                error = type(exc).__name__
+    assert "data: [DONE]" not in lines  # truncated, never silently "complete"
+    address = pod_address(gw, victim)
+    excluded = wait_for(lambda: not debug_pool(gw, LLAMA_POOL)[address]["healthy"], 5, "crashed pod excluded")
+    settled = wait_for(
+        lambda: all(e["inflight_requests"] == 0 for e in debug_pool(gw, LLAMA_POOL).values()),
+        5,
+        "in-flight 0",
+    )
+    async with gw.client() as client:
+        after = [await client.post("/v1/chat/completions", json=chat(LLAMA)) for _ in range(4)]
+    assert [r.status_code for r in after] == [200] * 4
+    assert victim not in {r.headers["x-modelsim-pod"] for r in after}
+    record_figures(
+        "pod_crash_mid_stream",
+        {
+            "client_saw": error or "truncated stream",
+            "lines_before_cut": len(lines),
+            "excluded_s": round(excluded, 3),
+            "inflight_zero_s": round(settled, 3),
+        },
+    )
+
+
+async def test_epp_down_is_a_json_503_for_fail_close_and_today_also_for_fail_open(gw: LocalGateway) -> None:
+    """FailClose: JSON 503. FailOpen should reach the `fallback-<pool>` cluster, but Envoy 1.40
+    does not honour failure_mode_allow with FULL_DUPLEX_STREAMED bodies (the stream to the dead
+    EPP fails and Envoy answers 503). Recorded in docs/reliability.md; when a fix lands (e.g. a
+    BUFFERED-mode filter instance for FailOpen pools) the second half of this test must change.
+    """
+    gw.procs[f"epp-{LLAMA_POOL}"].stop()
+    gw.procs[f"epp-{QWEN_POOL}"].stop()
+    try:
+        started = time.monotonic()
+        async with gw.client() as client:
+            closed = await client.post("/v1/chat/completions", json=chat(LLAMA))
+            opened = await client.post("/v1/chat/completions", json=chat(QWEN))
+        answered_s = time.monotonic() - started
+        for r in (closed, opened):
+            assert r.status_code == 503, r.text
+            assert r.headers["content-type"] == "application/json"
+            assert r.json()["error"]["type"] == "server_error"
+        record_figures(
+            "epp_down",
+            {
+                "fail_close": closed.status_code,
+                "fail_open": opened.status_code,
+                "answered_s": round(answered_s, 3),
+            },
+        )
+    finally:
+        started = time.monotonic()
+        gw.restart(f"epp-{LLAMA_POOL}")
+        gw.restart(f"epp-{QWEN_POOL}")
+
+    async def served() -> bool:
+        async with gw.client() as client:
+            return (await client.post("/v1/chat/completions", json=chat(LLAMA))).status_code == 200
+
+    while not await served():
+        assert time.monotonic() - started < 20, "traffic did not recover after the EPP restart"
+        await asyncio.sleep(0.05)
+    recovery = time.monotonic() - started
+    record_figures("epp_restart", {"recovery_s": round(recovery, 3)})
+    assert recovery < 10
+
+
+async def test_corrupt_config_keeps_the_last_good_one(gw: LocalGateway) -> None:
+    good = gw.config_path.read_bytes()
+    metrics_url = f"http://127.0.0.1:{gw.epp_metrics_ports[LLAMA_POOL]}/metrics"
+    wait_for(lambda: grpc_serving(gw.epp_ports[LLAMA_POOL]), 10, "epp serving")
+    before = rejected_reloads(metrics_url)
+    try:
+        gw.config_path.write_text("pools: [ {name: 'Not A Valid Name!', models: 42 ")
+        counted = wait_for(lambda: rejected_reloads(metrics_url) > before, 5, "rejected reload counted")
+        async with gw.client() as client:
+            r = await client.post("/v1/chat/completions", json=chat(LLAMA))
+        assert r.status_code == 200, r.text
+    finally:
+        gw.config_path.write_bytes(good)
+    record_figures("corrupt_config", {"rejected_counted_s": round(counted, 3), "served_after": r.status_code})
