@@ -58,7 +58,9 @@ class BodyRouter:
         remove = client_routing_headers(headers)
         if not body:
             # No body (GET /v1/models, health checks): nothing to route on.
-            return RequestRoute(remove_headers=remove, clear_route_cache=bool(remove))
+            # Always re-route: Envoy picked the route before the strip filter removed a forged
+            # model header, and that stale route would reach a pool without an EPP decision.
+            return RequestRoute(remove_headers=remove, clear_route_cache=True)
         data = decode_json_object(body)
         if isinstance(data, ErrorResponse):
             return data
