@@ -512,33 +512,138 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         "admin": {"address": _socket("127.0.0.1", topo.admin_port)},
         "static_resources": {
             "listeners": [
-                {
-                    "name": "https",
-                    "address": _socket(topo.listen_host, topo.listen_port),
-                    "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
-                    "filter_chains": [
-                        {
-                            "transport_socket": {
-                                "name": "envoy.transport_sockets.tls",
-                                "typed_config": {
-                                    "@type": _TYPES["tls_down"],
-                                    "common_tls_context": {
-                                        "alpn_protocols": ["h2", "http/1.1"],
-                                        "tls_certificates": [
-                                            {
-                                                "certificate_chain": {"filename": str(topo.server_cert)},
-                                                "private_key": {"filename": str(topo.server_key)},
-                                            }
-                                        ],
-                                    },
-                                },
-                            },
-                            "filters": [
-                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                _https_listener(
+                    topo.listen_host,
+                    topo.listen_port,
+                    topo.server_cert,
+                    topo.server_key,
+                    topo.connection_buffer_bytes,
+                    hcm,
+                )
+            ],
+            "clusters": clusters,
+        },
+    }
+    validate_bootstrap(bootstrap)
+    return bootstrap
+
+
+def _https_listener(
+    host: str, port: int, server_cert: Path, server_key: Path, buffer_bytes: int, hcm: dict[str, Any]
+) -> dict[str, Any]:
+    """The TLS listener (h2 + http/1.1 by ALPN) in front of an HTTP connection manager."""
+    return {
+        "name": "https",
+        "address": _socket(host, port),
+        "per_connection_buffer_limit_bytes": buffer_bytes,
+        "filter_chains": [
+            {
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.tls",
+                    "typed_config": {
+                        "@type": _TYPES["tls_down"],
+                        "common_tls_context": {
+                            "alpn_protocols": ["h2", "http/1.1"],
+                            "tls_certificates": [
+                                {
+                                    "certificate_chain": {"filename": str(server_cert)},
+                                    "private_key": {"filename": str(server_key)},
+                                }
                             ],
+                        },
+                    },
+                },
+                "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}],
+            }
+        ],
+    }
+
+
+BASELINE_LB_POLICIES = ("ROUND_ROBIN", "LEAST_REQUEST", "RANDOM")
+
+
+def render_baseline_bootstrap(
+    pods: list[str],
+    lb_policy: str,
+    listen_port: int,
+    admin_port: int,
+    server_cert: Path,
+    server_key: Path,
+    *,
+    listen_host: str = "127.0.0.1",
+    ext_proc: tuple[str, int] | None = None,
+    response_body_mode: str = "NONE",
+) -> dict[str, Any]:
+    """Envoy alone in front of `pods` (ip:port) with a plain load balancer: the Kubernetes
+    Service baseline the benchmarks compare against (same binary, same HTTPS listener).
+
+    `ext_proc` puts one ext_proc filter (FULL_DUPLEX_STREAMED request bodies, like the
+    gateway's) in the chain, to measure the protocol's own cost; `response_body_mode`
+    (NONE or STREAMED) measures what sending response bodies to it would add.
+    """
+    if lb_policy not in BASELINE_LB_POLICIES:
+        raise ValueError(f"lb_policy must be one of {', '.join(BASELINE_LB_POLICIES)}, got {lb_policy!r}")
+    if not pods:
+        raise ValueError("a baseline needs at least one pod address")
+    if response_body_mode not in ("NONE", "STREAMED"):
+        raise ValueError(f"response_body_mode must be NONE or STREAMED, got {response_body_mode!r}")
+    filters: list[dict[str, Any]] = []
+    clusters: list[dict[str, Any]] = []
+    if ext_proc is not None:
+        mode = _processing_mode(response_headers=True)
+        mode["response_body_mode"] = response_body_mode
+        filters.append(
+            {
+                "name": "bench.ext_proc",
+                "typed_config": {
+                    "@type": _TYPES["ext_proc"],
+                    "grpc_service": {"envoy_grpc": {"cluster_name": "ext_proc"}, "timeout": "10s"},
+                    "processing_mode": mode,
+                    "message_timeout": "10s",
+                },
+            }
+        )
+        clusters.append(_grpc_cluster("ext_proc", *ext_proc, None))
+    clusters.append(
+        {
+            "name": "pods",
+            "type": "STATIC",
+            "lb_policy": lb_policy,
+            "connect_timeout": "2s",
+            "load_assignment": {"cluster_name": "pods", "endpoints": _static_lb_endpoints(pods)},
+        }
+    )
+    hcm = {
+        "@type": _TYPES["hcm"],
+        "stat_prefix": "baseline",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": "300s",
+        "request_timeout": "0s",
+        "route_config": {
+            "name": "baseline",
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [
+                        {
+                            "match": {"prefix": "/"},
+                            "route": {"cluster": "pods", "timeout": "0s", "idle_timeout": "300s"},
                         }
                     ],
                 }
+            ],
+        },
+        "http_filters": [
+            *filters,
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
+        ],
+    }
+    bootstrap = {
+        "admin": {"address": _socket("127.0.0.1", admin_port)},
+        "static_resources": {
+            "listeners": [
+                _https_listener(listen_host, listen_port, server_cert, server_key, 4 * 1024 * 1024, hcm)
             ],
             "clusters": clusters,
         },

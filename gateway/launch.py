@@ -238,11 +238,14 @@ def start_local_gateway(
     listen_port: int = 0,
     mtls: bool = False,
     timeout_s: float = 60.0,
+    epp_module: str = "epp",
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
 
     With `pods` (name, model, adapters, dialect, address: what the fleet's ready file lists),
     the gateway fronts model servers that are already running and no fleet is started.
+    `epp_module` swaps the endpoint picker for another with the same CLI (the benchmarks'
+    oracle, `bench.oracle`).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     certs = make_certs(workdir / "certs")
@@ -285,7 +288,7 @@ def start_local_gateway(
                 [
                     python,
                     "-m",
-                    "epp",
+                    epp_module,
                     "--config",
                     str(config_path),
                     "--pool",

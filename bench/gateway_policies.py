@@ -1,0 +1,208 @@
+"""Our side of the comparison: Envoy baselines, the gateway at two weight sets, the oracle.
+
+- `round-robin`, `least-request`: the same Envoy binary and HTTPS listener (concurrency 1)
+  with a STATIC cluster of the scenario's pods and a plain load balancer: what a Kubernetes
+  Service gives. Every "change vs round-robin" in docs/benchmarks.md is against the first.
+- `epp-default`: the full gateway (BBR + EPP + Envoy) at the published default weights
+  (queue 2, kv-cache 2, prefix-cache 3).
+- `epp-best`: the full gateway with `BEST_PROFILE`, our tuned profile.
+- `oracle`: the full gateway with the EPP replaced by `bench.oracle` (exact simulator state).
+
+Target options (`--target-opt key=value`) for tuning without editing code:
+`weights='{"queue": 2, ...}'`, `thresholds='{"queue": 5}'`, `picker=max|weighted`,
+`scrape_ms=50`, `profile=<built-in name>` (epp-best only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.targets import PolicyTarget, TargetContext, register_policy
+from gateway.certs import make_certs
+from gateway.envoy_config import render_baseline_bootstrap
+from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
+from modelsim.fleet import FleetSpec
+
+# Tuned on the scenarios of bench/scenarios (see docs/benchmarks.md, "epp-best").
+BEST_PROFILE: dict[str, Any] = {
+    "weights": {
+        "queue": 2,
+        "kv-cache": 1,
+        "prefix-cache": 2,
+        "lora-affinity": 1,
+        "inflight": 2,
+        "observed-speed": 3,
+    },
+}
+BEST_SCRAPE_MS = 50
+SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first request
+
+
+async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:
+    """The pods as `start_local_gateway(pods=...)` wants them, asked from each pod itself
+    (`GET /v1/models`: base model and adapters), so `--worker-urls` pods work too."""
+    dialects: list[str] = []
+    if ctx.scenario is not None:
+        try:
+            spec = FleetSpec.from_dict(dict(ctx.scenario.fleet))
+            dialects = [p.dialect for p in spec.pods]
+        except Exception:  # the fleet may not be ours (--worker-urls): default dialect
+            dialects = []
+    if len(dialects) != len(ctx.worker_urls):
+        dialects = ["vllm"] * len(ctx.worker_urls)
+    pods = []
+    async with httpx.AsyncClient(timeout=10) as client:
+        for i, (url, dialect) in enumerate(zip(ctx.worker_urls, dialects, strict=True)):
+            reply = await client.get(f"{url.rstrip('/')}/v1/models")
+            reply.raise_for_status()
+            data = reply.json()["data"]
+            base = [m["id"] for m in data if not m.get("parent")]
+            if len(base) != 1:
+                raise RuntimeError(f"{url}: expected one base model in /v1/models, got {base}")
+            adapters = [m["id"] for m in data if m.get("parent")]
+            address = url.split("://", 1)[-1].rstrip("/")
+            pods.append(
+                {
+                    "name": f"pod-{i}",
+                    "model": base[0],
+                    "adapters": adapters,
+                    "dialect": dialect,
+                    "address": address,
+                }
+            )
+    return pods
+
+
+def _addresses(ctx: TargetContext) -> list[str]:
+    return [u.split("://", 1)[-1].rstrip("/") for u in ctx.worker_urls]
+
+
+def baseline_factory(lb_policy: str, name: str):  # type: ignore[no-untyped-def]
+    def factory(ctx: TargetContext) -> PolicyTarget:
+        procs: list[Proc] = []
+
+        async def start() -> str:
+            work = ctx.work_dir / name
+            work.mkdir(parents=True, exist_ok=True)
+            certs = make_certs(work / "certs")
+            listen, admin = free_port(), free_port()
+            bootstrap = render_baseline_bootstrap(
+                _addresses(ctx), lb_policy, listen, admin, certs.server_cert, certs.server_key
+            )
+            path = work / "envoy.json"
+            path.write_text(json.dumps(bootstrap, indent=1))
+            procs.append(start_envoy(path, work))
+            await wait_ready_async(f"http://127.0.0.1:{admin}/ready", procs[0], 30.0)
+            return f"https://127.0.0.1:{listen}"
+
+        async def stop() -> None:
+            while procs:
+                procs.pop().stop()
+
+        return PolicyTarget(name, start, stop)
+
+    return factory
+
+
+def start_envoy(bootstrap: Path, work: Path) -> Proc:
+    """Envoy as a child of this (main) thread: it sets PDEATHSIG on the starting thread."""
+
+    log = work / "envoy.log"
+    with log.open("ab") as handle:
+        popen = subprocess.Popen(
+            [
+                envoy_binary(),
+                "-c",
+                str(bootstrap),
+                "--use-dynamic-base-id",
+                "--log-level",
+                "warn",
+                "--concurrency",
+                "1",
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    return Proc("envoy", popen, log)
+
+
+async def wait_ready_async(url: str, proc: Proc, timeout_s: float) -> None:
+    """Poll without blocking the loop: the in-process simulated fleet must keep running."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with httpx.AsyncClient(timeout=0.5) as client:
+        while loop.time() < deadline:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"envoy exited with code {proc.popen.returncode}; see {proc.log}")
+            try:
+                if (await client.get(url)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
+
+
+def epp_config(options: Mapping[str, str], base: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`config_extra` for start_local_gateway: a `bench` profile made the default."""
+    extra: dict[str, Any] = {}
+    if "profile" in options:
+        extra["defaultProfile"] = options["profile"]
+    elif base is not None or "weights" in options:
+        profile: dict[str, Any] = dict(base or {})
+        if "weights" in options:
+            profile["weights"] = json.loads(options["weights"])
+        if "thresholds" in options:
+            profile["thresholds"] = json.loads(options["thresholds"])
+        if "picker" in options:
+            profile["picker"] = options["picker"]
+        extra["profiles"] = {"bench": profile}
+        extra["defaultProfile"] = "bench"
+    scrape = options.get("scrape_ms", str(BEST_SCRAPE_MS) if base is BEST_PROFILE else None)
+    if scrape is not None:
+        extra["scrape"] = {"intervalMs": int(scrape)}
+    return extra
+
+
+def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module: str = "epp"):  # type: ignore[no-untyped-def]
+    def factory(ctx: TargetContext) -> PolicyTarget:
+        running: list[LocalGateway] = []
+
+        async def start() -> str:
+            pods = await describe_pods(ctx)
+            # Only epp-best takes tuning options: epp-default stays at the published weights.
+            extra = (
+                epp_config(ctx.options if profile is not None else {}, profile) if epp_module == "epp" else {}
+            )
+            # Blocking start on purpose (Envoy must be started by this long-lived thread);
+            # the simulated pods are idle meanwhile.
+            os.environ.setdefault("GATEWAY_ENVOY_LOG_LEVEL", "warn")
+            gateway = start_local_gateway(
+                ctx.work_dir / name, pods=pods, config_extra=extra, epp_module=epp_module
+            )
+            running.append(gateway)
+            await asyncio.sleep(SETTLE_S)
+            return gateway.url
+
+        async def stop() -> None:
+            while running:
+                running.pop().stop()
+
+        return PolicyTarget(name, start, stop)
+
+    return factory
+
+
+register_policy("round-robin", baseline_factory("ROUND_ROBIN", "round-robin"))
+register_policy("least-request", baseline_factory("LEAST_REQUEST", "least-request"))
+register_policy("epp-default", gateway_factory("epp-default", profile=None))
+register_policy("epp-best", gateway_factory("epp-best", profile=BEST_PROFILE))
+register_policy("oracle", gateway_factory("oracle", profile=None, epp_module="bench.oracle"))

@@ -1,0 +1,170 @@
+"""The benchmarks' oracle endpoint picker: ask every pod, take the lowest predicted TTFT.
+
+Not a product: it reads the simulator's exact state (`POST /sim/probe` on each modelsim pod,
+all pods concurrently) instead of scraped metrics, so it bounds what any metrics-based picker
+could achieve on the same trace. It speaks the same ext_proc protocol and CLI as the EPP
+(`python -m bench.oracle --config gateway.yaml --pool NAME --port N [--metrics-port N]`), so
+`start_local_gateway(..., epp_module="bench.oracle")` drops it in behind the real Envoy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from bbr.router import MODEL_HEADER, decode_json_object
+from epp.processor import DESTINATION_HEADER, METADATA_NAMESPACE
+from extproc.errors import ErrorResponse, unavailable
+from extproc.server import add_tls_arguments, start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
+from extproc.stream import ExtProcServicer, RequestRoute
+from gateway.config import GatewayConfig
+from gateway.config_store import ConfigStore
+
+log = logging.getLogger("bench.oracle")
+
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    address: str
+    predicted_ttft_s: float
+    running: int
+
+
+def best_probe(probes: Sequence[Probe], rng: random.Random | None = None) -> Probe | None:
+    """Lowest predicted TTFT; ties (idle pods) go to the smaller decode batch, then at random."""
+    if not probes:
+        return None
+    key = min((p.predicted_ttft_s, p.running) for p in probes)
+    tied = [p for p in probes if (p.predicted_ttft_s, p.running) == key]
+    return (rng or random).choice(tied)
+
+
+class OraclePicker:
+    """Shared by all streams of one process: the pool's pods and one HTTP client."""
+
+    def __init__(self, config: GatewayConfig, pool_name: str, client: httpx.AsyncClient) -> None:
+        self.config = config
+        self.pool = config.pool(pool_name)
+        self.pool_name = pool_name
+        self.client = client
+        self.rng = random.Random(0)
+
+    def candidates(self, model: str) -> list[str]:
+        route = self.config.routes().get(model)
+        if route is None or route.pool != self.pool_name:
+            return []
+        out = []
+        for ep in self.pool.endpoints:
+            if route.adapter is not None and ep.adapters is not None and route.adapter not in ep.adapters:
+                continue
+            out.append(ep.address)
+        return out
+
+    async def probe(self, address: str, body: bytes) -> Probe | None:
+        try:
+            reply = await self.client.post(
+                f"http://{address}/sim/probe",
+                content=body,
+                headers={"content-type": "application/json"},
+                timeout=PROBE_TIMEOUT_S,
+            )
+            if reply.status_code != 200:
+                return None
+            data = reply.json()
+            return Probe(address, float(data["predicted_ttft_s"]), int(data["running"]))
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None  # a pod that cannot answer is not a candidate
+
+    async def pick(self, model: str, body: bytes) -> str | ErrorResponse:
+        addresses = self.candidates(model)
+        if not addresses:
+            return ErrorResponse(
+                404, f"The model '{model}' is not served by pool '{self.pool_name}'", "model_not_found"
+            )
+        probes = await asyncio.gather(*(self.probe(a, body) for a in addresses))
+        best = best_probe([p for p in probes if p is not None], self.rng)
+        if best is None:
+            return unavailable(f"no pod of pool '{self.pool_name}' answered /sim/probe")
+        return best.address
+
+
+class OracleProcessor:
+    def __init__(self, picker: OraclePicker) -> None:
+        self._picker = picker
+        self.max_body_bytes = picker.config.bbr.max_body_bytes
+
+    async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+        if not body:
+            return RequestRoute()  # not an inference request (GET /v1/models, health)
+        data = decode_json_object(body)
+        if isinstance(data, ErrorResponse):
+            return data
+        model = data.get("model") or headers.get(MODEL_HEADER)
+        if not isinstance(model, str):
+            return ErrorResponse(400, "'model' must be a string", "invalid_model")
+        picked = await self._picker.pick(model, body if "model" in data else json.dumps(data).encode())
+        if isinstance(picked, ErrorResponse):
+            return picked
+        return RequestRoute(
+            set_headers={DESTINATION_HEADER: picked},
+            metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: picked}},
+            clear_route_cache=True,
+        )
+
+    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
+        return None
+
+    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
+        return None
+
+    def on_close(self, completed: bool) -> None:
+        return None
+
+
+async def serve(args: argparse.Namespace) -> None:
+    store = ConfigStore.from_file(args.config)
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+    async with httpx.AsyncClient(limits=limits) as client:
+        picker = OraclePicker(store.current(), args.pool, client)
+        servicer = ExtProcServicer(lambda: OracleProcessor(picker), name=f"oracle-{args.pool}")
+        service = await start_grpc_service(
+            servicer, host=args.host, port=args.port, tls=tls_from_arguments(args)
+        )
+        log.info("oracle for pool %s listening on %s:%d", args.pool, args.host, service.port)
+        await wait_for_shutdown_signal()
+        await service.drain_and_stop(args.drain_seconds)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="bench.oracle", description="Oracle endpoint picker (benchmarks only)"
+    )
+    parser.add_argument("--config", required=True, help="gateway configuration YAML")
+    parser.add_argument("--pool", required=True, help="the pool this picker serves")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9002)
+    parser.add_argument("--metrics-port", type=int, default=0, help="accepted for EPP CLI parity; unused")
+    parser.add_argument("--drain-seconds", type=float, default=1.0)
+    parser.add_argument("--log-level", default="INFO")
+    add_tls_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        store_check = ConfigStore.from_file(args.config).current()
+        store_check.pool(args.pool)
+    except KeyError:
+        raise SystemExit(f"unknown pool {args.pool!r} in {args.config}") from None
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()
