@@ -27,5 +27,8 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=gateway/api --grpc_python_out=gateway/api --pyi_out=gateway/api proto/gateway/v1/*.proto
 
+soak: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.soak --minutes $(or $(MINUTES),30) $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

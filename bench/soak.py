@@ -1,0 +1,145 @@
+"""Soak: steady load through the whole local gateway for a bounded time, then check for leaks.
+
+`python -m bench.soak --minutes 30` (`make soak`). Reports unexpected errors, the EPPs'
+in-flight counts after the load stops (must be 0), and each process's RSS and open file
+descriptors after warm-up and at the end (Linux /proc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.launch import LocalGateway, start_local_gateway
+
+FLEET: dict[str, Any] = {
+    "time_scale": 20.0,
+    "pods": [
+        {
+            "name": "llama",
+            "model": "llama-3.1-8b-instruct",
+            "adapters": ["sql-lora"],
+            "profile": "h100-llama3.1-8b",
+            "replicas": 2,
+        },
+        {"name": "qwen", "model": "qwen3-32b", "profile": "h100x2-qwen3-32b", "replicas": 2},
+    ],
+}
+MODELS = ["llama-3.1-8b-instruct", "sql-lora", "qwen3-32b"]
+
+
+def resources(pid: int) -> dict[str, int]:
+    """RSS in KiB and open file descriptors of one process."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    return {"rss_kib": rss, "fds": len(list(Path(f"/proc/{pid}/fd").iterdir()))}
+
+
+def snapshot(gw: LocalGateway) -> dict[str, dict[str, int]]:
+    return {name: resources(proc.popen.pid) for name, proc in gw.procs.items() if proc.popen.poll() is None}
+
+
+async def one_request(client: httpx.AsyncClient, rng: random.Random, outcomes: Counter[str]) -> None:
+    model = rng.choice(MODELS)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"soak {rng.random()}"}],
+        "max_tokens": rng.randint(4, 64),
+    }
+    try:
+        if rng.random() < 0.3:
+            body["stream"] = True
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                done = False
+                async for line in r.aiter_lines():
+                    done = done or line == "data: [DONE]"
+                outcomes["200" if r.status_code == 200 and done else f"stream_{r.status_code}"] += 1
+        else:
+            r = await client.post("/v1/chat/completions", json=body)
+            outcomes[str(r.status_code)] += 1
+    except httpx.HTTPError as exc:
+        outcomes[f"exception_{type(exc).__name__}"] += 1
+
+
+async def drive(gw: LocalGateway, seconds: float, rps: float, seed: int) -> Counter[str]:
+    rng = random.Random(seed)
+    outcomes: Counter[str] = Counter()
+    tasks: set[asyncio.Task[None]] = set()
+    async with gw.client(limits=httpx.Limits(max_connections=64)) as client:
+        start = time.monotonic()
+        sent = 0
+        while (now := time.monotonic()) - start < seconds:
+            due = int((now - start) * rps)
+            while sent < due:
+                task = asyncio.create_task(one_request(client, rng, outcomes))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                sent += 1
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks)
+    return outcomes
+
+
+def inflight(gw: LocalGateway) -> dict[str, int]:
+    out = {}
+    for pool, port in gw.epp_metrics_ports.items():
+        endpoints = httpx.get(f"http://127.0.0.1:{port}/debug/pool", timeout=5).json()["endpoints"]
+        out[pool] = sum(e["inflight_requests"] for e in endpoints)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="bounded soak through the full local gateway")
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--rps", type=float, default=20.0, help="steady request rate")
+    parser.add_argument("--warmup-s", type=float, default=20.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="write the JSON summary here too")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        gw = start_local_gateway(Path(tmp), fleet=FLEET)
+        try:
+            warm = asyncio.run(drive(gw, args.warmup_s, args.rps, args.seed))
+            before = snapshot(gw)
+            started = time.monotonic()
+            outcomes = asyncio.run(drive(gw, args.minutes * 60, args.rps, args.seed + 1))
+            elapsed = time.monotonic() - started
+            time.sleep(1.0)
+            after = snapshot(gw)
+            left = inflight(gw)
+        finally:
+            gw.stop()
+    total = sum(outcomes.values())
+    summary = {
+        "minutes": round(elapsed / 60, 2),
+        "rps_target": args.rps,
+        "requests": total,
+        "warmup_requests": sum(warm.values()),
+        "outcomes": dict(outcomes),
+        "unexpected_errors": total - outcomes["200"],
+        "inflight_after": left,
+        "resources_before": before,
+        "resources_after": after,
+        "drift": {
+            name: {k: after[name][k] - before[name][k] for k in before[name]}
+            for name in before
+            if name in after
+        },
+    }
+    text = json.dumps(summary, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
