@@ -20,13 +20,14 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.targets import PolicyTarget, TargetContext, register_policy
-from gateway.certs import make_certs
+from gateway.certs import CertSet, make_certs
 from gateway.envoy_config import render_baseline_bootstrap
 from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from modelsim.fleet import FleetSpec
@@ -85,23 +86,44 @@ def _addresses(ctx: TargetContext) -> list[str]:
     return [u.split("://", 1)[-1].rstrip("/") for u in ctx.worker_urls]
 
 
+@dataclass(frozen=True)
+class BaselineFiles:
+    bootstrap: Path
+    listen_port: int
+    admin_port: int
+    certs: CertSet
+
+
+def write_baseline(
+    work: Path,
+    pods: list[str],
+    lb_policy: str,
+    *,
+    ext_proc: tuple[str, int] | None = None,
+    response_body_mode: str = "NONE",
+) -> BaselineFiles:
+    """Certificates and a baseline Envoy bootstrap (see render_baseline_bootstrap) under `work`."""
+    work.mkdir(parents=True, exist_ok=True)
+    certs = make_certs(work / "certs")
+    listen, admin = free_port(), free_port()
+    bootstrap = render_baseline_bootstrap(
+        pods, lb_policy, listen, admin, certs.server_cert, certs.server_key,
+        ext_proc=ext_proc, response_body_mode=response_body_mode,
+    )  # fmt: skip
+    path = work / "envoy.json"
+    path.write_text(json.dumps(bootstrap, indent=1))
+    return BaselineFiles(path, listen, admin, certs)
+
+
 def baseline_factory(lb_policy: str, name: str):  # type: ignore[no-untyped-def]
     def factory(ctx: TargetContext) -> PolicyTarget:
         procs: list[Proc] = []
 
         async def start() -> str:
-            work = ctx.work_dir / name
-            work.mkdir(parents=True, exist_ok=True)
-            certs = make_certs(work / "certs")
-            listen, admin = free_port(), free_port()
-            bootstrap = render_baseline_bootstrap(
-                _addresses(ctx), lb_policy, listen, admin, certs.server_cert, certs.server_key
-            )
-            path = work / "envoy.json"
-            path.write_text(json.dumps(bootstrap, indent=1))
-            procs.append(start_envoy(path, work))
-            await wait_ready_async(f"http://127.0.0.1:{admin}/ready", procs[0], 30.0)
-            return f"https://127.0.0.1:{listen}"
+            files = write_baseline(ctx.work_dir / name, _addresses(ctx), lb_policy)
+            procs.append(start_envoy(files.bootstrap, files.bootstrap.parent))
+            await wait_ready_async(f"http://127.0.0.1:{files.admin_port}/ready", procs[0], 30.0)
+            return f"https://127.0.0.1:{files.listen_port}"
 
         async def stop() -> None:
             while procs:

@@ -52,7 +52,7 @@ _ARRIVAL_KEYS: dict[str, dict[str, type]] = {
         "first_spike_s": float,
     },
 }
-# Passed through to modelsim's FleetSpec (max_loras is a GPU-profile override there).
+# Passed through to modelsim's FleetSpec (max_loras, num_gpu_blocks: GPU-profile overrides there).
 _POD_KEYS = {
     "model": str,
     "profile": str,
@@ -60,6 +60,7 @@ _POD_KEYS = {
     "name": str,
     "adapters": list,
     "max_loras": int,
+    "num_gpu_blocks": int,
     "dialect": str,
     "enable_prefix_caching": bool,
 }

@@ -1,0 +1,388 @@
+"""What the gateway itself costs: Envoy alone vs Envoy + a do-nothing ext_proc vs the full gateway.
+
+All three front one fast stub pod (answers at once, a few SSE tokens) so that what is left is
+the proxy path. Per setup, concurrency and request-body size: client-observed latency p50/p99
+(added = minus the direct-to-stub figure), req/s, and CPU time of the gateway's own processes
+(Envoy, ext_proc services; /proc/<pid>/stat utime+stime) turned into req/s per core.
+A second table prices response-body streaming to an ext_proc (STREAMED vs NONE) on a 200-token
+answer: CPU per request of Envoy + the ext_proc.
+
+python -m bench.overhead_gateway [--requests 300] [--doc docs/benchmarks.md]
+python -m bench.overhead_gateway noop-extproc --port N     # the do-nothing ext_proc alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from aiohttp import web
+
+from bench.gateway_policies import start_envoy, wait_ready_async, write_baseline
+from bench.report import write_section
+from bench.stats import percentile
+from bench.stub_server import StubConfig, StubServer
+from extproc.errors import ErrorResponse
+from extproc.server import start_grpc_service, wait_for_shutdown_signal
+from extproc.stream import ExtProcServicer, RequestRoute
+from gateway.launch import Proc, free_port, grpc_serving, start_local_gateway
+
+MODEL = "llama3.1-8b"
+BODY_SIZES = (1024, 32 * 1024, 256 * 1024)
+CONCURRENCY = (1, 32)
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+METRICS = (
+    'vllm:num_requests_running{{model_name="{m}"}} 0\n'
+    'vllm:num_requests_waiting{{model_name="{m}"}} 0\n'
+    'vllm:kv_cache_usage_perc{{model_name="{m}"}} 0\n'
+)
+
+
+class MetricsStub(StubServer):
+    """The stub pod plus an idle vLLM /metrics page, so the EPP can scrape it."""
+
+    async def _not_found(self, request: web.Request) -> web.Response:
+        if request.path == "/metrics":
+            return web.Response(text=METRICS.format(m=self.config.model), content_type="text/plain")
+        return await super()._not_found(request)
+
+
+async def serve_stub(tokens: int) -> None:
+    stub = await MetricsStub(StubConfig(tokens=tokens, model=MODEL), keep_bodies=False).start()
+    print(stub.port, flush=True)
+    await wait_for_shutdown_signal()
+    await stub.stop()
+
+
+class NoopProcessor:
+    """Continues everything unchanged (FULL_DUPLEX_STREAMED still makes it re-emit the body)."""
+
+    max_body_bytes = 64 * 1024 * 1024
+
+    async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+        return RequestRoute()
+
+    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
+        return None
+
+    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
+        return None
+
+    def on_close(self, completed: bool) -> None:
+        return None
+
+
+async def serve_noop(port: int) -> None:
+    service = await start_grpc_service(
+        ExtProcServicer(NoopProcessor, name="noop"), host="127.0.0.1", port=port
+    )
+    await wait_for_shutdown_signal()
+    await service.drain_and_stop(0.5)
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """utime + stime of the given processes (their own threads, not children)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of the line)
+    return total / CLK_TCK
+
+
+@dataclass
+class Cell:
+    setup: str
+    concurrency: int
+    body_bytes: int
+    requests: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    req_s: float
+    cpu_ms_per_req: float | None  # gateway processes only
+
+    @property
+    def req_s_per_core(self) -> float | None:
+        return 1000 / self.cpu_ms_per_req if self.cpu_ms_per_req else None
+
+
+def request_body(size: int, tokens: int) -> bytes:
+    base = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": ""}],
+        "max_tokens": tokens,
+        "stream": True,
+    }
+    pad = size - len(json.dumps(base))
+    base["messages"][0]["content"] = "x" * max(0, pad)  # type: ignore[index]
+    return json.dumps(base).encode()
+
+
+async def load(
+    url: str, verify: ssl.SSLContext | bool, body: bytes, requests: int, concurrency: int
+) -> tuple[list[float], int, float]:
+    """Closed loop: `concurrency` workers send `requests` streaming requests in total."""
+    latencies: list[float] = []
+    errors = 0
+    remaining = requests
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, verify=verify, timeout=30, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal remaining, errors
+            while remaining > 0:
+                remaining -= 1
+                started = time.perf_counter()
+                try:
+                    async with client.stream(
+                        "POST",
+                        "/v1/chat/completions",
+                        content=body,
+                        headers={"content-type": "application/json"},
+                    ) as reply:
+                        async for _ in reply.aiter_raw():
+                            pass
+                        ok = reply.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    latencies.append((time.perf_counter() - started) * 1000)
+                else:
+                    errors += 1
+
+        # Warm connections (TLS handshakes) outside the measurement.
+        await asyncio.gather(*(client.get("/health") for _ in range(concurrency)), return_exceptions=True)
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    return latencies, errors, wall
+
+
+@dataclass
+class Setup:
+    name: str
+    url: str
+    verify: ssl.SSLContext | bool
+    pids: list[int]
+    stop: Callable[[], None]
+
+
+async def start_stub(tokens: int) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.overhead_gateway",
+        "stub",
+        "--tokens",
+        str(tokens),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    port = int(await asyncio.wait_for(proc.stdout.readline(), 30))
+    return proc, f"127.0.0.1:{port}"
+
+
+async def start_envoy_setup(
+    name: str, work: Path, stub: str, ext_proc: tuple[str, int] | None, mode: str = "NONE"
+) -> Setup:
+    files = write_baseline(work, [stub], "ROUND_ROBIN", ext_proc=ext_proc, response_body_mode=mode)
+    envoy = start_envoy(files.bootstrap, work)
+    await wait_ready_async(f"http://127.0.0.1:{files.admin_port}/ready", envoy, 30)
+    verify = ssl.create_default_context(cafile=str(files.certs.ca))
+    return Setup(name, f"https://127.0.0.1:{files.listen_port}", verify, [envoy.popen.pid], envoy.stop)
+
+
+def start_noop_extproc(work: Path) -> tuple[Proc, int]:
+    port = free_port()
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "noop.log"
+    with log.open("ab") as handle:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "bench.overhead_gateway", "noop-extproc", "--port", str(port)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    proc = Proc("noop", popen, log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if grpc_serving(port):
+                return proc, port
+        except Exception:  # not up yet
+            time.sleep(0.1)
+    proc.stop()
+    raise TimeoutError("noop ext_proc did not start")
+
+
+async def measure(
+    setup: Setup, sizes: Sequence[int], concurrencies: Sequence[int], requests: int, tokens: int
+) -> list[Cell]:
+    cells = []
+    for conc in concurrencies:
+        for size in sizes:
+            n = requests if conc == 1 else requests * 3
+            body = request_body(size, tokens)
+            cpu0 = cpu_seconds(setup.pids)
+            lat, errors, wall = await load(setup.url, setup.verify, body, n, conc)
+            cpu = cpu_seconds(setup.pids) - cpu0
+            cells.append(
+                Cell(setup.name, conc, size, n, errors, percentile(lat, 50) or 0.0, percentile(lat, 99) or 0.0,
+                     len(lat) / wall if wall else 0.0, cpu * 1000 / n if setup.pids else None)
+            )  # fmt: skip
+            print(f"{setup.name} c={conc} {size // 1024} KB: p50 {cells[-1].p50_ms:.2f} ms, "
+                  f"{cells[-1].req_s:.0f} req/s, cpu {cells[-1].cpu_ms_per_req} ms/req, errors {errors}", flush=True)  # fmt: skip
+    return cells
+
+
+async def run_all(requests: int, tokens: int, stream_tokens: int) -> tuple[list[Cell], list[Cell]]:
+    work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    stub_proc, stub = await start_stub(tokens)
+    cells: list[Cell] = []
+    try:
+        direct = Setup("direct to stub (no proxy)", f"http://{stub}", False, [], lambda: None)
+        cells += await measure(direct, BODY_SIZES, CONCURRENCY, requests, tokens)
+        setup = await start_envoy_setup("Envoy round-robin", work / "rr", stub, None)
+        try:
+            cells += await measure(setup, BODY_SIZES, CONCURRENCY, requests, tokens)
+        finally:
+            setup.stop()
+        noop, port = start_noop_extproc(work / "noop")
+        try:
+            setup = await start_envoy_setup(
+                "Envoy + no-op ext_proc", work / "noop-envoy", stub, ("127.0.0.1", port)
+            )
+            setup.pids.append(noop.popen.pid)
+            try:
+                cells += await measure(setup, BODY_SIZES, CONCURRENCY, requests, tokens)
+            finally:
+                setup.stop()
+        finally:
+            noop.stop()
+        pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
+        gateway = start_local_gateway(work / "gateway", pods=[pod])
+        try:
+            await asyncio.sleep(0.5)
+            full = Setup("full gateway (Envoy + BBR + EPP)", gateway.url,
+                         ssl.create_default_context(cafile=str(gateway.certs.ca)),
+                         [p.popen.pid for p in gateway.procs.values()], gateway.stop)  # fmt: skip
+            cells += await measure(full, BODY_SIZES, CONCURRENCY, requests, tokens)
+        finally:
+            gateway.stop()
+    finally:
+        stub_proc.terminate()
+        await stub_proc.wait()
+
+    # Response bodies to the ext_proc: a 200-token streamed answer, NONE vs STREAMED.
+    stream_cells: list[Cell] = []
+    stub_proc, stub = await start_stub(stream_tokens)
+    try:
+        for mode in ("NONE", "STREAMED"):
+            noop, port = start_noop_extproc(work / f"noop-{mode}")
+            try:
+                setup = await start_envoy_setup(
+                    f"response_body_mode {mode}", work / f"envoy-{mode}", stub, ("127.0.0.1", port), mode
+                )
+                setup.pids.append(noop.popen.pid)
+                try:
+                    stream_cells += await measure(setup, (1024,), (8,), requests, stream_tokens)
+                finally:
+                    setup.stop()
+            finally:
+                noop.stop()
+    finally:
+        stub_proc.terminate()
+        await stub_proc.wait()
+    return cells, stream_cells
+
+
+def render(cells: list[Cell], stream_cells: list[Cell], command: str, load_avg: str) -> str:
+    direct = {(c.concurrency, c.body_bytes): c for c in cells if c.setup.startswith("direct")}
+    lines = [
+        "## Gateway overhead",
+        "",
+        f"Measured with `{command}`: one stub pod answering at once (4 SSE tokens), a closed-loop",
+        "HTTP/1.1 client (Python, httpx) on the same 2-core machine; Envoy runs with `--concurrency 1`.",
+        "Added = this setup's latency minus direct-to-stub at the same concurrency and body size.",
+        "CPU = utime+stime of the gateway's processes (Envoy, ext_proc services) over the run, per request;",
+        "req/s per core = 1 s / that CPU (the client and the stub are not counted).",
+        f"1-minute load average before/after: {load_avg} (shared machine).",
+        "",
+        "| setup | concurrency | body | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s | gateway CPU ms/req | req/s per core | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        d = direct.get((c.concurrency, c.body_bytes))
+        added = "" if c.setup.startswith("direct") or d is None else f"{c.p50_ms - d.p50_ms:+.2f}"
+        added99 = "" if c.setup.startswith("direct") or d is None else f"{c.p99_ms - d.p99_ms:+.2f}"
+        cpu = "" if c.cpu_ms_per_req is None else f"{c.cpu_ms_per_req:.2f}"
+        per_core = "" if c.req_s_per_core is None else f"{c.req_s_per_core:,.0f}"
+        lines.append(
+            f"| {c.setup} | {c.concurrency} | {c.body_bytes // 1024} KB | {c.p50_ms:.2f} | {c.p99_ms:.2f} | "
+            f"{added} | {added99} | {c.req_s:,.0f} | {cpu} | {per_core} | {c.errors} |"
+        )
+    lines += [
+        "",
+        "Response bodies to the ext_proc (Envoy + the no-op ext_proc, 200-token streamed answers,",
+        "1 KB requests, concurrency 8): what `response_body_mode: STREAMED` would cost the EPP path.",
+        "",
+        "| mode | requests | p50 ms | req/s | Envoy + ext_proc CPU ms/req | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in stream_cells:
+        lines.append(
+            f"| {c.setup.split()[-1]} | {c.requests} | {c.p50_ms:.2f} | {c.req_s:,.0f} | "
+            f"{c.cpu_ms_per_req or 0:.2f} | {c.errors} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["stub"]:
+        parser = argparse.ArgumentParser(prog="bench.overhead_gateway stub")
+        parser.add_argument("--tokens", type=int, required=True)
+        asyncio.run(serve_stub(parser.parse_args(argv[1:]).tokens))
+        return 0
+    if argv[:1] == ["noop-extproc"]:
+        parser = argparse.ArgumentParser(prog="bench.overhead_gateway noop-extproc")
+        parser.add_argument("--port", type=int, required=True)
+        args = parser.parse_args(argv[1:])
+        asyncio.run(serve_noop(args.port))
+        return 0
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.overhead_gateway", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--requests", type=int, default=300, help="per cell at concurrency 1 (x3 at 32)")
+    parser.add_argument("--tokens", type=int, default=4)
+    parser.add_argument("--stream-tokens", type=int, default=200)
+    parser.add_argument("--doc", help="also write the section into this markdown file")
+    args = parser.parse_args(argv)
+    before = os.getloadavg()[0]
+    cells, stream_cells = asyncio.run(run_all(args.requests, args.tokens, args.stream_tokens))
+    load_avg = f"{before:.1f} / {os.getloadavg()[0]:.1f}"
+    command = "python -m bench.overhead_gateway " + shlex.join(argv)
+    text = render(cells, stream_cells, command.strip(), load_avg)
+    print(text)
+    if args.doc:
+        write_section(args.doc, "gateway-overhead", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

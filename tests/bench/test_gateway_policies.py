@@ -1,0 +1,154 @@
+"""Our benchmark policies: the oracle's pick, the Envoy baseline bootstraps, one run through Envoy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from bench.__main__ import main
+from bench.gateway_policies import epp_config
+from bench.oracle import OraclePicker, Probe, best_probe
+from extproc.errors import ErrorResponse
+from gateway.certs import make_certs
+from gateway.config import parse_config
+from gateway.envoy_config import render_baseline_bootstrap
+from gateway.launch import envoy_binary, gateway_config_for
+from modelsim.fleet import FleetSpec, run_fleet
+
+MODEL = "llama3.1-8b"
+
+
+def _chat(text: str, max_tokens: int = 8) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "stream": False,
+    }
+
+
+def test_best_probe_takes_lowest_prediction_then_smaller_batch() -> None:
+    probes = [Probe("a:1", 0.30, 0), Probe("b:1", 0.05, 9), Probe("c:1", 0.05, 2), Probe("d:1", 0.9, 0)]
+    assert best_probe(probes) == probes[2]
+    tied = [Probe("a:1", 0.1, 1), Probe("b:1", 0.1, 1)]
+    assert {best_probe(tied, random.Random(s)).address for s in range(20)} == {"a:1", "b:1"}  # type: ignore[union-attr]
+    assert best_probe([]) is None
+
+
+async def test_oracle_picks_the_pod_with_lowest_predicted_ttft() -> None:
+    spec = FleetSpec.from_dict(
+        {
+            "time_scale": 1.0,
+            "pods": [{"name": "p", "model": MODEL, "profile": "a10g-llama3.1-8b", "replicas": 3}],
+        }
+    )
+    async with run_fleet(spec) as fleet:
+        pods = [{"model": p.model, "adapters": [], "address": p.address} for p in fleet.pods]
+        config = parse_config(gateway_config_for(pods, {}))
+        long_prompt = " ".join(f"word{i}" for i in range(3000))
+        async with httpx.AsyncClient(timeout=30) as client:
+            picker = OraclePicker(config, config.pools[0].name, client)
+            # Queue long prefills on pods 0 and 2 (A10G: ~1 s each), leave pod 1 idle.
+            busy = [fleet.pods[0], fleet.pods[2]]
+            tasks = [
+                client.post(f"{p.url}/v1/chat/completions", json=_chat(long_prompt + str(i)))
+                for p in busy
+                for i in range(3)
+            ]
+            sent = [asyncio.ensure_future(t) for t in tasks]
+            await asyncio.sleep(0.2)
+            body = json.dumps(_chat("hello there")).encode()
+            probes = [await picker.probe(p["address"], body) for p in pods]
+            assert all(p is not None for p in probes)
+            picked = await picker.pick(MODEL, body)
+            assert picked == fleet.pods[1].address
+            assert min(probes, key=lambda p: p.predicted_ttft_s).address == picked  # type: ignore[union-attr]
+            refused = await picker.pick("unknown-model", body)
+            assert isinstance(refused, ErrorResponse) and refused.status == 404
+            for task in sent:
+                task.cancel()
+
+
+@pytest.mark.parametrize("lb_policy", ["ROUND_ROBIN", "LEAST_REQUEST"])
+@pytest.mark.parametrize("with_ext_proc", [False, True])
+def test_baseline_bootstrap_passes_envoy_validate(
+    tmp_path: Path, lb_policy: str, with_ext_proc: bool
+) -> None:
+    certs = make_certs(tmp_path / "certs")
+    bootstrap = render_baseline_bootstrap(
+        ["127.0.0.1:18001", "127.0.0.1:18002"],
+        lb_policy,
+        18443,
+        18901,
+        certs.server_cert,
+        certs.server_key,
+        ext_proc=("127.0.0.1", 19002) if with_ext_proc else None,
+        response_body_mode="STREAMED" if with_ext_proc else "NONE",
+    )
+    cluster = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "pods")
+    assert cluster["lb_policy"] == lb_policy
+    assert len(cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2
+    path = tmp_path / "envoy.json"
+    path.write_text(json.dumps(bootstrap))
+    done = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_baseline_bootstrap_rejects_bad_input(tmp_path: Path) -> None:
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    with pytest.raises(ValueError, match="lb_policy"):
+        render_baseline_bootstrap(["127.0.0.1:1"], "MAGLEVX", 1, 2, cert, key)
+    with pytest.raises(ValueError, match="at least one pod"):
+        render_baseline_bootstrap([], "ROUND_ROBIN", 1, 2, cert, key)
+    with pytest.raises(ValueError, match="response_body_mode"):
+        render_baseline_bootstrap(
+            ["127.0.0.1:1"], "ROUND_ROBIN", 1, 2, cert, key, response_body_mode="BUFFERED"
+        )
+
+
+def test_epp_config_options() -> None:
+    assert epp_config({}, None) == {}
+    tuned = epp_config({"weights": '{"queue": 1}', "scrape_ms": "20"}, {"weights": {"queue": 5}})
+    assert tuned["profiles"]["bench"]["weights"] == {"queue": 1}
+    assert tuned["defaultProfile"] == "bench" and tuned["scrape"] == {"intervalMs": 20}
+    assert epp_config({"profile": "chat"}, {"weights": {"queue": 5}})["defaultProfile"] == "chat"
+
+
+def test_round_robin_run_through_real_envoy_has_no_errors(tmp_path: Path) -> None:
+    scenario = tmp_path / "tiny.yaml"
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "seed": 5,
+                "fleet": {
+                    "time_scale": 10.0,
+                    "pods": [{"model": MODEL, "profile": "h100-llama3.1-8b", "replicas": 2}],
+                },
+                "workload": {"kind": "chat", "model": MODEL},
+                "arrivals": {"pattern": "poisson", "rate": 20},
+                "duration_s": 2,
+            }
+        )
+    )
+    results = tmp_path / "results"
+    code = main(
+        ["run", "--scenario", str(scenario), "--policy", "round-robin", "--results", str(results),
+         "--no-progress", "--max-requests", "24", "--max-wall-s", "60"]
+    )  # fmt: skip
+    assert code == 0
+    summary = json.loads((results / "tiny" / "round-robin.json").read_text())["summary"]
+    assert summary["requests"] >= 20
+    assert summary["ok"] == summary["requests"]
+    assert len(summary["pods"]) == 2  # round-robin used both pods
