@@ -25,7 +25,30 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=gateway/api --grpc_python_out=gateway/api --pyi_out=gateway/api proto/gateway/v1/*.proto
+	$(BIN)/python -m grpc_tools.protoc -Iglobalrouter/api=proto/gateway/v1 --python_out=. --grpc_python_out=. --pyi_out=. proto/gateway/v1/*.proto
+
+# Benchmarks: every policy replays the same seeded trace; results in bench/results, then the
+# report rewrites the tables and plots of docs/benchmarks.md (docs/img).
+BENCH_QUICK_SCENARIOS := mixed-gpu bursty shared-prefix
+BENCH_QUICK_POLICIES := round-robin epp-default epp-best sglang-cache_aware
+BENCH_SCENARIOS := uniform mixed-gpu bursty shared-prefix docqa lora long-short
+BENCH_POLICIES := round-robin least-request epp-default epp-best oracle sglang-cache_aware \
+	sglang-power_of_two vllm-cache_aware vllm-round_robin
+
+bench: $(STAMP)
+	for s in $(BENCH_QUICK_SCENARIOS); do \
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode quick \
+	    --no-progress $(foreach p,$(BENCH_QUICK_POLICIES),--policy $(p)) || exit 1; \
+	done
+	$(BIN)/python -m bench report
+
+bench-full: $(STAMP)
+	for s in $(BENCH_SCENARIOS); do \
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode full \
+	    --no-progress $(foreach p,$(BENCH_POLICIES),--policy $(p)) || exit 1; \
+	done
+	$(BIN)/python -m bench report
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.overhead_gateway --doc docs/benchmarks.md
 
 soak: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.soak --minutes $(or $(MINUTES),30) $(ARGS)

@@ -1,0 +1,387 @@
+"""Render the global Envoy's bootstrap: HTTPS in, the router ext_proc, one route per member.
+
+Request path:
+  strip client-sent x-global-* headers -> router ext_proc (request only; all replicas behind
+  one cluster) sets `x-global-cluster: <member>`, dynamic metadata `global.route`, clears the
+  route cache -> observer ext_proc (response only: headers, and the streamed body on the
+  metered route variant) -> the route matching the header sends to the member's cluster
+  (upstream TLS, each member's endpoint checked against that member's CA).
+
+Fast failover inside one request: each member's Envoy cluster also lists the other members
+as priority-1 endpoints; the route retries connect failures / refused streams once per
+other member with the `previous_priorities` retry policy, so a request to a dead member lands
+on a live one instead of failing. The route stamps `x-global-upstream` (the address reached)
+on the response, which tells the observer that the pick failed and ejects the member.
+
+Validated like gateway/envoy_config.py: `json_format.ParseDict` into the real Bootstrap.
+
+    python -m globalrouter.envoy_config --config router.yaml --listen-port 8443 --admin-port 9901 \
+        --router 127.0.0.1:9100 [--router ...] --server-cert c.pem --server-key k.pem \
+        --upstream-ca members-ca.pem --out global-envoy.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from globalrouter.config import ConfigError, RouterConfig, load_config
+from globalrouter.processor import (
+    CLUSTER_HEADER,
+    MEMBER_HEADER,
+    METER_HEADER,
+    ROUTE_NAMESPACE,
+    UPSTREAM_HEADER,
+)
+from globalrouter.service import ROLE_METADATA
+
+ROUTER_FILTER = "global.router"
+OBSERVER_FILTER = "global.observer"
+_T = "type.googleapis.com/envoy."
+_TYPES = {
+    "hcm": _T + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+    "ext_proc": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
+    "router": _T + "extensions.filters.http.router.v3.Router",
+    "header_mutation": _T + "extensions.filters.http.header_mutation.v3.HeaderMutation",
+    "tls_down": _T + "extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+    "tls_up": _T + "extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+    "http_opts": _T + "extensions.upstreams.http.v3.HttpProtocolOptions",
+    "prev_prio": _T + "extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+    "ext_proc_route": _T + "extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalTopology:
+    listen_port: int
+    admin_port: int
+    routers: Sequence[tuple[str, int]]  # global-router replicas (ext_proc endpoints)
+    server_cert: Path
+    server_key: Path
+    upstream_ca: Path  # PEM bundle that the members' server certificates chain to
+    member_cas: Mapping[str, Path] = field(default_factory=dict)  # member -> its own CA (overrides)
+    listen_host: str = "127.0.0.1"
+    upstream_sni: str = "localhost"
+    ext_proc_timeout_s: float = 10.0
+    connection_buffer_bytes: int = 4 * 1024 * 1024
+
+
+def _socket(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _json_error(status: int, message: str, code: str) -> dict[str, Any]:
+    body = json.dumps({"error": {"message": message, "type": "server_error", "code": code}})
+    return {
+        "direct_response": {"status": status, "body": {"inline_string": body}},
+        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
+    }
+
+
+def _member_route(name: str, retries: int, *, metered: bool) -> dict[str, Any]:
+    headers: list[dict[str, Any]] = [{"name": CLUSTER_HEADER, "string_match": {"exact": name}}]
+    if metered:
+        headers.append({"name": METER_HEADER, "present_match": True})
+    route: dict[str, Any] = {
+        "name": f"member-{name}" + ("-metered" if metered else ""),
+        "match": {"prefix": "/", "headers": headers},
+        "route": {"cluster": f"member-{name}", "timeout": "0s", "idle_timeout": "300s"},
+        "response_headers_to_add": [
+            {"header": {"key": MEMBER_HEADER, "value": name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+            {
+                "header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            },
+        ],
+    }
+    if metered:  # read by the observer after the router filter chose this route
+        route["typed_per_filter_config"] = {
+            OBSERVER_FILTER: {
+                "@type": _TYPES["ext_proc_route"],
+                "overrides": {"processing_mode": _observer_mode(response_body="STREAMED")},
+            }
+        }
+    if retries:
+        route["route"]["retry_policy"] = {
+            # Only failures before the member saw the request: never run a generation twice.
+            "retry_on": "connect-failure,refused-stream,reset-before-request",
+            "num_retries": retries,
+            "per_try_timeout": "0s",
+            "retry_priority": {
+                "name": "envoy.retry_priorities.previous_priorities",
+                "typed_config": {"@type": _TYPES["prev_prio"], "update_frequency": 1},
+            },
+            "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"},
+        }
+    return route
+
+
+def _upstream_tls(ca: Path, sni: str) -> dict[str, Any]:
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _TYPES["tls_up"],
+            "sni": sni,
+            "common_tls_context": {"validation_context": {"trusted_ca": {"filename": str(ca)}}},
+        },
+    }
+
+
+def _member_cluster(config: RouterConfig, index: int, topo: GlobalTopology) -> dict[str, Any]:
+    """The member at priority 0, every other member at a lower priority (for retries only).
+
+    Each endpoint is matched to its own member's CA (`transport_socket_matches`): self-signed
+    member CAs may share a subject name, and one bundle of them fails verification.
+    """
+    member = config.members[index]
+    ordered = [member] + [m for i, m in enumerate(config.members) if i != index]
+    localities = [
+        {
+            "priority": prio,
+            "lb_endpoints": [
+                {
+                    "endpoint": {"address": _socket(*m.host_port)},
+                    "metadata": {"filter_metadata": {"envoy.transport_socket_match": {"member": m.name}}},
+                }
+            ],
+        }
+        for prio, m in enumerate(ordered)
+    ]
+    return {
+        "name": f"member-{member.name}",
+        "type": "STATIC",
+        "connect_timeout": "0.5s",
+        "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
+        "load_assignment": {"cluster_name": f"member-{member.name}", "endpoints": localities},
+        "transport_socket": _upstream_tls(topo.upstream_ca, topo.upstream_sni),
+        "transport_socket_matches": [
+            {
+                "name": f"ca-{name}",
+                "match": {"member": name},
+                "transport_socket": _upstream_tls(ca, topo.upstream_sni),
+            }
+            for name, ca in sorted(topo.member_cas.items())
+        ],
+    }
+
+
+def _router_cluster(topo: GlobalTopology) -> dict[str, Any]:
+    return {
+        "name": "global-router",
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {
+            "cluster_name": "global-router",
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _socket(h, p)}} for h, p in topo.routers]}
+            ],
+        },
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _TYPES["http_opts"],
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        # A dead or draining replica (gRPC health NOT_SERVING) stops getting new streams.
+        "health_checks": [
+            {
+                "timeout": "0.5s",
+                "interval": "1s",
+                "unhealthy_threshold": 2,
+                "healthy_threshold": 1,
+                "grpc_health_check": {},
+            }
+        ],
+    }
+
+
+def _ext_proc_filter(topo: GlobalTopology) -> dict[str, Any]:
+    timeout = f"{topo.ext_proc_timeout_s:.3f}s"
+    return {
+        "name": ROUTER_FILTER,
+        "typed_config": {
+            "@type": _TYPES["ext_proc"],
+            "grpc_service": {"envoy_grpc": {"cluster_name": "global-router"}, "timeout": timeout},
+            "failure_mode_allow": False,
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "FULL_DUPLEX_STREAMED",
+                "request_trailer_mode": "SEND",
+                "response_header_mode": "SKIP",  # the observer filter watches responses
+                "response_body_mode": "NONE",
+                "response_trailer_mode": "SKIP",
+            },
+            "metadata_options": {"receiving_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
+            "message_timeout": timeout,
+            "status_on_error": {"code": "ServiceUnavailable"},
+        },
+    }
+
+
+def _observer_mode(*, response_body: str) -> dict[str, str]:
+    return {
+        "request_header_mode": "SKIP",
+        "request_body_mode": "NONE",
+        "request_trailer_mode": "SKIP",
+        "response_header_mode": "SEND",
+        "response_body_mode": response_body,
+        "response_trailer_mode": "SKIP",
+    }
+
+
+def _observer_filter(topo: GlobalTopology) -> dict[str, Any]:
+    """Responses only; fails open (a lost observation must not fail a reply)."""
+    timeout = f"{topo.ext_proc_timeout_s:.3f}s"
+    return {
+        "name": OBSERVER_FILTER,
+        "typed_config": {
+            "@type": _TYPES["ext_proc"],
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": "global-router"},
+                "timeout": timeout,
+                "initial_metadata": [{"key": ROLE_METADATA, "value": "observer"}],
+            },
+            "failure_mode_allow": True,
+            "processing_mode": _observer_mode(response_body="NONE"),
+            "metadata_options": {"forwarding_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
+            "message_timeout": timeout,
+        },
+    }
+
+
+def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, Any]:
+    if not topo.routers:
+        raise ConfigError("the global Envoy needs at least one router replica")
+    retries = min(len(config.members) - 1, 3)
+    routes = [_member_route(m.name, retries, metered=True) for m in config.members]
+    routes += [_member_route(m.name, retries, metered=False) for m in config.members]
+    routes.append(
+        {
+            "name": "no-member",
+            "match": {"prefix": "/"},
+            **_json_error(503, "the global router chose no member cluster", "no_cluster_selected"),
+        }
+    )
+    hcm = {
+        "@type": _TYPES["hcm"],
+        "stat_prefix": "global",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": "300s",
+        "request_timeout": "0s",
+        "use_remote_address": True,
+        "route_config": {
+            "name": "global",
+            "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
+        },
+        "http_filters": [
+            {
+                "name": "global.strip_routing_headers",
+                "typed_config": {
+                    "@type": _TYPES["header_mutation"],
+                    "mutations": {
+                        "request_mutations": [{"remove": CLUSTER_HEADER}, {"remove": METER_HEADER}]
+                    },
+                },
+            },
+            _ext_proc_filter(topo),
+            _observer_filter(topo),
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
+        ],
+    }
+    listener = {
+        "name": "https",
+        "address": _socket(topo.listen_host, topo.listen_port),
+        "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
+        "filter_chains": [
+            {
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.tls",
+                    "typed_config": {
+                        "@type": _TYPES["tls_down"],
+                        "common_tls_context": {
+                            "alpn_protocols": ["h2", "http/1.1"],
+                            "tls_certificates": [
+                                {
+                                    "certificate_chain": {"filename": str(topo.server_cert)},
+                                    "private_key": {"filename": str(topo.server_key)},
+                                }
+                            ],
+                        },
+                    },
+                },
+                "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}],
+            }
+        ],
+    }
+    clusters = [_router_cluster(topo)] + [
+        _member_cluster(config, i, topo) for i in range(len(config.members))
+    ]
+    bootstrap = {
+        "admin": {"address": _socket("127.0.0.1", topo.admin_port)},
+        "static_resources": {"listeners": [listener], "clusters": clusters},
+    }
+    validate_bootstrap(bootstrap)
+    return bootstrap
+
+
+def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
+    """Parse into the real Bootstrap message: unknown fields or wrong types raise ParseError."""
+    from envoy.config.bootstrap.v3 import bootstrap_pb2
+    from envoy.config.route.v3 import route_components_pb2  # noqa: F401
+    from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
+    from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2  # noqa: F401
+    from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
+    from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
+        http_connection_manager_pb2,
+    )
+    from envoy.extensions.retry.priority.previous_priorities.v3 import (  # noqa: F401
+        previous_priorities_config_pb2,
+    )
+    from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
+    from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
+
+    json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())
+
+
+def write_bootstrap(config: RouterConfig, topo: GlobalTopology, path: Path) -> Path:
+    path.write_text(json.dumps(render_bootstrap(config, topo), indent=1))
+    return path
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="globalrouter.envoy_config", description="Render the global Envoy")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--listen-port", type=int, default=8443)
+    parser.add_argument("--admin-port", type=int, default=9901)
+    parser.add_argument("--router", type=_host_port, action="append", required=True)
+    parser.add_argument("--server-cert", type=Path, required=True)
+    parser.add_argument("--server-key", type=Path, required=True)
+    parser.add_argument("--upstream-ca", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
+    topo = GlobalTopology(
+        args.listen_port, args.admin_port, args.router, args.server_cert, args.server_key, args.upstream_ca
+    )
+    write_bootstrap(config, topo, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""The global tier end to end: two simulated clusters, two router replicas, Redis, real Envoys."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.launch import LocalGateway, start_local_gateway, wait_until
+from globalrouter.launch import ClusterSpec, GlobalTier, spawn, start_global_tier
+
+pytestmark = pytest.mark.integration
+
+MODEL = "llama-3.1-8b-instruct"
+CHEAP, DEAR = "east-cheap", "west-dear"
+FLEET = {
+    "time_scale": 20.0,
+    "pods": [{"name": "llama", "model": MODEL, "profile": "h100-llama3.1-8b", "replicas": 2}],
+}
+RAMP_S = 4.0
+REQUEST_LIMIT = 40
+TOKEN_LIMIT = 300
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[GlobalTier]:
+    gateways: list[LocalGateway] = []
+    try:
+        for name in (CHEAP, DEAR):
+            gateways.append(start_local_gateway(tmp_path_factory.mktemp(name), fleet=FLEET))
+        clusters = [
+            # The cheap cluster can run 4 requests at once unqueued (2 pods x 2 slots).
+            ClusterSpec(CHEAP, gateways[0], "us-east-1", 0.2, slots_per_pod=2),
+            ClusterSpec(DEAR, gateways[1], "us-west-2", 0.6, slots_per_pod=8),
+        ]
+        router_config = {
+            "stale_after_s": 1.5,
+            "ramp_s": RAMP_S,
+            "ttft_objective_s": 1.0,
+            # The simulated pods run 20x faster than an H100: ~0.3 ms per token, short answers.
+            "assumed_tpot_s": 0.0005,
+            "assumed_output_tokens": 16,
+            "passive_health": {"eject_s": 2.0},
+            "region_rtt_ms": {"us-east-1|us-west-2": 70},
+            "rate_limits": {
+                "redis_url": redis_url,
+                "window_s": 60,
+                "tenants": {"limited": {"requests": REQUEST_LIMIT}, "metered": {"tokens": TOKEN_LIMIT}},
+            },
+        }
+        with start_global_tier(
+            tmp_path_factory.mktemp("global"), clusters, replicas=2, router_config=router_config
+        ) as tier:
+            yield tier
+    finally:
+        for gw in gateways:
+            gw.stop()
+
+
+def chat(content: str = "Hello there", **extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    t: float  # monotonic send time
+    status: int
+    member: str  # the member route the router picked
+    upstream: str  # the member address Envoy reached
+
+
+async def send(client: httpx.AsyncClient, **headers: str) -> Sent:
+    t = time.monotonic()
+    try:
+        r = await client.post("/v1/chat/completions", json=chat(), headers=headers)
+    except httpx.HTTPError:
+        return Sent(t, 0, "", "")
+    return Sent(
+        t, r.status_code, r.headers.get("x-global-member", ""), r.headers.get("x-global-upstream", "")
+    )
+
+
+async def load(client: httpx.AsyncClient, until: float, workers: int = 2) -> list[Sent]:
+    out: list[Sent] = []
+
+    async def worker() -> None:
+        while time.monotonic() < until:
+            out.append(await send(client, **{"x-gateway-client-region": "us-east-1"}))
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return sorted(out, key=lambda s: s.t)
+
+
+def share(sent: list[Sent], member: str) -> float:
+    return sum(s.member == member for s in sent) / max(1, len(sent))
+
+
+async def heartbeat(
+    tier: GlobalTier, cluster: str, *, avg_queue: float, ttft_s: float, tpot_s: float, seconds: float
+) -> None:
+    """Speak the ClusterReports API directly, as a reporter would, to every replica."""
+    import grpc
+
+    from globalrouter.api import cluster_report_pb2 as rpb
+    from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
+
+    spec = tier.clusters[cluster]
+    report = rpb.ModelReport(
+        model=MODEL, ready_pods=2, total_pods=2, avg_queue=avg_queue, running=min(4, 1 + avg_queue), capacity=4,
+        ttft_s=ttft_s, tpot_s=tpot_s, inflight_requests=int(min(4, 1 + avg_queue) + 2 * avg_queue),
+    )  # fmt: skip
+
+    async def beats() -> object:
+        end, seq = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            seq += 1
+            yield rpb.ClusterHeartbeat(
+                cluster=cluster, region=spec.region, cost_per_1k_tokens=spec.cost_per_1k_tokens,
+                sequence=seq, models=[report],
+            )  # fmt: skip
+            await asyncio.sleep(0.25)
+
+    async def one(port: int) -> list[object]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            return [ack async for ack in rpb_grpc.ClusterReportsStub(channel).Report(beats())]
+
+    acks = await asyncio.gather(*(one(p) for p in tier.router_ports))
+    assert all(a.known_cluster for replica in acks for a in replica)  # type: ignore[attr-defined]
+
+
+async def test_low_load_goes_to_the_cheap_cluster(tier: GlobalTier) -> None:
+    async with tier.client() as client:
+        sent = [await send(client, **{"x-gateway-client-region": "us-east-1"}) for _ in range(12)]
+        # A client cannot steer the global route itself.
+        spoofed = await send(client, **{"x-global-cluster": DEAR})
+    assert all(s.status == 200 for s in sent)
+    assert share(sent, CHEAP) >= 0.9, __import__("json").dumps(tier.members(0)[CHEAP])
+    assert spoofed.status == 200 and spoofed.member == CHEAP
+
+
+async def test_spills_to_the_dear_cluster_when_the_cheap_one_misses_the_objective(tier: GlobalTier) -> None:
+    """Heartbeats say the cheap cluster is slow and queued (6 waiting per pod, TTFT 0.1 s,
+    TPOT 20 ms: estimated TTFT ~1.5 s > 1 s): traffic spills to the dear one. When they say it
+    is fast and lightly loaded again (estimate ~0.03 s) traffic returns to it."""
+    tier.stop_reporter(CHEAP)
+    try:
+        async with tier.client() as client:
+            beats = asyncio.create_task(
+                heartbeat(tier, CHEAP, avg_queue=6, ttft_s=0.1, tpot_s=0.02, seconds=2.5)
+            )
+            await asyncio.sleep(0.6)
+            queued = await load(client, time.monotonic() + 1.2)
+            await beats
+            beats = asyncio.create_task(
+                heartbeat(tier, CHEAP, avg_queue=0, ttft_s=0.01, tpot_s=0.001, seconds=2.5)
+            )
+            await asyncio.sleep(0.6)
+            calm = await load(client, time.monotonic() + 1.2)
+            await beats
+    finally:
+        tier.start_reporter(CHEAP)
+    assert all(s.status == 200 for s in queued + calm)
+    assert share(queued, DEAR) >= 0.9, [s.member for s in queued]
+    assert share(calm, CHEAP) >= 0.9, [s.member for s in calm]
+
+
+async def test_unserved_model_is_a_json_503(tier: GlobalTier) -> None:
+    async with tier.client() as client:
+        r = await client.post("/v1/chat/completions", json={**chat(), "model": "no-such-model"})
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "no_cluster_available"
+
+
+async def test_request_limit_holds_across_two_replicas(tier: GlobalTier) -> None:
+    sem = asyncio.Semaphore(8)
+    async with tier.client() as client:
+
+        async def one() -> httpx.Response:
+            async with sem:
+                return await client.post("/v1/chat/completions", json=chat(), headers={"x-tenant": "limited"})
+
+        replies = await asyncio.gather(*(one() for _ in range(2 * REQUEST_LIMIT)))
+    accepted = sum(r.status_code == 200 for r in replies)
+    refused = [r for r in replies if r.status_code == 429]
+    assert accepted + len(refused) == 2 * REQUEST_LIMIT
+    assert abs(accepted - REQUEST_LIMIT) <= 0.05 * REQUEST_LIMIT, accepted
+    assert int(refused[0].headers["retry-after"]) >= 1
+    assert refused[0].json()["error"]["code"] == "rate_limit_requests"
+    async with httpx.AsyncClient(timeout=2) as admin:
+        per_replica = [
+            (await admin.get(f"http://127.0.0.1:{port}/metrics")).text for port in tier.router_admin_ports
+        ]
+    # Both replicas decided part of it (Envoy spreads ext_proc streams over them).
+    for text in per_replica:
+        assert 'global_router_refused_total{code="rate_limited_requests"}' in text
+
+
+async def test_token_budget_counts_usage_from_responses(tier: GlobalTier, redis_url: str) -> None:
+    headers = {"x-tenant": "metered"}
+    spent = 0
+    statuses = []
+    async with tier.client() as client:
+        for i in range(40):
+            if i % 2:
+                body = chat(stream=True, stream_options={"include_usage": True})
+                async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+                    text = (await r.aread()).decode()
+                if r.status_code == 200:
+                    usage_lines = [
+                        line for line in text.splitlines() if '"usage"' in line and "total_tokens" in line
+                    ]
+                    import json
+
+                    assert usage_lines, (r.headers, text[:800])
+                    spent += json.loads(usage_lines[-1][6:])["usage"]["total_tokens"]
+            else:
+                r = await client.post("/v1/chat/completions", json=chat(), headers=headers)
+                if r.status_code == 200:
+                    spent += r.json()["usage"]["total_tokens"]
+            statuses.append(r.status_code)
+            if r.status_code == 429:
+                assert r.json()["error"]["code"] == "rate_limit_tokens"
+                break
+            await asyncio.sleep(0.05)  # tokens are charged just after the response ends
+    assert statuses[-1] == 429, statuses
+    assert statuses.count(200) >= 4
+    client_redis = aioredis.from_url(redis_url)
+    try:
+        counted = sum(int(v) for v in await client_redis.hvals("grl:{metered}:tokens"))
+    finally:
+        await client_redis.aclose()
+    assert counted == spent
+    assert counted >= TOKEN_LIMIT
+
+
+async def test_failover_and_gradual_return(tier: GlobalTier) -> None:
+    cheap_gw = tier.clusters[CHEAP].gateway
+    async with tier.client() as client:
+        before = await load(client, time.monotonic() + 1.0)
+        assert share(before, CHEAP) >= 0.9
+        # Kill the cheap cluster's Envoy and its reporter while traffic flows.
+        killed_at = time.monotonic()
+        cheap_gw.procs["envoy"].stop()
+        tier.stop_reporter(CHEAP)
+        during = await load(client, time.monotonic() + 3.0)
+        assert not tier.members(0)[CHEAP]["available"]
+        # Bring it back: same Envoy bootstrap, same port; its reporter resumes heartbeats.
+        argv = [str(a) for a in cheap_gw.procs["envoy"].popen.args]  # type: ignore[union-attr]
+        cheap_gw.procs["envoy"] = spawn("envoy-restarted", argv, cheap_gw.workdir)
+        wait_until(
+            lambda: httpx.get(f"http://127.0.0.1:{cheap_gw.admin_port}/ready", timeout=0.5).status_code == 200,
+            20, "restarted member envoy",
+        )  # fmt: skip
+        tier.start_reporter(CHEAP)
+        wait_until(lambda: tier.members(0)[CHEAP]["available"], 20, "cheap member back")
+        back_at = time.monotonic()
+        after = await load(client, back_at + RAMP_S + 1.5)
+
+    to_cheap = [s.t - killed_at for s in during if s.member == CHEAP]
+    failures = [s.t - killed_at for s in during if s.status != 200]
+    moved_after_s = max(to_cheap, default=0.0)
+    assert moved_after_s < 5.0
+    assert max(failures, default=0.0) < 5.0
+    assert share([s for s in during if s.t - killed_at > 0.5], DEAR) == 1.0
+    buckets = [
+        share([s for s in after if lo <= s.t - back_at < lo + 1.0], CHEAP) for lo in range(int(RAMP_S) + 1)
+    ]
+    print(
+        f"\nfailover: last request routed to the dead member {moved_after_s * 1000:.0f} ms after the kill, "
+        f"{len(failures)}/{len(during)} failed requests; ramp share per second after return: "
+        + ", ".join(f"{b:.2f}" for b in buckets)
+    )
+    assert buckets[0] < 0.5
+    assert buckets[0] < buckets[2] < buckets[-1]
+    assert buckets[-1] >= 0.85
