@@ -52,6 +52,29 @@ def request_headers_response(
     return resp
 
 
+def buffered_body_response(
+    set_headers: Mapping[str, str],
+    remove: tuple[str, ...],
+    *,
+    clear_route_cache: bool,
+    metadata: Mapping[str, Mapping[str, str]] | None = None,
+    body: bytes | None = None,
+) -> pb.ProcessingResponse:
+    """BUFFERED mode: the routing decision (and any body rewrite) on the body response."""
+    headers = dict(set_headers)
+    if body is not None:
+        headers["content-length"] = str(len(body))
+    common = pb.CommonResponse(
+        header_mutation=header_mutation(headers, remove), clear_route_cache=clear_route_cache
+    )
+    if body is not None:
+        common.body_mutation.body = body
+    resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
+    if metadata:
+        resp.dynamic_metadata.CopyFrom(metadata_struct(metadata))
+    return resp
+
+
 def streamed_body_responses(body: bytes, *, trailers_follow: bool) -> Iterator[pb.ProcessingResponse]:
     """Re-emit a collected body in chunks of at most MAX_CHUNK_BYTES.
 

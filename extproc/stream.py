@@ -4,7 +4,12 @@ Envoy runs the request body in FULL_DUPLEX_STREAMED mode: it sends the request h
 then body chunks (and possibly trailers). We hold the headers until the body is complete,
 hand the whole request to the service's `Processor`, then answer with a headers response
 (header changes, corrected content-length, routing metadata) followed by the body
-re-emitted in chunks of at most 62,000 bytes. Response events, when Envoy is configured
+re-emitted in chunks of at most 62,000 bytes.
+
+BUFFERED mode is supported too, because Envoy honours `failure_mode_allow` (FailOpen) only
+there: headers are acknowledged at once, the whole body arrives in one message, and the
+routing decision rides on the body response. The stream learns the mode from the
+`protocol_config` Envoy sends with its first message. Response events, when Envoy is configured
 to send them, are passed on for accounting and acknowledged unchanged.
 
 `Processor.on_close` runs exactly once per stream, whatever happens (normal end, client
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc import messages
@@ -80,9 +86,14 @@ class ExtProcStream:
         self._headers: dict[str, str] = {}
         self._chunks: list[bytes] = []
         self._size = 0
+        self._buffered = False
         self.completed = False
 
     async def handle(self, msg: pb.ProcessingRequest) -> AsyncIterator[pb.ProcessingResponse]:
+        if msg.HasField("protocol_config"):
+            self._buffered = (
+                msg.protocol_config.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED
+            )
         kind = msg.WhichOneof("request")
         if self._phase is _Phase.REFUSED:
             return  # Envoy may still flush queued chunks after an immediate response
@@ -136,6 +147,8 @@ class ExtProcStream:
                 yield r
         else:
             self._phase = _Phase.COLLECTING_BODY
+            if self._buffered:  # the decision waits for the buffered body
+                yield messages.request_headers_response({}, (), clear_route_cache=False)
 
     async def _on_request_body(self, body: pb.HttpBody) -> AsyncIterator[pb.ProcessingResponse]:
         self._expect(_Phase.COLLECTING_BODY, "request_body")
@@ -170,6 +183,15 @@ class ExtProcStream:
             yield messages.immediate_response(outcome)
             return
         self._phase = _Phase.FORWARDED
+        if self._buffered and has_body:
+            yield messages.buffered_body_response(
+                outcome.set_headers,
+                outcome.remove_headers,
+                clear_route_cache=outcome.clear_route_cache,
+                metadata=outcome.metadata,
+                body=outcome.body,
+            )
+            return
         out_body = body if outcome.body is None else outcome.body
         set_headers = dict(outcome.set_headers)
         if has_body:

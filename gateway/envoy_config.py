@@ -132,11 +132,13 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
     return cluster
 
 
-def _processing_mode(*, response_headers: bool) -> dict[str, str]:
+def _processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[str, str]:
+    """FULL_DUPLEX_STREAMED by default; BUFFERED where FailOpen must work, since Envoy ignores
+    `failure_mode_allow` for streamed bodies (bodies are then bounded by the connection buffer)."""
     return {
         "request_header_mode": "SEND",
-        "request_body_mode": "FULL_DUPLEX_STREAMED",
-        "request_trailer_mode": "SEND",
+        "request_body_mode": "BUFFERED" if buffered else "FULL_DUPLEX_STREAMED",
+        "request_trailer_mode": "SKIP" if buffered else "SEND",
         "response_header_mode": "SEND" if response_headers else "SKIP",
         "response_body_mode": "NONE",
         "response_trailer_mode": "SKIP",
@@ -227,7 +229,9 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
                 },
                 "failure_mode_allow": pool.failure_mode == "FailOpen",
                 # Response headers are the EPP's accounting signal; only pool routes ask for them.
-                "processing_mode": _processing_mode(response_headers=True),
+                "processing_mode": _processing_mode(
+                    response_headers=True, buffered=pool.failure_mode == "FailOpen"
+                ),
             },
         }
         fallback = f"fallback-{pool.name}" if pool.failure_mode == "FailOpen" else f"pool-{pool.name}"

@@ -124,12 +124,11 @@ async def test_pod_killed_mid_stream_is_a_clean_truncation(gw: LocalGateway) -> 
     )
 
 
-async def test_epp_down_is_a_json_503_for_fail_close_and_today_also_for_fail_open(gw: LocalGateway) -> None:
-    """FailClose: JSON 503. FailOpen should reach the `fallback-<pool>` cluster, but Envoy 1.40
-    does not honour failure_mode_allow with FULL_DUPLEX_STREAMED bodies (the stream to the dead
-    EPP fails and Envoy answers 503). Recorded in docs/reliability.md; when a fix lands (e.g. a
-    BUFFERED-mode filter instance for FailOpen pools) the second half of this test must change.
-    """
+async def test_epp_down_is_a_json_503_for_fail_close_and_served_by_the_fallback_for_fail_open(
+    gw: LocalGateway,
+) -> None:
+    """FailClose: JSON 503. FailOpen: the pool's `fallback-<pool>` cluster serves (its EPP route
+    runs the ext_proc in BUFFERED mode, the only mode where Envoy honours failure_mode_allow)."""
     gw.procs[f"epp-{LLAMA_POOL}"].stop()
     gw.procs[f"epp-{QWEN_POOL}"].stop()
     try:
@@ -138,10 +137,11 @@ async def test_epp_down_is_a_json_503_for_fail_close_and_today_also_for_fail_ope
             closed = await client.post("/v1/chat/completions", json=chat(LLAMA))
             opened = await client.post("/v1/chat/completions", json=chat(QWEN))
         answered_s = time.monotonic() - started
-        for r in (closed, opened):
-            assert r.status_code == 503, r.text
-            assert r.headers["content-type"] == "application/json"
-            assert r.json()["error"]["type"] == "server_error"
+        assert closed.status_code == 503, closed.text
+        assert closed.headers["content-type"] == "application/json"
+        assert closed.json()["error"]["type"] == "server_error"
+        assert opened.status_code == 200, opened.text
+        assert opened.headers["x-modelsim-pod"].startswith("qwen")
         record_figures(
             "epp_down",
             {

@@ -199,3 +199,35 @@ async def test_over_real_grpc_protocol_violation_is_failed_precondition(grpc_rec
             pass
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert recorders[0].closed == [False]
+
+
+def protocol_config(mode: int) -> pb.ProtocolConfiguration:
+    return pb.ProtocolConfiguration(request_body_mode=mode)
+
+
+async def test_buffered_mode_answers_headers_at_once_and_decides_on_the_body() -> None:
+    from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+
+    rec = Recorder(
+        answer=RequestRoute(
+            set_headers={"x-dest": "10.0.0.1:80"}, metadata={"envoy.lb": {"k": "v"}}, clear_route_cache=True
+        )
+    )
+    first = headers_msg(POST)
+    first.protocol_config.CopyFrom(protocol_config(processing_mode_pb2.ProcessingMode.BUFFERED))
+    stream = ExtProcStream(rec)
+    at_headers = await drive(stream, [first])
+    assert [r.WhichOneof("response") for r in at_headers] == ["request_headers"]
+    assert set_headers_of(at_headers[0]) == {}
+    body = b'{"model":"m"}'
+    at_body = await drive(
+        stream, [pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))]
+    )
+    assert len(at_body) == 1 and at_body[0].HasField("request_body")
+    common = at_body[0].request_body.response
+    assert {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers} == {
+        "x-dest": "10.0.0.1:80"
+    }
+    assert common.clear_route_cache and not common.HasField("body_mutation")
+    assert at_body[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields["k"].string_value == "v"
+    assert rec.requests == [(POST, body)]
