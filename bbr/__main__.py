@@ -8,10 +8,11 @@ import logging
 
 from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
-from extproc.server import add_tls_arguments, start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
+from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer
-from gateway.config_resource import add_config_resource_argument, start_resource_watcher
+from gateway.config_resource import start_resource_watcher
 from gateway.config_store import ConfigStore, FileWatcher
+from gateway.service_cli import run_service, service_parser
 
 log = logging.getLogger("bbr")
 
@@ -32,17 +33,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="bbr", description="Body-Based Router (Envoy ext_proc)")
-    parser.add_argument("--config", required=True, help="gateway configuration YAML")
-    add_config_resource_argument(parser)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9004)
-    parser.add_argument("--drain-seconds", type=float, default=5.0)
-    parser.add_argument("--log-level", default="INFO")
-    add_tls_arguments(parser)
-    args = parser.parse_args()
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(args))
+    parser = service_parser("bbr", "Body-Based Router (Envoy ext_proc)", default_port=9004)
+    run_service(serve, parser.parse_args())
 
 
 if __name__ == "__main__":

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
 from epp.app import EppApp
-from extproc.server import add_tls_arguments, tls_from_arguments, wait_for_shutdown_signal
-from gateway.config_resource import add_config_resource_argument, start_resource_watcher
+from extproc.server import tls_from_arguments, wait_for_shutdown_signal
+from gateway.config_resource import start_resource_watcher
+from gateway.service_cli import run_service, service_parser
 
 log = logging.getLogger("epp")
 
@@ -34,19 +34,10 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="epp", description="Endpoint Picker (Envoy ext_proc)")
-    parser.add_argument("--config", required=True, help="gateway configuration YAML")
+    parser = service_parser("epp", "Endpoint Picker (Envoy ext_proc)", default_port=9002)
     parser.add_argument("--pool", required=True, help="the pool this EPP serves")
-    add_config_resource_argument(parser)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9002)
-    parser.add_argument("--metrics-port", type=int, default=9090)
-    parser.add_argument("--drain-seconds", type=float, default=5.0)
-    parser.add_argument("--log-level", default="INFO")
-    add_tls_arguments(parser)
-    args = parser.parse_args()
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(serve(args))
+    parser.add_argument("--metrics-port", type=int, default=9090, help="/metrics and /debug/pool")
+    run_service(serve, parser.parse_args())
 
 
 if __name__ == "__main__":

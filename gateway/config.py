@@ -196,6 +196,12 @@ class GatewayConfig(_Model):
                         )
                 if model.rewrites and sum(rw.weight for rw in model.rewrites) == 0:
                     raise ValueError(f"pools.{pool.name}.models.{model.name}.rewrites: weights sum to 0")
+        for pool in self.pools:
+            if pool.kubernetes is not None and pool.fallback_endpoints:
+                raise ValueError(
+                    f"pools.{pool.name}.fallbackEndpoints: Kubernetes pools route through ORIGINAL_DST, "
+                    "which takes one address; set it to 0"
+                )
         try:  # the scheduler's own parser: unknown scorer names or bad values fail here
             self.scheduler_profiles()
         except ProfileError as exc:

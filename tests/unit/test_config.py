@@ -39,6 +39,19 @@ def rejected_total() -> float:
         ({"profiles": {"x": {"weights": {"queue": -1}}}}, "must be >= 0"),
         ({"profiles": {"x": {"weights": {"qeue": 1}}}}, "profiles.x.weights.qeue: unknown scorer"),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
+        (
+            {
+                "pools": [
+                    {
+                        "name": "p",
+                        "models": [{"name": "m"}],
+                        "kubernetes": {"poolName": "p"},
+                        "fallbackEndpoints": 2,
+                    }
+                ]
+            },
+            "pools.p.fallbackEndpoints: Kubernetes pools",
+        ),
     ],
 )
 def test_errors_name_the_field(patch: dict, message: str) -> None:

@@ -1,0 +1,33 @@
+"""The command line every ext_proc service shares (BBR, EPP, the benchmark oracle)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from extproc.server import add_tls_arguments
+from gateway.config_resource import add_config_resource_argument
+
+# Libraries that log every scrape or connection at INFO: the EPP scrapes 20 times a second.
+_QUIET_LOGGERS = ("httpx", "httpcore", "kubernetes", "urllib3")
+
+
+def service_parser(prog: str, description: str, *, default_port: int) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", required=True, help="gateway configuration YAML (hot-reloaded)")
+    add_config_resource_argument(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=default_port, help="gRPC (ext_proc + health) port")
+    parser.add_argument("--drain-seconds", type=float, default=5.0, help="grace period on SIGTERM")
+    parser.add_argument("--log-level", default="INFO")
+    add_tls_arguments(parser)
+    return parser
+
+
+def run_service(serve: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    asyncio.run(serve(args))
