@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -97,18 +97,10 @@ class ProfileConfig(_Model):
     `priority` < 0 marks its traffic sheddable: refused with 429 while the pool is saturated.
     """
 
-    weights: dict[str, float]
+    weights: dict[str, Annotated[float, Field(ge=0)]]
     picker: Literal["max", "weighted"] = "max"
     priority: int = 0
     thresholds: dict[str, float] = Field(default_factory=dict)  # overrides of the pool-wide ones
-
-    @field_validator("weights")
-    @classmethod
-    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
-        for name, w in v.items():
-            if w < 0:
-                raise ValueError(f"weight {name!r} must be >= 0")
-        return v
 
 
 class ScrapeConfig(_Model):

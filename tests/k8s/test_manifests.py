@@ -229,10 +229,11 @@ def test_crd_schema_rejects_bad_configs() -> None:
     assert validator.is_valid(good)
     for path, value in [
         (("pools", 0, "engine"), "llamacpp"),
-        (("profiles", "chat", "weights", "prefixx"), 1),
+        (("profiles", "chat", "picker"), "roulette"),
         (("profiles", "chat", "weights", "queue"), -1),
         (("thresholds", "kvCache"), 0),
-        (("auth", "jwt", "jwksUri"), "http://insecure"),
+        (("thresholds", "queue"), 0),
+        (("pools", 0, "failureMode"), "FailSometimes"),
     ]:
         bad = copy.deepcopy(good)
         node = bad["spec"]
@@ -268,9 +269,8 @@ def test_configs_parse_and_agree_with_the_cluster_objects(target: str) -> None:
     assert pool["spec"]["selector"]["matchLabels"].items() <= vllm["metadata"]["labels"].items()
     served = set(vllm["metadata"]["annotations"]["gateway.inference.dev/model"].split(","))
     assert served <= set(config.routes())
-    # The custom resource example carries the same configuration (tls/auth are data-plane only).
+    # The custom resource example carries the same configuration.
     spec = copy.deepcopy(find(objs, "InferenceGatewayConfig", "inference-gateway")["spec"])
-    spec.pop("tls"), spec.pop("auth")
     if target == "overlays/eks-hyperpod":
         assert parse_config(spec) == config
 

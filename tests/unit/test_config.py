@@ -36,7 +36,10 @@ def rejected_total() -> float:
         ({"pools": [{"name": "p", "models": [{"name": "m"}, {"name": "m"}]}]}, "declared twice"),
         ({"bbr": {"defaultModel": "ghost"}}, "bbr.defaultModel"),
         ({"thresholds": {"kvCache": 1.5}}, "thresholds.kvCache"),
-        ({"profiles": {"x": {"weights": {"queue": -1}}}}, "must be >= 0"),
+        (
+            {"profiles": {"x": {"weights": {"queue": -1}}}},
+            "profiles.x.weights.queue: Input should be greater than or equal to 0",
+        ),
         ({"profiles": {"x": {"weights": {"qeue": 1}}}}, "profiles.x.weights.qeue: unknown scorer"),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
         (
