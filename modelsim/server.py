@@ -48,6 +48,8 @@ class Faults:
     stall_s: float = 0.0
     refuse: bool = False
     crashed: bool = False
+    metrics_garbage: bool = False  # /metrics answers 200 with text that is not Prometheus
+    metrics_delay_s: float = 0.0  # /metrics answers late (wall seconds): scrape timeouts
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +57,8 @@ class Faults:
             "stall_s": self.stall_s,
             "refuse": self.refuse,
             "crash": self.crashed,
+            "metrics_garbage": self.metrics_garbage,
+            "metrics_delay_s": self.metrics_delay_s,
         }
 
 
@@ -167,7 +171,15 @@ class Pod:
         stall_s: float | None = None,
         refuse: bool | None = None,
         crash: bool | None = None,
+        metrics_garbage: bool | None = None,
+        metrics_delay_s: float | None = None,
     ) -> Faults:
+        if metrics_garbage is not None:
+            self.faults.metrics_garbage = metrics_garbage
+        if metrics_delay_s is not None:
+            if metrics_delay_s < 0:
+                raise ValueError("metrics_delay_s must be >= 0")
+            self.faults.metrics_delay_s = metrics_delay_s
         if error_rate is not None:
             if not 0.0 <= error_rate <= 1.0:
                 raise ValueError("error_rate must be within [0, 1]")
@@ -227,6 +239,10 @@ class Pod:
         return web.Response(status=200, headers={POD_HEADER: self.name})
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        if self.faults.metrics_delay_s > 0:
+            await asyncio.sleep(self.faults.metrics_delay_s)
+        if self.faults.metrics_garbage:
+            return web.Response(text="<html>upstream proxy error</html>\n", headers={POD_HEADER: self.name})
         return web.Response(
             body=render(self.registry),
             headers={POD_HEADER: self.name, "Content-Type": "text/plain; version=0.0.4"},
@@ -270,13 +286,22 @@ class Pod:
                 ("stall_s", (int, float)),
                 ("refuse", bool),
                 ("crash", bool),
+                ("metrics_garbage", bool),
+                ("metrics_delay_s", (int, float)),
             ):
                 if key in body:
                     v = body[key]
                     if not isinstance(v, typ) or (typ is not bool and isinstance(v, bool)):
                         raise ApiError(400, f"'{key}' has the wrong type")
                     kwargs[key] = v
-            unknown = set(body) - {"error_rate", "stall_s", "refuse", "crash"}
+            unknown = set(body) - {
+                "error_rate",
+                "stall_s",
+                "refuse",
+                "crash",
+                "metrics_garbage",
+                "metrics_delay_s",
+            }
             if unknown:
                 raise ApiError(400, f"unknown fault fields {sorted(unknown)}")
             if kwargs.get("crash"):
