@@ -77,14 +77,14 @@ async def test_crash_via_http(fleet: Fleet) -> None:
 
 
 async def test_metrics_faults_garbage_and_delay(fleet: Fleet) -> None:
-    pod = fleet.pod("llama-1")
+    pod = fleet.pod("qwen")
     async with httpx.AsyncClient(base_url=pod.url) as c:
         assert (await c.post("/sim/fault", json={"metrics_garbage": True})).json()["metrics_garbage"] is True
         page = (await c.get("/metrics")).text
-        assert "vllm:" not in page and page.strip()
+        assert "sglang:" not in page and page.strip()
         await c.post("/sim/fault", json={"metrics_garbage": False, "metrics_delay_s": 0.2})
         t0 = time.perf_counter()
-        assert "vllm:num_requests_running" in (await c.get("/metrics")).text
+        assert "sglang:num_running_reqs" in (await c.get("/metrics")).text  # this pod speaks SGLang
         assert time.perf_counter() - t0 >= 0.2
         await c.post("/sim/fault", json={"metrics_delay_s": 0})
         assert (await c.post("/sim/fault", json={"metrics_delay_s": -1})).status_code == 400
