@@ -24,9 +24,20 @@ FAST_FLEET = {
 }
 
 
+def add_canary(config: dict) -> None:
+    """A virtual model that BBR splits 3:1 between the base model and its adapter."""
+    llama = next(p for p in config["pools"] if p["models"][0]["name"] == "llama-3.1-8b-instruct")
+    llama["models"].append(
+        {
+            "name": "llama-canary",
+            "rewrites": [{"model": "llama-3.1-8b-instruct", "weight": 3}, {"model": "sql-lora", "weight": 1}],
+        }
+    )
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    gw = start_local_gateway(tmp_path_factory.mktemp("gateway"), fleet=FAST_FLEET)
+    gw = start_local_gateway(tmp_path_factory.mktemp("gateway"), fleet=FAST_FLEET, config_patch=add_canary)
     try:
         yield gw
     finally:

@@ -36,6 +36,20 @@ async def test_lora_adapter_goes_to_its_base_model_pool(gateway: LocalGateway) -
     assert r.json()["model"] == "sql-lora"
 
 
+async def test_canary_split_rewrites_the_model_by_weight(gateway: LocalGateway) -> None:
+    served: list[str] = []
+    async with gateway.client() as client:
+        for i in range(40):
+            r = await client.post(
+                "/v1/chat/completions", json=chat("llama-canary", f"canary {i}", max_tokens=1)
+            )
+            assert r.status_code == 200, r.text
+            assert r.headers["x-modelsim-pod"].startswith("llama-")
+            served.append(r.json()["model"])  # the pod answers with the name it was sent
+    assert set(served) == {LLAMA, "sql-lora"}
+    assert 20 <= served.count(LLAMA) <= 38  # 3:1 split, binomial bounds far outside noise
+
+
 async def test_http2_is_negotiated_by_alpn(gateway: LocalGateway) -> None:
     async with gateway.client(http2=True) as client:
         r = await client.post("/v1/completions", json={"model": QWEN, "prompt": "Say hi", "max_tokens": 4})
@@ -115,7 +129,7 @@ async def test_models_list_names_every_model_and_adapter(gateway: LocalGateway) 
     async with gateway.client() as client:
         r = await client.get("/v1/models")
     assert r.status_code == 200
-    assert {m["id"] for m in r.json()["data"]} == {LLAMA, "sql-lora", QWEN}
+    assert {m["id"] for m in r.json()["data"]} == {LLAMA, "sql-lora", "llama-canary", QWEN}
 
 
 async def test_client_sent_destination_header_cannot_steer(gateway: LocalGateway) -> None:
