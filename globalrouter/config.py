@@ -104,7 +104,7 @@ class RouterConfig(_Model):
     stale_after_s: float = Field(default=1.5, gt=0)  # heartbeat age that makes a member down
     ramp_s: float = Field(default=10.0, ge=0)  # a returning member's weight grows linearly over this
     min_ramp: float = Field(default=0.02, ge=0, le=1)
-    startup_grace_s: float = Field(default=3.0, ge=0)  # members seen this soon after start: no ramp
+    startup_grace_s: float = Field(default=10.0, ge=0)  # members first seen this soon after start: no ramp
     ttft_objective_s: float | None = Field(default=1.0, gt=0)  # None: balance by load, ignore cost
     assumed_ttft_s: float = Field(default=0.2, gt=0)  # until a cluster reports an observed TTFT
     assumed_tpot_s: float = Field(default=0.02, gt=0)

@@ -187,9 +187,9 @@ def start_global_tier(
         )
         for i in range(replicas):
             wait_until(
-                lambda r=i: all(m["available"] for m in tier.members(r).values()),
+                lambda r=i: all(m["available"] and m["ramp"] >= 1.0 for m in tier.members(r).values()),
                 timeout_s,
-                f"heartbeats of every member at router-{i}",
+                f"every member available at full weight at router-{i}",
             )
         return tier
     except BaseException:

@@ -167,7 +167,7 @@ class Reporter:
     async def run(self) -> None:
         senders = [asyncio.create_task(self._send_to(r)) for r in self.routers]
         try:
-            async with httpx.AsyncClient(timeout=max(0.2, self.interval_s * 0.8)) as client:
+            async with httpx.AsyncClient(timeout=max(0.3, self.interval_s * 0.8)) as client:
                 while True:
                     started = time.monotonic()
                     heartbeat = await self.build(client)

@@ -138,6 +138,7 @@ async def test_low_load_goes_to_the_cheap_cluster(tier: GlobalTier) -> None:
         sent = [await send(client, **{"x-gateway-client-region": "us-east-1"}) for _ in range(12)]
         # A client cannot steer the global route itself.
         spoofed = await send(client, **{"x-global-cluster": DEAR})
+    print(f"\nlow load: cheap share {share(sent, CHEAP):.2f} of {len(sent)}")
     assert all(s.status == 200 for s in sent)
     assert share(sent, CHEAP) >= 0.9, __import__("json").dumps(tier.members(0)[CHEAP])
     assert spoofed.status == 200 and spoofed.member == CHEAP
@@ -164,6 +165,10 @@ async def test_spills_to_the_dear_cluster_when_the_cheap_one_misses_the_objectiv
             await beats
     finally:
         tier.start_reporter(CHEAP)
+    print(
+        f"\ncost: queued cheap -> dear share {share(queued, DEAR):.2f} of {len(queued)}; "
+        f"calm cheap -> cheap share {share(calm, CHEAP):.2f} of {len(calm)}"
+    )
     assert all(s.status == 200 for s in queued + calm)
     assert share(queued, DEAR) >= 0.9, [s.member for s in queued]
     assert share(calm, CHEAP) >= 0.9, [s.member for s in calm]
@@ -187,6 +192,9 @@ async def test_request_limit_holds_across_two_replicas(tier: GlobalTier) -> None
         replies = await asyncio.gather(*(one() for _ in range(2 * REQUEST_LIMIT)))
     accepted = sum(r.status_code == 200 for r in replies)
     refused = [r for r in replies if r.status_code == 429]
+    print(
+        f"\nrate limit: {accepted} of {2 * REQUEST_LIMIT} accepted across 2 replicas, limit {REQUEST_LIMIT}"
+    )
     assert accepted + len(refused) == 2 * REQUEST_LIMIT
     assert abs(accepted - REQUEST_LIMIT) <= 0.05 * REQUEST_LIMIT, accepted
     assert int(refused[0].headers["retry-after"]) >= 1
@@ -234,6 +242,9 @@ async def test_token_budget_counts_usage_from_responses(tier: GlobalTier, redis_
         counted = sum(int(v) for v in await client_redis.hvals("grl:{metered}:tokens"))
     finally:
         await client_redis.aclose()
+    print(
+        f"\ntokens: {statuses.count(200)} accepted, {spent} tokens in responses, {counted} counted in Redis"
+    )
     assert counted == spent
     assert counted >= TOKEN_LIMIT
 
@@ -278,3 +289,23 @@ async def test_failover_and_gradual_return(tier: GlobalTier) -> None:
     assert buckets[0] < 0.5
     assert buckets[0] < buckets[2] < buckets[-1]
     assert buckets[-1] >= 0.85
+
+
+async def test_silent_cluster_is_dropped_when_heartbeats_stop(tier: GlobalTier) -> None:
+    """Active health alone: the cluster still answers, but its reporter went quiet (a hung
+    control plane, a partition of the reporting path). Stale after 1.5 s, traffic moves."""
+    async with tier.client() as client:
+        before = await load(client, time.monotonic() + 0.5)
+        assert share(before, CHEAP) >= 0.9
+        silenced_at = time.monotonic()
+        tier.stop_reporter(CHEAP)
+        try:
+            during = await load(client, time.monotonic() + 4.0)
+        finally:
+            tier.start_reporter(CHEAP)
+    moved_after_s = max((s.t - silenced_at for s in during if s.member == CHEAP), default=0.0)
+    print(f"\nheartbeat loss: last request routed to the silent member {moved_after_s * 1000:.0f} ms after")
+    assert all(s.status == 200 for s in during)
+    # stale_after_s 1.5 s minus the age of the last heartbeat (sent every 0.5 s); slack for a busy CPU
+    assert 0.5 <= moved_after_s < 3.0
+    assert any(s.t - silenced_at > 3.0 for s in during)  # traffic kept flowing, all of it elsewhere

@@ -79,7 +79,7 @@ async def test_heartbeats_reach_the_router_and_epp_outage_zeroes_ready_pods() ->
     await router.start()
     reporter = Reporter(
         cluster="east", region="us-east-1", cost_per_1k_tokens=0.3,
-        epp_admin=[f"http://127.0.0.1:{epp_port}"], routers=[f"127.0.0.1:{router.port}"], interval_s=0.1,
+        epp_admin=[f"http://127.0.0.1:{epp_port}"], routers=[f"127.0.0.1:{router.port}"], interval_s=0.2,
     )  # fmt: skip
     task = asyncio.create_task(reporter.run())
     try:
@@ -87,16 +87,20 @@ async def test_heartbeats_reach_the_router_and_epp_outage_zeroes_ready_pods() ->
         async def member() -> dict[str, Any]:
             return router.members_json()["members"][0]
 
-        for _ in range(50):
+        for _ in range(100):
             if (await member())["available"]:
                 break
             await asyncio.sleep(0.05)
         got = await member()
         assert got["available"] and got["region"] == "us-east-1" and got["cost_per_1k_tokens"] == 0.3
         assert got["models"]["m"]["ready_pods"] == 2
+        for _ in range(100):  # the ack may still be on its way back
+            if reporter.acks[f"127.0.0.1:{router.port}"] > 0:
+                break
+            await asyncio.sleep(0.05)
         assert reporter.acks[f"127.0.0.1:{router.port}"] > 0
         state["down"] = True
-        for _ in range(50):
+        for _ in range(100):
             if (await member())["models"]["m"]["ready_pods"] == 0:
                 break
             await asyncio.sleep(0.05)
