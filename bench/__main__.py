@@ -26,6 +26,7 @@ from bench.loadgen import LoadGenConfig, RequestResult, run_trace, to_simulated,
 from bench.overhead import measure_overhead, render_overhead
 from bench.report import build_report, run_from, save_run, write_section
 from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
+from bench.scorecard import scorecard_for
 from bench.stats import summarize
 from bench.targets import POLICIES, TargetContext, load_plugins, make_target
 
@@ -191,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(cmd_run(args))
         if args.command == "report":
             names = build_report(args.results, args.doc, args.img, args.baseline)
+            write_section(args.doc, "targets", scorecard_for(args.results))
             print(f"rendered {len(names)} scenario(s) into {args.doc}: {', '.join(names) or 'none'}")
             return 0
         if args.command == "trace":

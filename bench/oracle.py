@@ -22,10 +22,11 @@ import httpx
 from bbr.router import MODEL_HEADER, decode_json_object
 from epp.processor import DESTINATION_HEADER, METADATA_NAMESPACE
 from extproc.errors import ErrorResponse, unavailable
-from extproc.server import add_tls_arguments, start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
+from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer, RequestRoute
 from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore
+from gateway.service_cli import run_service, service_parser
 
 log = logging.getLogger("bench.oracle")
 
@@ -145,25 +146,15 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="bench.oracle", description="Oracle endpoint picker (benchmarks only)"
-    )
-    parser.add_argument("--config", required=True, help="gateway configuration YAML")
+    parser = service_parser("bench.oracle", "Oracle endpoint picker (benchmarks only)", default_port=9002)
     parser.add_argument("--pool", required=True, help="the pool this picker serves")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9002)
     parser.add_argument("--metrics-port", type=int, default=0, help="accepted for EPP CLI parity; unused")
-    parser.add_argument("--drain-seconds", type=float, default=1.0)
-    parser.add_argument("--log-level", default="INFO")
-    add_tls_arguments(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        store_check = ConfigStore.from_file(args.config).current()
-        store_check.pool(args.pool)
+        ConfigStore.from_file(args.config).current().pool(args.pool)
     except KeyError:
         raise SystemExit(f"unknown pool {args.pool!r} in {args.config}") from None
-    asyncio.run(serve(args))
+    run_service(serve, args)
 
 
 if __name__ == "__main__":
