@@ -23,6 +23,7 @@ pools keep ORIGINAL_DST (their pods are not known at render time) and use the fi
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -78,9 +79,9 @@ class Topology:
     listen_port: int
     admin_port: int
     bbr: tuple[str, int]
-    epps: Mapping[str, tuple[str, int]]  # pool name -> EPP host, port
-    server_cert: Path
-    server_key: Path
+    epps: Mapping[str, tuple[str, int]]  # pool name -> EPP host, port (an IP or a DNS name)
+    server_cert: Path | None  # None: plain HTTP listener (TLS terminated in front, e.g. an NLB)
+    server_key: Path | None
     listen_host: str = "127.0.0.1"
     extproc_tls: ExtProcTls | None = None
     ext_proc_timeout_s: float = 10.0
@@ -96,10 +97,19 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3f}s"
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> dict[str, Any]:
+    """An ext_proc service: a fixed IP locally, a Service DNS name in Kubernetes."""
     cluster: dict[str, Any] = {
         "name": name,
-        "type": "STATIC",
+        "type": "STATIC" if _is_ip(host) else "STRICT_DNS",
         "connect_timeout": "1s",
         "load_assignment": {
             "cluster_name": name,
@@ -112,12 +122,16 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
             }
         },
     }
+    if not _is_ip(host):
+        cluster["dns_lookup_family"] = "V4_PREFERRED"
     if tls is not None:
+        # The service must present a certificate for the very name (or IP) Envoy dials.
+        san = {"san_type": "IP_ADDRESS" if _is_ip(host) else "DNS", "matcher": {"exact": host}}
         cluster["transport_socket"] = {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
                 "@type": _TYPES["tls_up"],
-                "sni": "localhost",
+                "sni": "localhost" if _is_ip(host) else host,
                 "common_tls_context": {
                     "tls_certificates": [
                         {
@@ -125,7 +139,10 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
                             "private_key": {"filename": str(tls.client_key)},
                         }
                     ],
-                    "validation_context": {"trusted_ca": {"filename": str(tls.ca)}},
+                    "validation_context": {
+                        "trusted_ca": {"filename": str(tls.ca)},
+                        "match_typed_subject_alt_names": [san],
+                    },
                 },
             },
         }
@@ -533,33 +550,39 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
 
 
 def _https_listener(
-    host: str, port: int, server_cert: Path, server_key: Path, buffer_bytes: int, hcm: dict[str, Any]
+    host: str,
+    port: int,
+    server_cert: Path | None,
+    server_key: Path | None,
+    buffer_bytes: int,
+    hcm: dict[str, Any],
 ) -> dict[str, Any]:
-    """The TLS listener (h2 + http/1.1 by ALPN) in front of an HTTP connection manager."""
+    """The TLS listener (h2 + http/1.1 by ALPN) in front of an HTTP connection manager; plain
+    HTTP when no certificate is given (TLS terminated in front of Envoy)."""
+    chain: dict[str, Any] = {
+        "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]
+    }
+    if server_cert is not None and server_key is not None:
+        chain["transport_socket"] = {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": _TYPES["tls_down"],
+                "common_tls_context": {
+                    "alpn_protocols": ["h2", "http/1.1"],
+                    "tls_certificates": [
+                        {
+                            "certificate_chain": {"filename": str(server_cert)},
+                            "private_key": {"filename": str(server_key)},
+                        }
+                    ],
+                },
+            },
+        }
     return {
-        "name": "https",
+        "name": "https" if "transport_socket" in chain else "http",
         "address": _socket(host, port),
         "per_connection_buffer_limit_bytes": buffer_bytes,
-        "filter_chains": [
-            {
-                "transport_socket": {
-                    "name": "envoy.transport_sockets.tls",
-                    "typed_config": {
-                        "@type": _TYPES["tls_down"],
-                        "common_tls_context": {
-                            "alpn_protocols": ["h2", "http/1.1"],
-                            "tls_certificates": [
-                                {
-                                    "certificate_chain": {"filename": str(server_cert)},
-                                    "private_key": {"filename": str(server_key)},
-                                }
-                            ],
-                        },
-                    },
-                },
-                "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}],
-            }
-        ],
+        "filter_chains": [chain],
     }
 
 

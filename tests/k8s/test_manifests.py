@@ -23,6 +23,7 @@ import yaml
 
 from gateway.config import parse_config
 from gateway.envoy_config import validate_bootstrap
+from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
 from tests.k8s.kustomize_lite import build
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -382,7 +383,8 @@ def test_envoy_bootstrap_routes_by_metadata_to_services_that_exist(target: str) 
     epp = filters["gateway.epp"]["typed_config"]
     assert epp["metadata_options"]["receiving_namespaces"]["untyped"] == ["envoy.lb"]
     # Every public model name of the config reaches the pool route; other names do not.
-    route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
+    routes = {r["name"]: r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
+    route = routes["llama-3-8b-pick"]
     regex = re.compile(route["match"]["headers"][0]["string_match"]["safe_regex"]["regex"])
     for model in parse_config(_gateway_config(objs)).routes():
         assert regex.fullmatch(model), model
@@ -405,6 +407,16 @@ def test_mtls_bootstrap_differs_from_base_only_by_tls() -> None:
                 ctx["validation_context"]["trusted_ca"]["filename"],
             ]
             assert all(str(Path(f).parent) in tls_dirs for f in files)
+
+
+@pytest.mark.parametrize(("out", "argv"), DEPLOY_BOOTSTRAPS, ids=[o for o, _ in DEPLOY_BOOTSTRAPS])
+def test_committed_bootstraps_are_what_the_renderer_makes(
+    out: str, argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(DEPLOY.parent)  # the recorded arguments are relative to the repository
+    assert Path(out).read_text() == render_yaml(argv), (
+        "run `python -m gateway.render_envoy --deploy` and commit"
+    )
 
 
 def test_base_bootstrap_passes_envoy_validate(tmp_path: Path) -> None:
