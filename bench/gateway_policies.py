@@ -34,14 +34,7 @@ from modelsim.fleet import FleetSpec
 
 # Tuned on the scenarios of bench/scenarios (see docs/benchmarks.md, "epp-best").
 BEST_PROFILE: dict[str, Any] = {
-    "weights": {
-        "queue": 2,
-        "kv-cache": 1,
-        "prefix-cache": 2,
-        "lora-affinity": 1,
-        "inflight": 2,
-        "observed-speed": 3,
-    },
+    "weights": {"queue": 2, "kv-cache": 2, "prefix-cache": 3, "inflight": 1, "queue-speed": 2},
 }
 BEST_SCRAPE_MS = 50
 SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first request

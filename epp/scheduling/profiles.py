@@ -21,6 +21,7 @@ SCORER_NAMES = (
     "running-requests",
     "inflight",
     "observed-speed",
+    "queue-speed",
 )
 SCORER_ALIASES = {
     "kvCache": "kv-cache",
@@ -34,6 +35,7 @@ SCORER_ALIASES = {
     "inFlight": "inflight",
     "observedSpeed": "observed-speed",
     "speed": "observed-speed",
+    "queueSpeed": "queue-speed",
 }
 PICKERS = ("max", "weighted-random")
 PICKER_ALIASES = {"weighted": "weighted-random", "random": "weighted-random"}

@@ -173,6 +173,34 @@ def observed_speed(
     return [best / w for w in waits]
 
 
+def queue_speed(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """min(wait) / wait_i with wait_i = (q_i + 1) x tpot_i: TTFT on heterogeneous GPUs.
+
+    A continuously batching server starts a new request once the requests *queued* ahead of
+    it are admitted; running requests share the batch and do not serialise in front of it
+    (`observed-speed` counts them as if they did, which sends traffic from a busy fast GPU
+    to an idle slow one and costs TTFT). q_i = scraped waiting + in-flight requests the
+    scrape has not seen yet; tpot_i = observed inter-token time (the pod's pace at its
+    current batch). Pods without observations take the median tpot of those with.
+    """
+    known = sorted(s.tpot_ewma for s in candidates if s.tpot_ewma is not None)
+    fallback = known[len(known) // 2] if known else 1.0
+    waits: list[float] = []
+    for s in candidates:
+        m = s.metrics
+        if m is None:
+            q = float(s.inflight_requests)
+        else:
+            unseen = s.inflight_requests - m.waiting - m.running
+            q = m.waiting + (unseen if unseen > 0 else 0.0)
+        pace = fallback if s.tpot_ewma is None else s.tpot_ewma
+        waits.append((q + 1.0) * (pace if pace > 1e-6 else 1e-6))
+    best = min(waits, default=1.0)
+    return [best / w for w in waits]
+
+
 SCORERS: dict[str, Scorer] = {
     "queue": queue,
     "kv-cache": kv_cache,
@@ -181,4 +209,5 @@ SCORERS: dict[str, Scorer] = {
     "running-requests": running_requests,
     "inflight": inflight,
     "observed-speed": observed_speed,
+    "queue-speed": queue_speed,
 }

@@ -11,6 +11,7 @@ from epp.scheduling.scorers import (
     observed_speed,
     prefix_cache,
     queue,
+    queue_speed,
     running_requests,
 )
 
@@ -115,6 +116,32 @@ def test_observed_speed_combines_load_and_speed():
 def test_observed_speed_unknown_pod_takes_median_not_best():
     pods = [state("a", ttft=1.0), state("b", ttft=3.0), state("c", ttft=2.0), state("new")]
     scores = observed_speed(req(max_tokens=None), pods, CTX)
+    assert scores[3] == scores[2] == pytest.approx(0.5)
+
+
+def test_queue_speed_busy_fast_pod_beats_idle_slow_pod_while_nothing_queues():
+    # 40 running on the fast pod share its batch: it still starts a new request at once.
+    pods = [state("fast", running=40, tpot=0.008), state("slow", tpot=0.035)]
+    assert queue_speed(req(), pods, CTX) == [1.0, pytest.approx(0.008 / 0.035)]
+    assert (
+        observed_speed(
+            req(),
+            [state("fast", running=40, ttft=0.05, tpot=0.008), state("slow", ttft=0.1, tpot=0.035)],
+            CTX,
+        )[0]
+        < 1.0
+    )
+
+
+def test_queue_speed_queue_tips_traffic_to_the_slow_pod():
+    # 5 queued (2 scraped + 3 unseen in-flight) at 8 ms: 6 x 8 = 48 ms > 35 ms on the idle slow pod.
+    pods = [state("fast", waiting=2, running=10, inflight=15, tpot=0.008), state("slow", tpot=0.035)]
+    assert queue_speed(req(), pods, CTX) == [pytest.approx(0.035 / 0.048), 1.0]
+
+
+def test_queue_speed_unknown_pace_takes_the_median():
+    pods = [state("a", tpot=0.01), state("b", tpot=0.03), state("c", tpot=0.02), state("new", scraped=False)]
+    scores = queue_speed(req(), pods, CTX)
     assert scores[3] == scores[2] == pytest.approx(0.5)
 
 
