@@ -41,6 +41,18 @@ class ModelConfig(_Model):
     rewrites: list[Rewrite] = Field(default_factory=list)
 
 
+def validate_ip_port(v: str) -> str:
+    """`ip:port` (IPv6 in brackets): Envoy connects to endpoints by address, never by name."""
+    host, sep, port = v.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("must be ip:port")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError as exc:
+        raise ValueError("host must be an IP address") from exc
+    return v
+
+
 class EndpointConfig(_Model):
     """A statically configured model-server pod."""
 
@@ -52,14 +64,7 @@ class EndpointConfig(_Model):
     @field_validator("address")
     @classmethod
     def _host_port(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("must be ip:port")
-        try:
-            ipaddress.ip_address(host.strip("[]"))
-        except ValueError as exc:
-            raise ValueError("host must be an IP address (Envoy's ORIGINAL_DST connects to it)") from exc
-        return v
+        return validate_ip_port(v)
 
 
 class KubernetesDiscovery(_Model):

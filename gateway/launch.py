@@ -95,6 +95,13 @@ def grpc_serving(port: int, tls: CertSet | None = None) -> bool:
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def https_client(url: str, ca: Path, *, timeout: float = 60, **kwargs: Any) -> httpx.AsyncClient:
+    """An async client for a local gateway, trusting the CA its certificates were made with."""
+    return httpx.AsyncClient(
+        base_url=url, verify=ssl.create_default_context(cafile=str(ca)), timeout=timeout, **kwargs
+    )
+
+
 @dataclass
 class Proc:
     name: str
@@ -130,12 +137,7 @@ class LocalGateway:
         return f"https://127.0.0.1:{self.listen_port}"
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.url,
-            verify=ssl.create_default_context(cafile=str(self.certs.ca)),
-            timeout=60,
-            **kwargs,
-        )
+        return https_client(self.url, self.certs.ca, **kwargs)
 
     def pods_of(self, model: str) -> list[str]:
         return [p["address"] for p in self.pods if p["model"] == model]

@@ -6,13 +6,14 @@ knows and the members the ext_proc may pick can never disagree.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.config import validate_ip_port
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
@@ -43,14 +44,7 @@ class Member(_Model):
     @field_validator("address")
     @classmethod
     def _host_port(cls, v: str) -> str:
-        host, sep, port = v.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("must be ip:port")
-        try:
-            ipaddress.ip_address(host.strip("[]"))
-        except ValueError as exc:
-            raise ValueError("host must be an IP address") from exc
-        return v
+        return validate_ip_port(v)
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -7,7 +7,6 @@ local demos; every process is a child of the caller and logs to `<workdir>/logs/
 from __future__ import annotations
 
 import os
-import ssl
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -19,7 +18,7 @@ import httpx
 import yaml
 
 from gateway.certs import CertSet, make_certs
-from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, grpc_serving, wait_until
+from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, grpc_serving, https_client, wait_until
 from globalrouter.config import parse_config
 from globalrouter.envoy_config import GlobalTopology, write_bootstrap
 
@@ -69,12 +68,7 @@ class GlobalTier:
         return f"https://127.0.0.1:{self.listen_port}"
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.url,
-            verify=ssl.create_default_context(cafile=str(self.certs.ca)),
-            timeout=30,
-            **kwargs,
-        )
+        return https_client(self.url, self.certs.ca, timeout=30, **kwargs)
 
     def start_reporter(self, cluster: str) -> None:
         self.procs[f"reporter-{cluster}"] = spawn(

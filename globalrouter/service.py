@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from extproc.stream import ExtProcStream, ProtocolViolation
+from extproc.stream import ExtProcServicer
 from globalrouter.api import cluster_report_pb2 as rpb
 from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
 from globalrouter.members import MemberBook, ModelLoad
@@ -30,6 +30,7 @@ ROLE_METADATA = "x-global-role"
 class GlobalExtProcServicer:
     def __init__(self, ctx: RouterContext) -> None:
         self._ctx = ctx
+        self._router = ExtProcServicer(lambda: GlobalProcessor(ctx), name="global router")
         self.active_streams = 0
 
     async def Process(
@@ -41,31 +42,11 @@ class GlobalExtProcServicer:
             if role == "observer":
                 async for response in observe(self._ctx, request_iterator):
                     yield response
-            else:
-                async for response in self._route(request_iterator, context):
+            else:  # the shared stream state machine, as in BBR and the EPP
+                async for response in self._router.Process(request_iterator, context):
                     yield response
         finally:
             self.active_streams -= 1
-
-    async def _route(
-        self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
-        processor = GlobalProcessor(self._ctx)
-        stream = ExtProcStream(processor)
-        try:
-            async for msg in request_iterator:
-                async for response in stream.handle(msg):
-                    yield response
-                if stream.refused:
-                    return
-        except ProtocolViolation as exc:
-            log.warning("global router: ext_proc protocol violation: %s", exc)
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        finally:
-            try:
-                processor.on_close(stream.completed)
-            except Exception:
-                log.exception("global router: on_close failed")
 
 
 def _finite(value: float, low: float = 0.0, high: float = math.inf) -> float:
