@@ -111,8 +111,10 @@ async def cmd_run(args: argparse.Namespace) -> int:
             return 2
     scenario = load_scenario(args.scenario, args.mode)
     work_dir = Path(tempfile.mkdtemp(prefix=f"bench-{scenario.name}-"))
-    async with _workers(scenario, args.worker_urls) as urls:
-        for policy in args.policy:
+    for policy in args.policy:
+        # A fresh simulated fleet per policy: every policy replays the same trace, and pods kept
+        # from the previous policy would still hold its prompts in their prefix caches.
+        async with _workers(scenario, args.worker_urls) as urls:
             ctx = TargetContext(urls, work_dir, scenario, _options(args.target_opt))
             await run_policy(scenario, policy, args, ctx)
     return 0
