@@ -56,8 +56,9 @@ def check_scenario(scenario: str, summaries: Mapping[str, Summary]) -> list[tupl
     ours = summaries.get(OURS)
     base = summaries.get(BASELINE)
     for target in TARGETS.get(scenario, ()):
+        label = f"TTFT {target.metric[-3:].upper()} vs {BASELINE}"
         if ours is None or base is None:
-            rows.append((f"{target.metric} vs {BASELINE}", "missing run", None))
+            rows.append((label, "run missing", None))
             continue
         change = _change(getattr(ours, target.metric), getattr(base, target.metric))
         if target.band is not None:
@@ -70,7 +71,7 @@ def check_scenario(scenario: str, summaries: Mapping[str, Summary]) -> list[tupl
             f"{_fmt_s(getattr(ours, target.metric))} vs {_fmt_s(getattr(base, target.metric))}: "
             f"{_fmt_pct(change)} (goal {goal})"
         )
-        rows.append((f"TTFT {target.metric[-3:].upper()} vs {BASELINE}", figures, hit))
+        rows.append((label, figures, hit))
     if ours is None:
         return rows
     peers = {p: s for p, s in summaries.items() if p.startswith(PEER_PREFIXES)}
