@@ -90,9 +90,6 @@ class WeightedScheduler:
             reason = f"no endpoint serves {what}model {request.target_model!r}"
             return Decision((), profile=profile.name, reason=reason)
         candidates = healthy(candidates)
-        if not candidates:
-            reason = f"no healthy endpoint for model {request.target_model!r}"
-            return Decision((), profile=profile.name, reason=reason)
         candidates, all_saturated = unsaturated(fresh(candidates, th.stale_after), th)
 
         hashes: tuple[int, ...] = ()

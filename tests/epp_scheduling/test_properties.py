@@ -108,10 +108,11 @@ def test_every_pick_is_a_valid_ranking(pods, profile, adapter, seed):
     if states:
         sched.on_routed(r, states[seed % len(states)].address)
     d = sched.pick(r, snap(*states))
-    healthy = {s.address for s in states if s.healthy}
-    if not healthy:
+    if not states:
         assert d.ranked == () and d.reason
         return
+    # Unhealthy pods are skipped unless none is healthy; then all are kept (scrapes starved).
+    healthy = {s.address for s in states if s.healthy} or {s.address for s in states}
     assert len(set(d.ranked)) == len(d.ranked) and set(d.ranked) <= healthy
     assert set(d.scores) == set(d.ranked)
     totals = [d.scores[a]["total"] for a in d.ranked]
