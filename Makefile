@@ -37,7 +37,7 @@ proto: $(STAMP)
 # report rewrites the tables and plots of docs/benchmarks.md (docs/img).
 BENCH_QUICK_SCENARIOS := mixed-gpu bursty shared-prefix
 BENCH_QUICK_POLICIES := round-robin epp-default epp-best sglang-cache_aware
-BENCH_SCENARIOS := uniform mixed-gpu bursty shared-prefix shared-prefix-long docqa lora long-short
+BENCH_SCENARIOS := uniform mixed-gpu bursty bursty-headroom shared-prefix shared-prefix-long docqa lora long-short
 BENCH_POLICIES := round-robin least-request epp-default epp-best oracle sglang-cache_aware \
 	sglang-power_of_two vllm-cache_aware vllm-round_robin
 

@@ -34,7 +34,15 @@ from modelsim.fleet import FleetSpec
 
 # Tuned on the scenarios of bench/scenarios (see docs/benchmarks.md, "epp-best").
 BEST_PROFILE: dict[str, Any] = {
-    "weights": {"queue": 2, "kv-cache": 2, "prefix-cache": 3, "inflight": 1, "queue-speed": 2},
+    # lora-affinity scores every pod alike for base-model requests, so it only acts on LoRA traffic.
+    "weights": {
+        "queue": 2,
+        "kv-cache": 2,
+        "prefix-cache": 3,
+        "inflight": 1,
+        "queue-speed": 2,
+        "lora-affinity": 4,
+    },
 }
 BEST_SCRAPE_MS = 50
 SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first request

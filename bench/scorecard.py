@@ -31,6 +31,7 @@ class Target:
 TARGETS: Mapping[str, tuple[Target, ...]] = {
     "mixed-gpu": (Target("ttft_p95", -0.97),),
     "bursty": (Target("ttft_p95", -0.94), Target("ttft_p99", -0.98)),
+    "bursty-headroom": (Target("ttft_p95", -0.94), Target("ttft_p99", -0.98)),
     "shared-prefix": (Target("ttft_p95", -0.50), Target("ttft_p99", -0.60)),
     "shared-prefix-long": (Target("ttft_p95", -0.50), Target("ttft_p99", -0.60)),
     "uniform": (Target("ttft_p95", None, band=0.05),),
