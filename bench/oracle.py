@@ -23,7 +23,7 @@ from bbr.router import MODEL_HEADER, decode_json_object
 from epp.processor import DESTINATION_HEADER, METADATA_NAMESPACE
 from extproc.errors import ErrorResponse, unavailable
 from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
-from extproc.stream import ExtProcServicer, RequestRoute
+from extproc.stream import ExtProcServicer, RequestOnlyProcessor, RequestRoute
 from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore
 from gateway.service_cli import run_service, service_parser
@@ -98,7 +98,7 @@ class OraclePicker:
         return best.address
 
 
-class OracleProcessor:
+class OracleProcessor(RequestOnlyProcessor):
     def __init__(self, picker: OraclePicker) -> None:
         self._picker = picker
         self.max_body_bytes = picker.config.bbr.max_body_bytes
@@ -120,15 +120,6 @@ class OracleProcessor:
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: picked}},
             clear_route_cache=True,
         )
-
-    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
-        return None
-
-    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
-        return None
-
-    def on_close(self, completed: bool) -> None:
-        return None
 
 
 async def serve(args: argparse.Namespace) -> None:

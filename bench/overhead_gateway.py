@@ -36,7 +36,7 @@ from bench.stats import percentile
 from bench.stub_server import StubConfig, StubServer
 from extproc.errors import ErrorResponse
 from extproc.server import start_grpc_service, wait_for_shutdown_signal
-from extproc.stream import ExtProcServicer, RequestRoute
+from extproc.stream import ExtProcServicer, RequestOnlyProcessor, RequestRoute
 from gateway.launch import Proc, free_port, grpc_serving, start_local_gateway
 
 MODEL = "llama3.1-8b"
@@ -67,22 +67,13 @@ async def serve_stub(tokens: int) -> None:
     await stub.stop()
 
 
-class NoopProcessor:
+class NoopProcessor(RequestOnlyProcessor):
     """Continues everything unchanged (FULL_DUPLEX_STREAMED still makes it re-emit the body)."""
 
     max_body_bytes = 64 * 1024 * 1024
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         return RequestRoute()
-
-    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
-        return None
-
-    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
-        return None
-
-    def on_close(self, completed: bool) -> None:
-        return None
 
 
 async def serve_noop(port: int) -> None:

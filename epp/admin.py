@@ -8,10 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import REGISTRY, generate_latest
 
 from epp.pool import PoolSnapshot
 from epp.telemetry import Telemetry
+from gateway.admin_http import start_admin_http
 
 
 def _finite(value: float) -> float | None:
@@ -50,26 +51,15 @@ async def start_admin_server(
     snapshot: Callable[[], PoolSnapshot],
     extra: Callable[[], dict] | None = None,
 ) -> tuple[web.AppRunner, int]:
-    async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(telemetry.registry) + generate_latest(REGISTRY)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    async def debug_pool(_: web.Request) -> web.Response:
+    def debug_pool() -> dict[str, Any]:
         data = pool_json(snapshot())
         if extra:
             data.update(extra())
-        return web.json_response(data)
+        return data
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/debug/pool", debug_pool)
-    app.router.add_get("/healthz", healthz)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, bound
+    return await start_admin_http(
+        host,
+        port,
+        metrics=lambda: generate_latest(telemetry.registry) + generate_latest(REGISTRY),
+        views={"/debug/pool": debug_pool},
+    )

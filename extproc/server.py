@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import logging
 import signal
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
@@ -50,26 +52,32 @@ class GrpcService:
 
 
 async def start_grpc_service(
-    servicer: ExtProcServicer,
+    servicer: ExtProcServicer | Any,
     *,
     host: str,
     port: int,
     tls: TlsFiles | None = None,
+    extra_services: Sequence[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]] = (),
 ) -> GrpcService:
+    """ext_proc + health on one port; `extra_services` are (add_to_server, servicer, health
+    name) triples for a service that shares the port (the global router's heartbeat API)."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", 8 * 1024 * 1024),
             ("grpc.max_send_message_length", 8 * 1024 * 1024),
         ]
     )
-    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)  # type: ignore[arg-type]
+    pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)
+    for add, extra, _ in extra_services:
+        add(extra, server)
     health = health_async.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
     bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     await server.start()
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
-    await health.set("envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING)
+    for name in ("envoy.service.ext_proc.v3.ExternalProcessor", *(n for _, _, n in extra_services)):
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     return GrpcService(server, health, bound)
 
 

@@ -66,6 +66,22 @@ class Processor(Protocol):
 ProcessorFactory = Callable[[], Processor]
 
 
+class RequestOnlyProcessor:
+    """Base for processors that act on the request alone (BBR, benchmark pickers): the
+    response hooks acknowledge and account nothing."""
+
+    max_body_bytes: int
+
+    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
+        return None
+
+    def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
+        return None
+
+    def on_close(self, completed: bool) -> None:
+        return None
+
+
 class _Phase(enum.Enum):
     EXPECT_HEADERS = "expect_headers"
     COLLECTING_BODY = "collecting_body"
