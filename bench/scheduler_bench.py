@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 
+from bench.parse_metrics_bench import per_call_us
 from epp.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
 from epp.request import InferenceRequest
 from epp.scheduling import BUILTIN_PROFILES, WeightedScheduler, prompt_hashes
@@ -62,10 +62,10 @@ def main() -> None:
     rng = random.Random(1)
     system = "".join(rng.choice("abcdefghij ") for _ in range(3000))
     prompt = system + "".join(rng.choice("klmnop ") for _ in range(1096))  # 4 KB
-    hash_us = _best(lambda: prompt_hashes("llama", prompt), args.repeat)
+    hash_us = per_call_us(lambda: prompt_hashes("llama", prompt), args.repeat)
     print(f"hash 4 KB prompt (64 blocks): {hash_us:.1f} us")
     huge = "".join(rng.choice("abcdefghij ") for _ in range(200_000))
-    huge_us = _best(lambda: prompt_hashes("llama", huge), max(10, args.repeat // 10))
+    huge_us = per_call_us(lambda: prompt_hashes("llama", huge), max(10, args.repeat // 10))
     print(f"hash 200 KB prompt (capped at 256 blocks): {huge_us:.1f} us")
     print(f"{'profile':>8} {'pods':>5} {'pick us':>8} {'pick - hash us':>15}")
     for pods in (8, 64):
@@ -76,23 +76,13 @@ def main() -> None:
                 warm = request(system[: 64 * (10 + i % 30)], profile, -i - 1)
                 sched.on_routed(warm, state.address)
             counter = iter(range(10**9))
-            us = _best(
+            us = per_call_us(
                 lambda s=sched, p=profile, c=counter, snap=snapshot: s.pick(
                     request(prompt, p, next(c)), snap
                 ),
                 args.repeat,
             )
             print(f"{profile:>8} {pods:>5} {us:>8.1f} {us - hash_us:>15.1f}")
-
-
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeat):
-            fn()
-        best = min(best, (time.perf_counter() - start) / repeat)
-    return best * 1e6
 
 
 if __name__ == "__main__":

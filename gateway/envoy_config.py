@@ -533,7 +533,7 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         "admin": {"address": _socket("127.0.0.1", topo.admin_port)},
         "static_resources": {
             "listeners": [
-                _https_listener(
+                https_listener(
                     topo.listen_host,
                     topo.listen_port,
                     topo.server_cert,
@@ -549,7 +549,7 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
     return bootstrap
 
 
-def _https_listener(
+def https_listener(
     host: str,
     port: int,
     server_cert: Path | None,
@@ -670,7 +670,7 @@ def render_baseline_bootstrap(
         "admin": {"address": _socket("127.0.0.1", admin_port)},
         "static_resources": {
             "listeners": [
-                _https_listener(listen_host, listen_port, server_cert, server_key, 4 * 1024 * 1024, hcm)
+                https_listener(listen_host, listen_port, server_cert, server_key, 4 * 1024 * 1024, hcm)
             ],
             "clusters": clusters,
         },

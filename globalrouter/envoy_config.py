@@ -31,6 +31,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from gateway.envoy_config import https_listener
 from globalrouter.config import ConfigError, RouterConfig, load_config
 from globalrouter.processor import (
     CLUSTER_HEADER,
@@ -295,31 +296,14 @@ def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, An
             {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
         ],
     }
-    listener = {
-        "name": "https",
-        "address": _socket(topo.listen_host, topo.listen_port),
-        "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
-        "filter_chains": [
-            {
-                "transport_socket": {
-                    "name": "envoy.transport_sockets.tls",
-                    "typed_config": {
-                        "@type": _TYPES["tls_down"],
-                        "common_tls_context": {
-                            "alpn_protocols": ["h2", "http/1.1"],
-                            "tls_certificates": [
-                                {
-                                    "certificate_chain": {"filename": str(topo.server_cert)},
-                                    "private_key": {"filename": str(topo.server_key)},
-                                }
-                            ],
-                        },
-                    },
-                },
-                "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}],
-            }
-        ],
-    }
+    listener = https_listener(
+        topo.listen_host,
+        topo.listen_port,
+        topo.server_cert,
+        topo.server_key,
+        topo.connection_buffer_bytes,
+        hcm,
+    )
     clusters = [_router_cluster(topo)] + [
         _member_cluster(config, i, topo) for i in range(len(config.members))
     ]
