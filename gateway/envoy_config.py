@@ -324,6 +324,22 @@ def uses_override_host(pool: PoolConfig) -> bool:
     return bool(pool.endpoints) and pool.kubernetes is None
 
 
+# Envoy's default circuit breakers allow 3 concurrent retries and 1,024 requests per cluster.
+# A pod refusing connections under concurrent load needs more than 3 retries at once (measured:
+# the 4th got a 503 instead of the fallback pod), and LLM streams are long-lived, so a pool
+# easily holds more than 1,024 at once; the EPP's admission is the real limit.
+_POOL_CIRCUIT_BREAKERS: dict[str, Any] = {
+    "thresholds": [
+        {
+            "max_connections": 100_000,
+            "max_pending_requests": 100_000,
+            "max_requests": 100_000,
+            "max_retries": 1_000,
+        }
+    ]
+}
+
+
 def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
     clusters: list[dict[str, Any]] = []
     for pool in config.pools:
@@ -339,6 +355,7 @@ def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
                     },
                     "load_balancing_policy": _override_host_policy(),
                     "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
+                    "circuit_breakers": _POOL_CIRCUIT_BREAKERS,
                 }
             )
         else:
@@ -354,6 +371,7 @@ def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
                         "metadata_key": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]},
                     },
                     "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
+                    "circuit_breakers": _POOL_CIRCUIT_BREAKERS,
                 }
             )
         if pool.failure_mode == "FailOpen":
