@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -100,6 +100,42 @@ def share(sent: list[Sent], member: str) -> float:
     return sum(s.member == member for s in sent) / max(1, len(sent))
 
 
+async def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `check` without blocking the event loop (heartbeat tasks run on it)."""
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(check):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not seen after {timeout_s:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+def estimates(tier: GlobalTier, member: str) -> list[float]:
+    """Each router replica's TTFT estimate for `member` (inf while it has no load report)."""
+    out = []
+    for replica in range(len(tier.router_ports)):
+        model = tier.members(replica)[member]["models"].get(MODEL)
+        out.append(float("inf") if model is None else model["estimated_ttft_s"])
+    return out
+
+
+def settled(tier: GlobalTier, member: str = CHEAP) -> None:
+    """Wait until every router replica sees `member` fresh, at full ramp weight, not ejected
+    and within the TTFT objective: an earlier test (a stopped reporter, a restarted Envoy)
+    may have left it ramping back, and a loaded machine makes that take longer."""
+
+    def ready() -> bool:
+        for replica in range(len(tier.router_ports)):
+            m = tier.members(replica)[member]
+            model = m["models"].get(MODEL)
+            if not (m["available"] and m["ramp"] >= 1.0 and m["ejected_for_s"] == 0 and model):
+                return False
+            if model["estimated_ttft_s"] >= 1.0:
+                return False
+        return True
+
+    wait_until(ready, 60, f"{member} settled on every router replica")
+
+
 async def heartbeat(
     tier: GlobalTier, cluster: str, *, avg_queue: float, ttft_s: float, tpot_s: float, seconds: float
 ) -> None:
@@ -134,6 +170,7 @@ async def heartbeat(
 
 
 async def test_low_load_goes_to_the_cheap_cluster(tier: GlobalTier) -> None:
+    settled(tier)
     async with tier.client() as client:
         sent = [await send(client, **{"x-gateway-client-region": "us-east-1"}) for _ in range(12)]
         # A client cannot steer the global route itself.
@@ -148,19 +185,20 @@ async def test_spills_to_the_dear_cluster_when_the_cheap_one_misses_the_objectiv
     """Heartbeats say the cheap cluster is slow and queued (6 waiting per pod, TTFT 0.1 s,
     TPOT 20 ms: estimated TTFT ~1.5 s > 1 s): traffic spills to the dear one. When they say it
     is fast and lightly loaded again (estimate ~0.03 s) traffic returns to it."""
+    settled(tier)
     tier.stop_reporter(CHEAP)
     try:
         async with tier.client() as client:
             beats = asyncio.create_task(
-                heartbeat(tier, CHEAP, avg_queue=6, ttft_s=0.1, tpot_s=0.02, seconds=2.5)
+                heartbeat(tier, CHEAP, avg_queue=6, ttft_s=0.1, tpot_s=0.02, seconds=4.0)
             )
-            await asyncio.sleep(0.6)
+            await eventually(lambda: min(estimates(tier, CHEAP)) > 1.0, 10, "queued heartbeats applied")
             queued = await load(client, time.monotonic() + 1.2)
             await beats
             beats = asyncio.create_task(
-                heartbeat(tier, CHEAP, avg_queue=0, ttft_s=0.01, tpot_s=0.001, seconds=2.5)
+                heartbeat(tier, CHEAP, avg_queue=0, ttft_s=0.01, tpot_s=0.001, seconds=4.0)
             )
-            await asyncio.sleep(0.6)
+            await eventually(lambda: max(estimates(tier, CHEAP)) < 1.0, 10, "calm heartbeats applied")
             calm = await load(client, time.monotonic() + 1.2)
             await beats
     finally:
@@ -251,9 +289,10 @@ async def test_token_budget_counts_usage_from_responses(tier: GlobalTier, redis_
 
 async def test_failover_and_gradual_return(tier: GlobalTier) -> None:
     cheap_gw = tier.clusters[CHEAP].gateway
+    settled(tier)
     async with tier.client() as client:
         before = await load(client, time.monotonic() + 1.0)
-        assert share(before, CHEAP) >= 0.9
+        assert share(before, CHEAP) >= 0.9, tier.members(0)[CHEAP]
         # Kill the cheap cluster's Envoy and its reporter while traffic flows.
         killed_at = time.monotonic()
         cheap_gw.procs["envoy"].stop()
@@ -277,7 +316,9 @@ async def test_failover_and_gradual_return(tier: GlobalTier) -> None:
     moved_after_s = max(to_cheap, default=0.0)
     assert moved_after_s < 5.0
     assert max(failures, default=0.0) < 5.0
-    assert share([s for s in during if s.t - killed_at > 0.5], DEAR) == 1.0
+    # Passive health usually moves traffic at the first refused connection; the heartbeat
+    # staleness bound (1.5 s) guarantees it even on a machine too busy for that to show.
+    assert share([s for s in during if s.t - killed_at > 2.0], DEAR) == 1.0
     buckets = [
         share([s for s in after if lo <= s.t - back_at < lo + 1.0], CHEAP) for lo in range(int(RAMP_S) + 1)
     ]
@@ -294,9 +335,10 @@ async def test_failover_and_gradual_return(tier: GlobalTier) -> None:
 async def test_silent_cluster_is_dropped_when_heartbeats_stop(tier: GlobalTier) -> None:
     """Active health alone: the cluster still answers, but its reporter went quiet (a hung
     control plane, a partition of the reporting path). Stale after 1.5 s, traffic moves."""
+    settled(tier)
     async with tier.client() as client:
         before = await load(client, time.monotonic() + 0.5)
-        assert share(before, CHEAP) >= 0.9
+        assert share(before, CHEAP) >= 0.9, tier.members(0)[CHEAP]
         silenced_at = time.monotonic()
         tier.stop_reporter(CHEAP)
         try:
