@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import kubernetes
+from prometheus_client import Gauge
 
 from gateway.config_store import ConfigStore
 from gateway.kube_watch import Obj, Reflector, default_api_client
@@ -24,6 +25,12 @@ log = logging.getLogger(__name__)
 GROUP = "gateway.inference.dev"
 VERSION = "v1alpha1"
 PLURAL = "inferencegatewayconfigs"
+
+RESOURCE_PRESENT = Gauge(
+    "gateway_config_resource_present",
+    "1 while the followed InferenceGatewayConfig exists, 0 once it was deleted (last good config kept)",
+    ["resource"],
+)
 
 
 class ConfigResourceWatcher:
@@ -80,6 +87,7 @@ class ConfigResourceWatcher:
     def _synced(self, cache: dict[str, Obj], _selector: str) -> None:
         """Reflector thread: hand the spec to the loop when the object's spec changed."""
         obj = cache.get(self.name)
+        RESOURCE_PRESENT.labels(resource=self.source).set(0 if obj is None else 1)
         if obj is None:
             log.warning("%s is absent; keeping the current configuration", self.source)
             return

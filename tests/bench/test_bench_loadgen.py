@@ -32,15 +32,16 @@ async def test_ttft_itl_tokens_and_pod_are_measured(stub: StubServer) -> None:
     assert len(run.results) == 3 and run.not_sent == 0
     for r in run.results:
         assert r.ok, r.error
-        assert 0.2 <= r.ttft_s < 0.3
+        # Lower bounds are the stub's delays; upper bounds leave room for a loaded machine.
+        assert 0.2 <= r.ttft_s < 0.7
         assert len(r.itl_s) == 4
-        assert all(0.045 <= gap < 0.12 for gap in r.itl_s)
-        assert 0.4 <= r.e2e_s < 0.6
+        assert all(0.045 <= gap < 0.5 for gap in r.itl_s)
+        assert 0.4 <= r.e2e_s < 2.0
         assert r.output_tokens == 5 and r.content_chunks == 5
         assert r.pod == "pod-a"
-        assert abs(r.lag_s) < 0.05
+        assert abs(r.lag_s) < 0.25
     assert [r.scheduled_s for r in run.results] == [0.0, 0.05, 0.1]
-    assert all(r.sent_s == pytest.approx(r.scheduled_s, abs=0.05) for r in run.results)
+    assert all(r.sent_s == pytest.approx(r.scheduled_s, abs=0.25) for r in run.results)
     sent = stub.stats.bodies[0]
     assert sent["stream"] is True and sent["stream_options"]["include_usage"] is True
 
@@ -80,14 +81,14 @@ async def test_open_loop_keeps_the_schedule_while_requests_are_in_flight(stub: S
     times = [i * 0.02 for i in range(20)]  # 50 req/s, each request lasts ~0.4 s
     run = await run_trace(_trace(times), LoadGenConfig(base_url=stub.url))
     assert all(r.ok for r in run.results)
-    assert max(abs(r.lag_s) for r in run.results) < 0.05
-    assert run.wall_s < 1.2
+    assert max(abs(r.lag_s) for r in run.results) < 0.25
+    assert run.wall_s < 4.0  # open loop: one after the other would take 20 x 0.4 s = 8 s
 
 
 async def test_concurrency_cap_shows_up_as_lag(stub: StubServer) -> None:
     run = await run_trace(_trace([0.0] * 4), LoadGenConfig(base_url=stub.url, concurrency=2))
     lags = sorted(r.lag_s for r in run.results)
-    assert lags[1] < 0.05 and lags[2] >= 0.4  # the 3rd waits for a slot (~0.45 s request)
+    assert lags[1] < 0.3 and lags[2] >= 0.4  # the 3rd waits for a slot (~0.45 s request)
 
 
 async def test_bounds_on_count_and_wall_time(stub: StubServer) -> None:
@@ -100,7 +101,7 @@ async def test_bounds_on_count_and_wall_time(stub: StubServer) -> None:
         elapsed = asyncio.get_running_loop().time() - started
     finally:
         await slow.stop()
-    assert elapsed < 2.0
+    assert elapsed < 10.0  # cut at the wall-time limit, not after the 30 s first token
     assert len(run.results) == 2 and run.not_sent == 1
     assert all(r.error == "cancelled at wall-time limit" for r in run.results)
 

@@ -1,5 +1,3 @@
-import time
-
 import pytest
 import xxhash
 
@@ -28,13 +26,12 @@ def test_block_cap_bounds_huge_prompts():
         prompt_hashes("m", "q", block_chars=0)
 
 
-def test_hashing_a_200kb_prompt_is_fast():
+def test_hashing_a_200kb_prompt_reads_only_the_capped_head():
+    """The work per request is bounded by the block cap, whatever the prompt's size: the
+    hashes depend on the first 256 x 64 characters only (speed is measured in bench/)."""
     prompt = "lorem ipsum dolor sit amet " * 8000
-    start = time.perf_counter()
-    for _ in range(20):
-        prompt_hashes("m", prompt)
-    per_call = (time.perf_counter() - start) / 20
-    assert per_call < 0.005  # measured ~0.1 ms; bounded by the 256-block cap
+    head = prompt[: 256 * 64]
+    assert prompt_hashes("m", prompt) == prompt_hashes("m", head + "a different tail" * 999)
 
 
 def test_match_counts_consecutive_leading_blocks():

@@ -125,6 +125,7 @@ class FakeKubeApiServer:
         self.expired_watches: Counter[ResourceKind] = Counter()  # watches answered with 410 Gone
         self._watchers: set[_Watcher] = set()
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every API call
+        self.request_times: list[float] = []  # monotonic arrival time of each of `requests`
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -268,11 +269,15 @@ class FakeKubeApiServer:
 
     def calls(self, kind: ResourceKind, *, watch: bool) -> list[dict[str, str]]:
         """Queries of the list (watch=False) or watch (watch=True) calls made for a kind."""
+        return [query for _, query in self.timed_calls(kind, watch=watch)]
+
+    def timed_calls(self, kind: ResourceKind, *, watch: bool) -> list[tuple[float, dict[str, str]]]:
+        """(arrival time, query) of the list or watch calls made for a kind."""
         out = []
-        for path, query in list(self.requests):
+        for t, (path, query) in zip(list(self.request_times), list(self.requests), strict=False):
             if path.startswith(kind.prefix + "/") and path.endswith("/" + kind.plural):
                 if (query.get("watch") in ("true", "1")) == watch:
-                    out.append(query)
+                    out.append((t, query))
         return out
 
     def _control_all(self, control: str) -> None:
@@ -313,6 +318,7 @@ class FakeKubeApiServer:
         )
 
     def _precheck(self, request: web.Request) -> None:
+        self.request_times.append(time.monotonic())
         self.requests.append((request.path, dict(request.query)))
         if self._unavailable:
             raise web.HTTPServiceUnavailable(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -71,6 +73,13 @@ async def _fake_epp(state: dict[str, Any]) -> tuple[web.AppRunner, int]:
     return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
 
+async def until(check: Callable[[], bool], within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, f"not within {within} s"
+        await asyncio.sleep(0.05)
+
+
 async def test_heartbeats_reach_the_router_and_epp_outage_zeroes_ready_pods() -> None:
     state = {"down": False}
     epp, epp_port = await _fake_epp(state)
@@ -87,29 +96,19 @@ async def test_heartbeats_reach_the_router_and_epp_outage_zeroes_ready_pods() ->
         async def member() -> dict[str, Any]:
             return router.members_json()["members"][0]
 
-        for _ in range(100):
-            if (await member())["available"]:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: router.members_json()["members"][0]["available"])
         got = await member()
         assert got["available"] and got["region"] == "us-east-1" and got["cost_per_1k_tokens"] == 0.3
         assert got["models"]["m"]["ready_pods"] == 2
-        for _ in range(100):  # the ack may still be on its way back
-            if reporter.acks[f"127.0.0.1:{router.port}"] > 0:
-                break
-            await asyncio.sleep(0.05)
-        assert reporter.acks[f"127.0.0.1:{router.port}"] > 0
+        await until(lambda: reporter.acks[f"127.0.0.1:{router.port}"] > 0)  # the ack may be on its way
         state["down"] = True
-        for _ in range(100):
-            if (await member())["models"]["m"]["ready_pods"] == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert (await member())["models"]["m"]["ready_pods"] == 0
+        await until(lambda: router.members_json()["members"][0]["models"]["m"]["ready_pods"] == 0)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await asyncio.sleep(1.2)  # heartbeats stop: stale after 1 s
-        assert not (await member())["available"]
+        stopped = time.monotonic()
+        await until(lambda: not router.members_json()["members"][0]["available"])  # stale after 1 s
+        assert time.monotonic() - stopped >= 0.5  # the last heartbeat (<= 0.2 s old) kept it fresh a while
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -44,7 +44,7 @@ class Recorder:
     def history(self) -> list[set[str]]:
         return [{e.address for e in call} for call in self.calls]
 
-    async def until(self, predicate: Callable[[set[str]], bool], within: float = 3.0) -> None:
+    async def until(self, predicate: Callable[[set[str]], bool], within: float = 15.0) -> None:
         async def wait() -> None:
             while not predicate(self.addresses):
                 self._changed.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import kubernetes
+from prometheus_client import REGISTRY
 
 from gateway.config import parse_config
 from gateway.config_resource import ConfigResourceWatcher
@@ -20,12 +21,16 @@ def resource(spec: dict) -> dict:
     return {"metadata": {"name": "gateway", "namespace": "default"}, "spec": spec}
 
 
-async def until(predicate, within: float = 3.0) -> None:  # type: ignore[no-untyped-def]
+async def until(predicate, within: float = 15.0) -> None:  # type: ignore[no-untyped-def]
     for _ in range(int(within / 0.02)):
         if predicate():
             return
         await asyncio.sleep(0.02)
     raise AssertionError("condition not reached")
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def test_resource_changes_apply_and_invalid_ones_keep_the_last_good(
@@ -41,8 +46,9 @@ async def test_resource_changes_apply_and_invalid_ones_keep_the_last_good(
         await until(lambda: "chat" in store.current().profiles)
         assert store.source == "inferencegatewayconfigs/default/gateway"
 
+        rejected = sample("gateway_config_reloads_total", result="rejected")
         kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "profiles": {"chat": {"weights": {"bogus": 1}}}}))
-        await asyncio.sleep(0.3)
+        await until(lambda: sample("gateway_config_reloads_total", result="rejected") > rejected)
         assert store.current().profiles["chat"].weights == {"queue": 7}  # rejected: last good stays
 
         kube.apply(
@@ -52,7 +58,8 @@ async def test_resource_changes_apply_and_invalid_ones_keep_the_last_good(
         await until(lambda: store.current().default_profile == "chat")
 
         kube.delete(GATEWAY_CONFIGS, "gateway")
-        await asyncio.sleep(0.3)
+        present = {"resource": watcher.source}
+        await until(lambda: REGISTRY.get_sample_value("gateway_config_resource_present", present) == 0)
         assert store.current().default_profile == "chat"  # deletion never takes traffic down
     finally:
         await watcher.stop()

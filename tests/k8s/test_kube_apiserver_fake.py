@@ -155,7 +155,7 @@ def test_timeout_and_dropped_connection_end_the_stream(
         )
         == []
     )
-    assert 0.9 < time.monotonic() - t0 < 3
+    assert 0.9 < time.monotonic() - t0 < 10
     _later(0.1, kube.drop_watches)
     with pytest.raises(urllib3.exceptions.ProtocolError):
         list(

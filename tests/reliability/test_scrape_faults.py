@@ -12,6 +12,7 @@ import pytest
 
 from gateway.launch import LocalGateway, start_local_gateway
 from tests.integration.conftest import chat
+from tests.reliability.conftest import record_figures
 
 MODEL, POOL = "llama-3.1-8b-instruct", "llama-3-1-8b-instruct"
 FLEET = {
@@ -39,7 +40,7 @@ async def healthy(gw: LocalGateway) -> dict[str, bool]:
     return {e["address"]: e["healthy"] for e in pool["endpoints"]}
 
 
-async def wait_health(gw: LocalGateway, address: str, want: bool, within: float = 5.0) -> float:
+async def wait_health(gw: LocalGateway, address: str, want: bool, within: float = 20.0) -> float:
     started = time.monotonic()
     while (await healthy(gw))[address] is not want:
         assert time.monotonic() - started < within, f"{address} healthy={not want} after {within}s"
@@ -75,4 +76,9 @@ async def test_bad_metrics_exclude_the_pod_until_they_recover(gateway: LocalGate
     await set_fault(bad, metrics_garbage=False, metrics_delay_s=0)
     recovered_s = await wait_health(gateway, bad, True)
     assert await served_by(gateway, 24) == {"llama-0", "llama-1"}
-    assert excluded_s < 3.0 and recovered_s < 3.0
+    # How fast is a figure for docs/reliability.md (a few 50 ms scrapes on an idle machine), not
+    # an assertion: a loaded CI machine only stretches it; the deadline above bounds it.
+    record_figures(
+        f"scrape_fault_{next(iter(fault))}",
+        {"excluded_s": round(excluded_s, 3), "recovered_s": round(recovered_s, 3)},
+    )
