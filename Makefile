@@ -24,7 +24,7 @@ system-deps:
 	  else echo "the tests need redis-server: sudo apt-get install redis-server" >&2; exit 1; fi; }
 
 test: $(STAMP) system-deps
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n 2 -q $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m pytest -n 2 --dist loadscope -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
