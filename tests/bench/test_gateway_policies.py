@@ -42,6 +42,21 @@ def test_best_probe_takes_lowest_prediction_then_smaller_batch() -> None:
     assert best_probe([]) is None
 
 
+async def _until_requests(client: httpx.AsyncClient, url: str, n: int, within: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        text = (await client.get(f"{url}/metrics")).text
+        held = sum(
+            float(line.rpartition(" ")[2])
+            for line in text.splitlines()
+            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
+        )
+        if held >= n:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"{url} holds {held} of {n} requests"
+        await asyncio.sleep(0.02)
+
+
 async def test_oracle_picks_the_pod_with_lowest_predicted_ttft() -> None:
     spec = FleetSpec.from_dict(
         {
@@ -63,7 +78,8 @@ async def test_oracle_picks_the_pod_with_lowest_predicted_ttft() -> None:
                 for i in range(3)
             ]
             sent = [asyncio.ensure_future(t) for t in tasks]
-            await asyncio.sleep(0.2)
+            for p in busy:  # all three reached each busy pod (running or waiting there)
+                await _until_requests(client, p.url, 3)
             body = json.dumps(_chat("hello there")).encode()
             probes = [await picker.probe(p["address"], body) for p in pods]
             assert all(p is not None for p in probes)

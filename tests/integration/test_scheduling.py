@@ -53,7 +53,7 @@ async def pool_state(gw: LocalGateway) -> dict[str, dict]:
     return {e["address"]: e for e in r.json()["endpoints"]}
 
 
-async def wait_for(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not await predicate():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
