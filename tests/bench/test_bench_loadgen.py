@@ -32,11 +32,13 @@ async def test_ttft_itl_tokens_and_pod_are_measured(stub: StubServer) -> None:
     assert len(run.results) == 3 and run.not_sent == 0
     for r in run.results:
         assert r.ok, r.error
-        # Lower bounds are the stub's delays; upper bounds leave room for a loaded machine.
-        assert 0.2 <= r.ttft_s < 0.7
+        # Lower bounds are the stub's delays (a loaded machine only adds time); the parts add
+        # up to the whole request.
+        assert r.ttft_s >= 0.2
         assert len(r.itl_s) == 4
-        assert all(0.045 <= gap < 0.5 for gap in r.itl_s)
-        assert 0.4 <= r.e2e_s < 2.0
+        assert all(gap >= 0.045 for gap in r.itl_s)
+        assert r.e2e_s >= 0.4
+        assert r.ttft_s + sum(r.itl_s) == pytest.approx(r.e2e_s, abs=0.05)
         assert r.output_tokens == 5 and r.content_chunks == 5
         assert r.pod == "pod-a"
         assert abs(r.lag_s) < 0.25

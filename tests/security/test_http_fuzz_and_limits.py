@@ -10,7 +10,7 @@ import ssl
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.launch import LocalGateway
@@ -99,6 +99,9 @@ def test_generated_bodies_get_clear_answers(gateway: LocalGateway) -> None:
 
         @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         @given(payload=requests | st.binary(max_size=200).map(lambda b: b))
+        # ~5 % of generated cases are valid, so 60 random ones hold none about 1 run in 20:
+        # one explicit valid case keeps the "some are served" check from being luck.
+        @example(payload={"model": LLAMA, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
         def run(payload: object) -> None:
             content = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             r = client.post(PATH, content=content, headers=JSON)
