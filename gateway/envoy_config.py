@@ -329,6 +329,7 @@ def uses_override_host(pool: PoolConfig) -> bool:
 
 
 def _override_host(pool: PoolConfig, topo: Topology) -> bool:
+    """OverrideHost unless the topology asks for this pool as ORIGINAL_DST (one address only)."""
     if pool.name not in topo.original_dst_pools:
         return uses_override_host(pool)
     if pool.fallback_endpoints:

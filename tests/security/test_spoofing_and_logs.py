@@ -1,4 +1,5 @@
-"""Clients cannot steer traffic, and logs carry neither prompts nor credentials."""
+"""Clients cannot steer traffic on either pool kind (static, ORIGINAL_DST), not even to a trap
+listener outside every pool, and logs carry neither prompts nor credentials."""
 
 from __future__ import annotations
 
