@@ -18,7 +18,9 @@ load-balancing policy: the metadata value is `primary` or `primary,fallback1,fal
 comma-separated, best first, IPv6 in brackets); each retry (connect failure, refused stream,
 reset before request) takes the next address of the list, and only cluster members can ever be
 chosen, so even a compromised EPP cannot send traffic outside the pool. Kubernetes-discovered
-pools keep ORIGINAL_DST (their pods are not known at render time) and use the first address.
+pools keep ORIGINAL_DST (their pods are not known at render time) and use the first address;
+`Topology.original_dst_pools` renders a static pool that way too, so the local gateway and
+its tests run the very cluster kind Kubernetes deployments use.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class Topology:
     ext_proc_timeout_s: float = 10.0
     connection_buffer_bytes: int = 4 * 1024 * 1024
     fallback_endpoints: Mapping[str, list[str]] = field(default_factory=dict)  # FailOpen pools
+    # Static pools rendered as ORIGINAL_DST (the Kubernetes cluster kind) instead of OverrideHost.
+    original_dst_pools: frozenset[str] = frozenset()
 
 
 def _socket(host: str, port: int) -> dict[str, Any]:
@@ -232,7 +236,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
                     "cluster": f"pool-{pool.name}",
                     "timeout": "0s",
                     "idle_timeout": "300s",
-                    **({"retry_policy": _retry_policy()} if uses_override_host(pool) else {}),
+                    **({"retry_policy": _retry_policy()} if _override_host(pool, topo) else {}),
                 },
             }
         )
@@ -324,6 +328,17 @@ def uses_override_host(pool: PoolConfig) -> bool:
     return bool(pool.endpoints) and pool.kubernetes is None
 
 
+def _override_host(pool: PoolConfig, topo: Topology) -> bool:
+    """OverrideHost unless the topology asks for this pool as ORIGINAL_DST (one address only)."""
+    if pool.name not in topo.original_dst_pools:
+        return uses_override_host(pool)
+    if pool.fallback_endpoints:
+        raise ValueError(
+            f"pool {pool.name!r}: an ORIGINAL_DST cluster takes one address; set fallbackEndpoints to 0"
+        )
+    return False
+
+
 # Envoy's default circuit breakers allow 3 concurrent retries and 1,024 requests per cluster.
 # A pod refusing connections under concurrent load needs more than 3 retries at once (measured:
 # the 4th got a 503 instead of the fallback pod), and LLM streams are long-lived, so a pool
@@ -342,8 +357,11 @@ _POOL_CIRCUIT_BREAKERS: dict[str, Any] = {
 
 def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
     clusters: list[dict[str, Any]] = []
+    unknown = topo.original_dst_pools - {pool.name for pool in config.pools}
+    if unknown:
+        raise ValueError(f"original_dst_pools: no such pool: {', '.join(sorted(unknown))}")
     for pool in config.pools:
-        if uses_override_host(pool):
+        if _override_host(pool, topo):
             clusters.append(
                 {
                     "name": f"pool-{pool.name}",

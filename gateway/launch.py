@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 import httpx
@@ -44,6 +44,13 @@ DEFAULT_FLEET: dict[str, Any] = {
         {"name": "qwen", "model": "qwen3-32b", "profile": "h100x2-qwen3-32b", "replicas": 2},
     ],
 }
+
+
+# How Envoy reaches a pool's pods: "static" lists them in a STATIC cluster (OverrideHost), as
+# for `endpoints:` pools; "original_dst" dials the EPP's metadata (ORIGINAL_DST), as for
+# Kubernetes pools. The EPP is fed by static discovery either way.
+PoolKind = Literal["static", "original_dst"]
+POOL_KINDS: tuple[PoolKind, ...] = ("static", "original_dst")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -131,6 +138,7 @@ class LocalGateway:
     epp_metrics_ports: dict[str, int]
     bbr_port: int
     procs: dict[str, Proc] = field(default_factory=dict)
+    pool_kind: PoolKind = "static"
 
     @property
     def url(self) -> str:
@@ -241,13 +249,14 @@ def start_local_gateway(
     mtls: bool = False,
     timeout_s: float = 60.0,
     epp_module: str = "epp",
+    pool_kind: PoolKind = "static",
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
 
     With `pods` (name, model, adapters, dialect, address: what the fleet's ready file lists),
     the gateway fronts model servers that are already running and no fleet is started.
     `epp_module` swaps the endpoint picker for another with the same CLI (the benchmarks'
-    oracle, `bench.oracle`).
+    oracle, `bench.oracle`). `pool_kind` picks the pool clusters' kind (see `PoolKind`).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     certs = make_certs(workdir / "certs")
@@ -323,6 +332,7 @@ def start_local_gateway(
             server_cert=certs.server_cert,
             server_key=certs.server_key,
             extproc_tls=ExtProcTls(certs.client_cert, certs.client_key, certs.ca) if mtls else None,
+            original_dst_pools=frozenset(pool_names) if pool_kind == "original_dst" else frozenset(),
         )
         bootstrap = write_bootstrap(parse_config(config), topo, workdir / "envoy.json")
         procs["envoy"] = _spawn(
@@ -356,6 +366,7 @@ def start_local_gateway(
             epp_metrics_ports=metrics_ports,
             bbr_port=bbr_port,
             procs=procs,
+            pool_kind=pool_kind,
         )
     except BaseException:
         for proc in procs.values():

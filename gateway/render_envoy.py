@@ -27,12 +27,10 @@ _BASE_ARGS = [
     "--buffer-bytes", str(16 * 1024 * 1024),
 ]  # fmt: skip
 # (output, arguments): the bootstraps the kustomizations mount.
+# mTLS to BBR/EPP is the default; overlays/dev alone is plaintext.
 DEPLOY_BOOTSTRAPS: list[tuple[str, list[str]]] = [
-    ("deploy/base/envoy/envoy.yaml", _BASE_ARGS),
-    (
-        "deploy/overlays/eks-hyperpod/envoy-mtls-bootstrap.yaml",
-        [*_BASE_ARGS, "--extproc-tls-dir", "/etc/envoy-tls"],
-    ),
+    ("deploy/base/envoy/envoy.yaml", [*_BASE_ARGS, "--extproc-tls-dir", "/etc/envoy-tls"]),
+    ("deploy/overlays/dev/envoy-plaintext-bootstrap.yaml", _BASE_ARGS),
 ]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.launch import DEFAULT_FLEET, start_local_gateway
+from gateway.launch import DEFAULT_FLEET, POOL_KINDS, start_local_gateway
 
 
 def main() -> None:
@@ -24,11 +24,19 @@ def main() -> None:
     parser.add_argument("--fleet", type=Path, help="modelsim fleet YAML (default: 2 models x 2 pods)")
     parser.add_argument("--workdir", type=Path, help="where configs, certificates and logs go")
     parser.add_argument("--mtls", action="store_true", help="mTLS between Envoy and the ext_proc services")
+    parser.add_argument(
+        "--pool-kind",
+        choices=POOL_KINDS,
+        default="static",
+        help="pool clusters: static (OverrideHost) or original_dst (as in Kubernetes)",
+    )
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="inference-gateway-"))
     fleet = yaml.safe_load(args.fleet.read_text()) if args.fleet else DEFAULT_FLEET
     print(f"starting the gateway (work directory {workdir}) ...", flush=True)
-    gw = start_local_gateway(workdir, fleet=fleet, listen_port=args.port, mtls=args.mtls)
+    gw = start_local_gateway(
+        workdir, fleet=fleet, listen_port=args.port, mtls=args.mtls, pool_kind=args.pool_kind
+    )
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -75,3 +76,37 @@ def test_misspelt_field_is_rejected_at_render_time() -> None:
 
     with pytest.raises(json_format.ParseError):
         validate_bootstrap({"static_resources": {"clusterz": []}})
+
+
+def test_original_dst_pools_render_like_kubernetes_pools(tmp_path: Path) -> None:
+    """The local stand-in for Kubernetes pools: ORIGINAL_DST from metadata only, no retries."""
+    topo = dataclasses.replace(_topology(tmp_path, False), original_dst_pools=frozenset({"llama"}))
+    boot = render_bootstrap(parse_config(CONFIG), topo)
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    llama = clusters["pool-llama"]
+    assert (llama["type"], llama["lb_policy"]) == ("ORIGINAL_DST", "CLUSTER_PROVIDED")
+    assert llama["original_dst_lb_config"] == {
+        "use_http_header": False,
+        "metadata_key": {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}]},
+    }
+    assert clusters["pool-qwen"]["type"] == "STATIC"  # only the named pools change kind
+    routes = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    picked = {r["name"]: r for r in routes["route_config"]["virtual_hosts"][0]["routes"]}
+    assert "retry_policy" not in picked["llama-picked"]["route"]  # one address: nothing to retry on
+    assert "retry_policy" in picked["qwen-picked"]["route"]
+
+
+def test_original_dst_rendering_refuses_what_it_cannot_do(tmp_path: Path) -> None:
+    topo = _topology(tmp_path, False)
+    with pytest.raises(ValueError, match="no such pool: mistral"):
+        render_bootstrap(
+            parse_config(CONFIG), dataclasses.replace(topo, original_dst_pools=frozenset({"mistral"}))
+        )
+    ranked = {"pools": [{**CONFIG["pools"][0], "fallbackEndpoints": 1}]}
+    with pytest.raises(ValueError, match="fallbackEndpoints"):
+        render_bootstrap(
+            parse_config(ranked),
+            dataclasses.replace(
+                topo, original_dst_pools=frozenset({"llama"}), epps={"llama": ("127.0.0.1", 1)}
+            ),
+        )

@@ -1,9 +1,11 @@
 """A small kustomize for the subset deploy/ uses, for machines without a modern kubectl.
 
 Supported: `resources` (files and directories), `namespace`, `images`, `patches` (strategic
-merge by path, target found by kind and name), `configMapGenerator` (files; behaviours create,
-replace, merge; name hashes disabled). Anything else raises, so deploy/ cannot quietly grow
-features this renderer ignores; tests compare it with `kubectl kustomize` where available.
+merge by path; target found by kind and name, or every object matched by a `target` of
+group/version/kind/name; `$patch: delete` of a whole object or of a keyed list item),
+`configMapGenerator` (files; behaviours create, replace, merge; name hashes disabled). Anything
+else raises, so deploy/ cannot quietly grow features this renderer ignores; tests compare it
+with `kubectl kustomize` where available.
 """
 
 from __future__ import annotations
@@ -56,13 +58,20 @@ def build(path: Path) -> list[Obj]:
         objs += build(target) if target.is_dir() else [d for d in yaml.safe_load_all(target.read_text()) if d]
     _generate(path, spec, objs)
     for patch in spec.get("patches", []):
-        if set(patch) != {"path"}:
-            raise KustomizeError(f"{path}: only `patches: [{{path: ...}}]` is supported")
+        if "path" not in patch or set(patch) - {"path", "target"}:
+            raise KustomizeError(f"{path}: only `patches: [{{path: ..., target: ...}}]` is supported")
         for doc in yaml.safe_load_all((path / patch["path"]).read_text()):
-            target = _find(objs, doc["kind"], doc["metadata"]["name"])
-            merged = _merge(target, doc)
-            target.clear()
-            target.update(merged)
+            if "target" in patch:
+                targets = _select(objs, patch["target"])
+            else:
+                targets = [_find(objs, doc["kind"], doc["metadata"]["name"])]
+            for target in targets:
+                if doc.get("$patch") == "delete":
+                    objs.remove(target)
+                    continue
+                merged = _merge(target, doc if "target" not in patch else _retarget(doc, target))
+                target.clear()
+                target.update(merged)
     for image in spec.get("images", []):
         _set_image(objs, image)
     if "namespace" in spec:
@@ -102,6 +111,31 @@ def _find(objs: list[Obj], kind: str, name: str) -> Obj:
     raise KustomizeError(f"no {kind}/{name} to patch")
 
 
+_SELECTOR_FIELDS = {"group", "version", "kind", "name"}
+
+
+def _select(objs: list[Obj], target: Obj) -> list[Obj]:
+    """Every object a patch `target` matches (exact values; kustomize's regexes unsupported)."""
+    if set(target) - _SELECTOR_FIELDS:
+        raise KustomizeError(f"patch target: only {sorted(_SELECTOR_FIELDS)} are supported")
+
+    def fields(obj: Obj) -> dict[str, str]:
+        group, _, version = obj["apiVersion"].rpartition("/")
+        return {"group": group, "version": version, "kind": obj["kind"], "name": obj["metadata"]["name"]}
+
+    return [o for o in objs if all(fields(o)[k] == v for k, v in target.items())]
+
+
+def _retarget(doc: Obj, target: Obj) -> Obj:
+    """A targeted patch applies to each match whatever kind and name it states itself."""
+    return {
+        **doc,
+        "apiVersion": target["apiVersion"],
+        "kind": target["kind"],
+        "metadata": {**doc["metadata"], "name": target["metadata"]["name"]},
+    }
+
+
 def _merge(base: Any, patch: Any, field: str = "") -> Any:
     """Strategic merge: maps merge (null deletes), keyed lists merge by key, other lists replace."""
     if isinstance(base, dict) and isinstance(patch, dict):
@@ -120,7 +154,10 @@ def _merge(base: Any, patch: Any, field: str = "") -> Any:
         added = []  # kustomize puts items new to the list first
         for item in patch:
             match = next((i for i, b in enumerate(out) if b.get(key) == item.get(key)), None)
-            if match is None:
+            if item.get("$patch") == "delete":
+                if match is not None:
+                    del out[match]
+            elif match is None:
                 added.append(copy.deepcopy(item))
             else:
                 out[match] = _merge(out[match], item)

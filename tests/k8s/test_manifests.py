@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.certs import make_certs
 from gateway.config import parse_config
 from gateway.envoy_config import validate_bootstrap
 from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
@@ -82,7 +83,14 @@ def test_renders_with_unique_objects(target: str) -> None:
 
 
 # -- schemas ------------------------------------------------------------------------------
-BUILTIN_GROUPS = {"v1", "apps/v1", "policy/v1", "rbac.authorization.k8s.io/v1", "apiextensions.k8s.io/v1"}
+BUILTIN_GROUPS = {
+    "v1",
+    "apps/v1",
+    "policy/v1",
+    "rbac.authorization.k8s.io/v1",
+    "apiextensions.k8s.io/v1",
+    "networking.k8s.io/v1",
+}
 
 _str = {"type": "string", "minLength": 1}
 _port = {"type": "integer", "minimum": 1, "maximum": 65535}
@@ -391,22 +399,11 @@ def test_envoy_bootstrap_routes_by_metadata_to_services_that_exist(target: str) 
     assert not regex.fullmatch("meta-llama/Llama-3X1-8B-Instruct")
 
 
-def test_mtls_bootstrap_differs_from_base_only_by_tls() -> None:
-    base, mtls = _bootstrap("overlays/dev"), _bootstrap("overlays/eks-hyperpod")
-    assert base == _without_transport_sockets(base)
-    assert _without_transport_sockets(mtls) == base
-    mounts = find(render("overlays/eks-hyperpod"), "Deployment", "envoy")["spec"]["template"]["spec"][
-        "containers"
-    ][0]["volumeMounts"]
-    tls_dirs = {m["mountPath"] for m in mounts}
-    for cluster in mtls["static_resources"]["clusters"]:
-        if "transport_socket" in cluster:
-            ctx = cluster["transport_socket"]["typed_config"]["common_tls_context"]
-            files = [
-                ctx["tls_certificates"][0]["certificate_chain"]["filename"],
-                ctx["validation_context"]["trusted_ca"]["filename"],
-            ]
-            assert all(str(Path(f).parent) in tls_dirs for f in files)
+def test_plaintext_bootstrap_differs_from_base_only_by_tls() -> None:
+    plain, mtls = _bootstrap("overlays/dev"), _bootstrap("base")
+    assert plain == _without_transport_sockets(plain)
+    assert _without_transport_sockets(mtls) == plain
+    assert _bootstrap("overlays/eks-hyperpod") == mtls
 
 
 @pytest.mark.parametrize(("out", "argv"), DEPLOY_BOOTSTRAPS, ids=[o for o, _ in DEPLOY_BOOTSTRAPS])
@@ -419,14 +416,161 @@ def test_committed_bootstraps_are_what_the_renderer_makes(
     )
 
 
-def test_base_bootstrap_passes_envoy_validate(tmp_path: Path) -> None:
-    envoy = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
+@pytest.mark.parametrize("target", ["base", "overlays/dev"])
+def test_bootstrap_passes_envoy_validate(target: str, tmp_path: Path) -> None:
+    """Envoy reads the mTLS files at start-up: point them at a throwaway CA's."""
+    certs = make_certs(tmp_path / "certs")
+    text = find(render(target), "ConfigMap", "envoy-bootstrap")["data"]["envoy.yaml"]
+    for name, local in (("tls.crt", certs.client_cert), ("tls.key", certs.client_key), ("ca.crt", certs.ca)):
+        text = text.replace(f"{ENVOY_TLS_DIR}/{name}", str(local))
+    assert ENVOY_TLS_DIR not in text.split("\n", 2)[2]  # past the header naming the renderer's arguments
     path = tmp_path / "envoy.yaml"
-    path.write_text(find(render("overlays/dev"), "ConfigMap", "envoy-bootstrap")["data"]["envoy.yaml"])
+    path.write_text(text)
+    envoy = shutil.which("envoy") or str(Path(sys.executable).parent / "envoy")
     out = subprocess.run(
         [envoy, "--mode", "validate", "-c", str(path)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+# -- secure defaults: mTLS, NetworkPolicies, bindings ---------------------------------------
+ENVOY_TLS_DIR = "/etc/envoy-tls"
+TLS_FLAGS = ("--tls-cert=", "--tls-key=", "--tls-client-ca=")
+
+
+def _container(objs: tuple[Obj, ...], name: str) -> Obj:
+    pod = find(objs, "Deployment", name)["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == name]
+    return container
+
+
+def _pod_labels(objs: tuple[Obj, ...], name: str) -> dict[str, str]:
+    return find(objs, "Deployment", name)["spec"]["template"]["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_only_dev_is_plaintext(target: str) -> None:
+    objs = render(target)
+    clusters = {c["name"]: c for c in _bootstrap(target)["static_resources"]["clusters"]}
+    extproc = {"bbr": clusters["bbr"], "epp": clusters["epp-llama-3-8b"]}
+    service_args = [_container(objs, name)["args"] for name in extproc]
+    cert_manager = [o for o in objs if o["apiVersion"].startswith("cert-manager.io/")]
+    if target == "overlays/dev":
+        assert not any("transport_socket" in c for c in extproc.values())
+        assert not any(a.startswith(TLS_FLAGS) for args in service_args for a in args)
+        assert not cert_manager
+        return
+    assert all("transport_socket" in c for c in extproc.values())
+    for args in service_args:
+        assert all(any(a.startswith(flag) for a in args) for flag in TLS_FLAGS), args
+    # Each service presents a certificate for the very name Envoy dials and checks.
+    certificates = [o["spec"] for o in cert_manager if o["kind"] == "Certificate"]
+    dns_names = {c["secretName"]: set(c.get("dnsNames", [])) for c in certificates}
+    for name, cluster in extproc.items():
+        ctx = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+        (san,) = ctx["validation_context"]["match_typed_subject_alt_names"]
+        volumes = find(objs, "Deployment", name)["spec"]["template"]["spec"]["volumes"]
+        secrets = {v["secret"]["secretName"] for v in volumes if "secret" in v}
+        assert any(san["matcher"]["exact"] in dns_names.get(secret, ()) for secret in secrets), (name, san)
+    # Envoy mounts its client certificate where the bootstrap reads it.
+    envoy_pod = find(objs, "Deployment", "envoy")["spec"]["template"]["spec"]
+    assert ENVOY_TLS_DIR in {m["mountPath"] for m in _container(objs, "envoy")["volumeMounts"]}
+    assert "envoy-client-tls" in {v["secret"]["secretName"] for v in envoy_pod["volumes"] if "secret" in v}
+
+
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_services_listen_on_the_pod_ip_and_envoy_admin_on_loopback(target: str) -> None:
+    objs = render(target)
+    for name in ("bbr", "epp"):
+        container = _container(objs, name)
+        assert "--host=$(POD_IP)" in container["args"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        # The kubelet probes the pod IP; its gRPC probes cannot do mTLS, so none is used.
+        for probe in ("readinessProbe", "livenessProbe"):
+            assert "grpc" not in container[probe]
+    bootstrap = _bootstrap(target)
+    assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    (listener,) = bootstrap["static_resources"]["listeners"]
+    assert listener["address"]["socket_address"]["address"] == "0.0.0.0"  # behind the Service
+
+
+def _policies(objs: tuple[Obj, ...]) -> dict[str, Obj]:
+    return {o["metadata"]["name"]: o["spec"] for o in objs if o["kind"] == "NetworkPolicy"}
+
+
+def _selects(spec: Obj, labels: dict[str, str]) -> bool:
+    return bool(spec["podSelector"]["matchLabels"].items() <= labels.items())
+
+
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_network_policies_admit_only_envoy_to_ext_proc_and_monitoring_to_metrics(target: str) -> None:
+    objs = render(target)
+    policies = _policies(objs)
+    assert policies == _policies(render("base")), "overlays keep the base's NetworkPolicies"
+    envoy_labels = _pod_labels(objs, "envoy")
+    monitoring = {"kubernetes.io/metadata.name": "monitoring"}
+    for name, allowed in (("bbr", {"grpc": "envoy"}), ("epp", {"grpc": "envoy", "metrics": "monitoring"})):
+        (policy,) = [p for p in policies.values() if _selects(p, _pod_labels(objs, name))]
+        assert "Ingress" in policy["policyTypes"]
+        # Every container port is fenced, and each rule admits exactly one kind of peer.
+        assert {p["name"] for p in _container(objs, name)["ports"]} == set(allowed)
+        seen: dict[str, str] = {}
+        for rule in policy["ingress"]:
+            (peer,) = rule["from"]
+            if "podSelector" in peer:
+                assert "namespaceSelector" not in peer  # Envoy pods of this namespace only
+                assert peer["podSelector"]["matchLabels"].items() <= envoy_labels.items()
+                who = "envoy"
+            else:
+                assert peer == {"namespaceSelector": {"matchLabels": monitoring}}
+                who = "monitoring"
+            seen.update({port["port"]: who for port in rule["ports"]})
+        assert seen == allowed, name
+
+
+def test_epp_egress_reaches_model_servers_and_the_api_only() -> None:
+    objs = render("overlays/dev")
+    (policy,) = [p for p in _policies(objs).values() if _selects(p, _pod_labels(objs, "epp"))]
+    assert "Egress" in policy["policyTypes"]
+    to_pods = [r for r in policy["egress"] if r.get("to") == [{"podSelector": {}}]]
+    anywhere = [r for r in policy["egress"] if "to" not in r]
+    assert len(to_pods) + len(anywhere) == len(policy["egress"])
+    # The pool's target port (where vLLM serves /metrics too) and vLLM's KV-events port.
+    target_port = find(objs, "InferencePool", "llama-3-8b")["spec"]["targetPorts"][0]["number"]
+    assert {p["port"] for r in to_pods for p in r["ports"]} == {target_port, 5557}
+    assert {p["port"] for r in anywhere for p in r["ports"]} == {443, 6443}  # the Kubernetes API
+
+
+def test_envoy_egress_reaches_the_ext_proc_services_dns_and_pool_pods_only() -> None:
+    """ORIGINAL_DST dials whatever address the EPP names: the policy bounds even a wrong one."""
+    objs = render("overlays/dev")
+    (policy,) = [p for p in _policies(objs).values() if _selects(p, _pod_labels(objs, "envoy"))]
+    assert policy["policyTypes"] == ["Egress"]
+    allowed: dict[str, set[tuple[str, int]]] = {}
+    for rule in policy["egress"]:
+        ports = {(p["protocol"], p["port"]) for p in rule["ports"]}
+        if "to" not in rule:
+            allowed["anywhere"] = ports
+            continue
+        (peer,) = rule["to"]
+        assert set(peer) == {"podSelector"}  # pods of this namespace only
+        if peer["podSelector"] == {}:
+            allowed["pods"] = ports
+            continue
+        (name,) = [n for n in ("bbr", "epp") if _selects(peer, _pod_labels(objs, n))]
+        allowed[name] = ports
+    grpc = {
+        n: next(p["containerPort"] for p in _container(objs, n)["ports"] if p["name"] == "grpc")
+        for n in ("bbr", "epp")
+    }
+    target_port = find(objs, "InferencePool", "llama-3-8b")["spec"]["targetPorts"][0]["number"]
+    assert allowed == {
+        "bbr": {("TCP", grpc["bbr"])},
+        "epp": {("TCP", grpc["epp"])},
+        "pods": {("TCP", target_port)},
+        "anywhere": {("UDP", 53), ("TCP", 53)},
+    }
 
 
 # -- monitoring ---------------------------------------------------------------------------
