@@ -3,7 +3,10 @@
 The `kubernetes` client is synchronous; `Reflector` runs list + watch in its own thread and
 hands a complete name -> object cache to a callback after every change. It re-lists on
 410 Gone (swapping in the new cache only once complete), resumes from the last
-resourceVersion after disconnects with exponential backoff, and follows bookmarks. Used by
+resourceVersion after disconnects with exponential backoff, and follows bookmarks. Anything
+else (a bug in a callback, an object of an unexpected shape) escapes the watch loop to
+`gateway.supervise.run_supervised`, which logs the traceback, counts it and restarts the
+loop with a fresh list after a backoff: the thread never dies silently. Used by
 InferencePool discovery (epp/discovery/kubernetes.py) and the InferenceGatewayConfig source
 (gateway/config_resource.py).
 """
@@ -21,11 +24,17 @@ from typing import Any
 import kubernetes
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from gateway.supervise import Backoff, run_supervised
 
 log = logging.getLogger(__name__)
 
 GONE = 410
 MAX_BACKOFF_S = 30.0
+# What a flaky API server or network does to a list/watch: retried from the last
+# resourceVersion. Anything else is a bug and goes to the supervisor (re-list).
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (Urllib3Error, OSError, ValueError)
 
 Obj = dict[str, Any]
 
@@ -77,7 +86,7 @@ class Reflector:
         self._cache: dict[str, Obj] = {}
         self.resource_version: str | None = None  # last seen: list, event or bookmark
         self.lists = 0  # full lists done (tests and /debug read it)
-        self._thread = threading.Thread(target=self._run, name=f"discovery-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._supervised, name=f"discovery-{name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -109,7 +118,22 @@ class Reflector:
         with self._lock:
             return self._generation, self._selector
 
+    def _supervised(self) -> None:
+        run_supervised(
+            "kube-watch",
+            self.name,
+            self._run,
+            stopped=lambda: self._stopped,
+            wait=self._wait,
+            backoff=Backoff(initial_s=self._backoff_s, max_s=MAX_BACKOFF_S),
+        )
+
+    def _wait(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
     def _run(self) -> None:
+        """List, then watch from the list's resourceVersion; re-list on 410 or a new selector."""
         failures = 0
         need_list = True
         while not self._stopped:
@@ -152,6 +176,8 @@ class Reflector:
                 if self._current()[0] != generation:  # our own stop() cut the connection
                     need_list = True
                     continue
+                if not isinstance(exc, TRANSPORT_ERRORS):
+                    raise  # a bug, not the network: the supervisor logs, counts and re-lists
                 failures += 1
                 log.warning("%s: %s: %s, retry #%d", self.name, type(exc).__name__, exc, failures)
                 self._sleep_backoff(failures)
@@ -160,8 +186,7 @@ class Reflector:
 
     def _sleep_backoff(self, failures: int) -> None:
         delay = min(MAX_BACKOFF_S, self._backoff_s * 2 ** min(failures - 1, 10))
-        self._wake.wait(delay * random.uniform(0.8, 1.2))
-        self._wake.clear()
+        self._wait(delay * random.uniform(0.8, 1.2))
 
     def _list(self, selector: str) -> dict[str, Obj]:
         resp = self._list_call(

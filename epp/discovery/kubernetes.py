@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from epp.pool import Endpoint
 from gateway.kube_watch import Obj, Reflector, default_api_client
+from gateway.supervise import report_failure
 
 log = logging.getLogger(__name__)
 
@@ -342,8 +343,8 @@ class InferencePoolDiscovery:
             return
         try:
             self._on_change(endpoints)
-        except Exception:
-            log.exception("on_change callback failed")
+        except Exception as exc:
+            report_failure("discovery-callback", f"{self.namespace}/{self.pool_name} on_change", exc)
         if self._first is not None and not self._first.done():
             self._first.set_result(None)
 
