@@ -120,6 +120,8 @@ class Metrics:
             _set(self, "block_size", None)
         if self.num_gpu_blocks is not None and integer_problem(self.num_gpu_blocks):
             _set(self, "num_gpu_blocks", None)
+        if not math.isfinite(self.scraped_at):
+            _set(self, "scraped_at", 0.0)  # "long ago": the metrics read as stale, not fresh
 
 
 @dataclass(frozen=True, slots=True)

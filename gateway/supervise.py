@@ -99,8 +99,9 @@ def spawn(
     on_failure: FailureHook | None = None,
     backoff: Backoff = Backoff(),
 ) -> asyncio.Task[None]:
-    """`supervise` as an asyncio task named `name` (needs a running loop)."""
-    return asyncio.create_task(supervise(task, name, run, on_failure=on_failure, backoff=backoff), name=name)
+    """`supervise` as an asyncio task named `name`; RuntimeError without a running loop."""
+    loop = asyncio.get_running_loop()  # before the coroutine exists, so none is left unawaited
+    return loop.create_task(supervise(task, name, run, on_failure=on_failure, backoff=backoff), name=name)
 
 
 def run_supervised(
