@@ -191,7 +191,7 @@ class Scraper:
             finally:
                 if rejected:
                     self.rejections.report(ep.address, rejected)
-        except (httpx.HTTPError, MetricsParseError, ValueError) as exc:
+        except (httpx.HTTPError, httpx.InvalidURL, MetricsParseError, ValueError) as exc:
             self.failures += 1
             self.pool.record_scrape_failure(ep.address)
             log.debug("scrape of %s failed: %s", ep.address, exc)

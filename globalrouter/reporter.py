@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -26,6 +27,7 @@ import grpc
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.supervise import spawn
 from globalrouter.api import cluster_report_pb2 as rpb
 from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
 
@@ -170,7 +172,10 @@ class Reporter:
         )
 
     async def run(self) -> None:
-        senders = [asyncio.create_task(self._send_to(r)) for r in self.routers]
+        senders = [
+            spawn("heartbeat-sender", f"heartbeats to {r}", functools.partial(self._send_to, r))
+            for r in self.routers
+        ]
         try:
             async with httpx.AsyncClient(timeout=max(0.3, self.interval_s * 0.8)) as client:
                 while True:

@@ -142,8 +142,15 @@ def pod_endpoints(
         )
         pod_engine = engine
     ip = pod["status"]["podIP"]
-    metrics_port = annotations.get(METRICS_PORT_ANNOTATION, "")
-    metrics_url = f"http://{_host_port(ip, int(metrics_port))}/metrics" if metrics_port.isdigit() else None
+    metrics_url = None
+    metrics_port = str(annotations.get(METRICS_PORT_ANNOTATION, "")).strip()
+    if metrics_port:
+        if metrics_port.isascii() and metrics_port.isdigit() and 0 < int(metrics_port) < 65536:
+            metrics_url = f"http://{_host_port(ip, int(metrics_port))}/metrics"
+        else:  # "²" is a digit to str.isdigit and 99999 is no port: scrape the serving port
+            log.warning(
+                "pod %s: ignoring %s=%r (not a port)", meta.get("name"), METRICS_PORT_ANNOTATION, metrics_port
+            )
     return [
         Endpoint(
             address=_host_port(ip, port),
