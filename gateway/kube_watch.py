@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -76,7 +75,7 @@ class Reflector:
         self._selector_kind = selector_kind  # "label_selector" | "field_selector"
         self._selector = selector
         self._generation = 0
-        self._backoff_s = backoff_s
+        self._backoff = Backoff(initial_s=backoff_s, max_s=MAX_BACKOFF_S)  # retries and restarts
         self._watch_timeout_s = watch_timeout_s
         self._wake = threading.Event()
         self._stopped = False
@@ -125,7 +124,7 @@ class Reflector:
             self._run,
             stopped=lambda: self._stopped,
             wait=self._wait,
-            backoff=Backoff(initial_s=self._backoff_s, max_s=MAX_BACKOFF_S),
+            backoff=self._backoff,
         )
 
     def _wait(self, seconds: float) -> None:
@@ -185,8 +184,7 @@ class Reflector:
                 need_list = True
 
     def _sleep_backoff(self, failures: int) -> None:
-        delay = min(MAX_BACKOFF_S, self._backoff_s * 2 ** min(failures - 1, 10))
-        self._wait(delay * random.uniform(0.8, 1.2))
+        self._wait(self._backoff.delay(failures))
 
     def _list(self, selector: str) -> dict[str, Obj]:
         resp = self._list_call(
