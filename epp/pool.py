@@ -47,6 +47,8 @@ def count_problem(value: float) -> str | None:
 
 def fraction_problem(value: float) -> str | None:
     """Why `value` is not a usable 0..1 fraction (None when it is, within KV_TOLERANCE)."""
+    if isinstance(value, int):
+        return None if 0 <= value <= 1 else "out_of_range"
     if not math.isfinite(value):
         return "non_finite"
     if not -KV_TOLERANCE <= value <= 1.0 + KV_TOLERANCE:
@@ -139,9 +141,9 @@ class EndpointState:
 
     def __post_init__(self) -> None:
         # Cheap comparisons only: one record per pod per scheduling decision.
-        if self.ttft_ewma is not None and not 0.0 < self.ttft_ewma <= MAX_SPEED_S:
+        if self.ttft_ewma is not None and _speed(self.ttft_ewma) is None:
             _set(self, "ttft_ewma", None)
-        if self.tpot_ewma is not None and not 0.0 < self.tpot_ewma <= MAX_SPEED_S:
+        if self.tpot_ewma is not None and _speed(self.tpot_ewma) is None:
             _set(self, "tpot_ewma", None)
         age = self.metrics_age
         if not age >= 0.0:
