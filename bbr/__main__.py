@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 
 from bbr.router import BodyRouter
@@ -13,6 +12,7 @@ from extproc.stream import ExtProcServicer
 from gateway.config_resource import start_resource_watcher
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.service_cli import run_service, service_parser
+from gateway.supervise import spawn
 
 log = logging.getLogger("bbr")
 
@@ -22,7 +22,7 @@ async def serve(args: argparse.Namespace) -> None:
     router = BodyRouter(store.current)
     servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current), name="bbr")
     service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
-    watcher = asyncio.create_task(FileWatcher(store, args.config).run())
+    watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
     resource = await start_resource_watcher(store, args.config_resource)
     log.info("bbr listening on %s:%d", args.host, service.port)
     await wait_for_shutdown_signal()

@@ -23,6 +23,7 @@ from extproc.server import GrpcService, TlsFiles, start_grpc_service
 from extproc.stream import ExtProcServicer
 from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
+from gateway.supervise import spawn
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,10 @@ class EppApp:
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
         self.scraper = Scraper(
-            self.pool, interval_s=config.scrape.interval_ms / 1000, timeout_s=config.scrape.timeout_ms / 1000
+            self.pool,
+            interval_s=config.scrape.interval_ms / 1000,
+            timeout_s=config.scrape.timeout_ms / 1000,
+            telemetry=self.telemetry,
         )
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
         self._kubernetes = pool_config.kubernetes
@@ -79,6 +83,7 @@ class EppApp:
         pool = config.pool(self.pool_name)
         self.ctx.model_profiles = {m.name: m.profile for m in pool.models if m.profile}
         self.ctx.fallback_endpoints = pool.fallback_endpoints
+        self.pool.speed_half_life_s = config.scrape.speed_half_life_ms / 1000
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
 
@@ -121,7 +126,7 @@ class EppApp:
         self._admin, self.metrics_port = await start_admin_server(
             self._host, self._metrics_port, self.telemetry, self.pool.snapshot
         )
-        self._tasks.append(asyncio.create_task(self._watcher.run()))
+        self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:

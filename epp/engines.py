@@ -11,6 +11,11 @@ Aggregation over several series of one gauge (e.g. one per `model_name` or data-
 `engine`): counts (waiting, running) are summed; fractions (KV usage) are averaged, since a
 sum of percentages is meaningless and the mean is the pod's overall cache occupancy when
 its engines are the same size.
+
+Values are checked before they are used (rules in epp/pool.py): a NaN, an infinity, a
+negative count, a KV fraction outside [0, 1] or a label such as `max_lora="inf"` makes that
+one field unknown, is reported in `rejected` (the scraper counts and logs it) and never
+raises anything but `MetricsParseError`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from epp.pool import Metrics
+from epp.pool import Metrics, count_problem, fraction_problem, integer_problem
 
 
 class MetricsParseError(ValueError):
@@ -230,26 +235,55 @@ def _next_special(block: str, start: int) -> int:
     return backslash
 
 
-def _finite(name: str, value: float) -> float:
-    if not math.isfinite(value):
-        raise MetricsParseError(f"{name} is {value}, not a finite number")
-    return value
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """One value the parser refused: the field it was for, why, and the raw value (for logs)."""
+
+    field: str  # a `Metrics` field name, or "ttft" / "tpot" for the speed histograms
+    reason: str  # non_finite | negative | too_large | out_of_range | not_a_number | not_an_integer
+    value: str
 
 
-def _sum_of(samples: dict[str, list[Sample]], names: tuple[str, ...]) -> float | None:
-    """Sum of all series of the first alias present; None when no alias is on the page."""
+def _reject(rejected: list[Rejection] | None, field: str, reason: str, value: object) -> None:
+    if rejected is not None:
+        rejected.append(Rejection(field, reason, str(value)[:64]))
+
+
+def _sum_of(
+    samples: dict[str, list[Sample]], names: tuple[str, ...], field: str, rejected: list[Rejection] | None
+) -> float | None:
+    """Sum of all series of the first alias present; None when no alias is on the page or a
+    series (or the total) is not a sane count."""
     for name in names:
         found = samples.get(name)
         if found:
-            return _finite(name, math.fsum(s.value for s in found))
+            for s in found:
+                problem = count_problem(s.value)
+                if problem:
+                    _reject(rejected, field, problem, s.value)
+                    return None
+            total = math.fsum(s.value for s in found)  # each <= MAX_COUNT: no overflow
+            problem = count_problem(total)
+            if problem:
+                _reject(rejected, field, problem, total)
+                return None
+            return total
     return None
 
 
-def _mean_of(samples: dict[str, list[Sample]], names: tuple[str, ...]) -> float | None:
+def _mean_fraction(
+    samples: dict[str, list[Sample]], names: tuple[str, ...], field: str, rejected: list[Rejection] | None
+) -> float | None:
+    """Mean of the first alias's series, each a 0..1 fraction (clamped within KV_TOLERANCE)."""
     for name in names:
         found = samples.get(name)
         if found:
-            return _finite(name, math.fsum(s.value for s in found) / len(found))
+            for s in found:
+                problem = fraction_problem(s.value)
+                if problem:
+                    _reject(rejected, field, problem, s.value)
+                    return None
+            return min(1.0, max(0.0, math.fsum(s.value for s in found) / len(found)))
     return None
 
 
@@ -257,14 +291,25 @@ def _adapters(value: str) -> frozenset[str]:
     return frozenset(a for a in (part.strip() for part in value.split(",")) if a)
 
 
-def _int_label(labels: dict[str, str], key: str, metric: str) -> int | None:
+# Label values that mean "not known yet" (vLLM prints num_gpu_blocks="None" before profiling).
+_ABSENT_LABELS = frozenset({"", "None", "none", "null"})
+
+
+def _int_label(labels: dict[str, str], key: str, rejected: list[Rejection] | None) -> int | None:
+    """A finite non-negative integer label (`"16"`, `"16.0"`); None when absent or unusable."""
     raw = labels.get(key)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() in _ABSENT_LABELS:
         return None
     try:
-        return int(float(raw))
+        value = float(raw)
     except ValueError:
-        raise MetricsParseError(f"{metric} label {key}={raw!r} is not a number") from None
+        _reject(rejected, key, "not_a_number", raw)
+        return None
+    problem = integer_problem(value)
+    if problem:
+        _reject(rejected, key, problem, raw)
+        return None
+    return int(value)
 
 
 def parse_metrics(
@@ -273,13 +318,17 @@ def parse_metrics(
     scraped_at: float,
     *,
     kv_capacity_tokens: int | None = None,
+    rejected: list[Rejection] | None = None,
 ) -> Metrics:
     """Parse one /metrics page of engine `dialect` into `Metrics`.
 
     `kv_capacity_tokens` is the KV capacity in tokens when known from configuration; TGI's
-    KV usage is `tgi_batch_current_max_tokens / capacity` with it and 0 without it.
-    Raises ValueError for an unknown dialect and MetricsParseError when the page carries
-    none of the dialect's core metrics or a wanted line is malformed.
+    KV usage is `tgi_batch_current_max_tokens / capacity` with it and unknown without it.
+    A value that is not finite, negative, absurdly large (> 1e12), a KV fraction outside
+    [0, 1] or a non-integer label leaves its field unknown (`None`, or 0 for `max_lora`) and
+    is appended to `rejected`. Raises ValueError for an unknown dialect and
+    MetricsParseError when the page carries no usable core metric or a wanted line is
+    malformed.
     """
     d = get_dialect(dialect)
     if isinstance(text, bytes | bytearray | memoryview):
@@ -288,14 +337,21 @@ def parse_metrics(
         raise MetricsParseError(f"metrics page must be text, got {type(text).__name__}")
 
     samples = collect_samples(text, d)
-    waiting = _sum_of(samples, d.waiting)
-    running = _sum_of(samples, d.running)
-    kv = _mean_of(samples, d.kv_usage) if d.kv_usage else None
-    if d.kv_tokens:
-        held = _sum_of(samples, d.kv_tokens)
-        if kv is None and held is not None:
-            kv = held / kv_capacity_tokens if kv_capacity_tokens else 0.0
+    waiting = _sum_of(samples, d.waiting, "waiting", rejected)
+    running = _sum_of(samples, d.running, "running", rejected)
+    kv = _mean_fraction(samples, d.kv_usage, "kv_usage", rejected) if d.kv_usage else None
+    if d.kv_tokens and kv is None:
+        held = _sum_of(samples, d.kv_tokens, "kv_usage", rejected)
+        if held is not None and kv_capacity_tokens:
+            kv = held / kv_capacity_tokens
+            if fraction_problem(kv):
+                _reject(rejected, "kv_usage", "out_of_range", kv)
+                kv = None
+            else:
+                kv = min(1.0, max(0.0, kv))
     if waiting is None and running is None and kv is None:
+        if any(name in samples for name in d.core_names()):
+            raise MetricsParseError(f"no usable {d.name} metrics: every core value was rejected")
         wanted = ", ".join(d.core_names())
         raise MetricsParseError(f"no {d.name} metrics on the page (looked for {wanted})")
 
@@ -309,18 +365,22 @@ def parse_metrics(
             labels = parse_labels(newest.labels)
             fields["running_adapters"] = _adapters(labels.get("running_lora_adapters", ""))
             fields["waiting_adapters"] = _adapters(labels.get("waiting_lora_adapters", ""))
-            fields["max_lora"] = _int_label(labels, "max_lora", d.lora_info) or 0
+            fields["max_lora"] = _int_label(labels, "max_lora", rejected) or 0
     if d.cache_info is not None:
         for sample in samples.get(d.cache_info, ()):
             labels = parse_labels(sample.labels)
-            fields["block_size"] = _int_label(labels, "block_size", d.cache_info)
-            fields["num_gpu_blocks"] = _int_label(labels, "num_gpu_blocks", d.cache_info)
+            block_size = _int_label(labels, "block_size", rejected)
+            if block_size == 0:
+                _reject(rejected, "block_size", "out_of_range", 0)
+                block_size = None
+            fields["block_size"] = block_size
+            fields["num_gpu_blocks"] = _int_label(labels, "num_gpu_blocks", rejected)
             break
 
     return Metrics(
-        waiting=max(0.0, waiting or 0.0),
-        running=max(0.0, running or 0.0),
-        kv_usage=min(1.0, max(0.0, kv or 0.0)),
+        waiting=waiting,
+        running=running,
+        kv_usage=kv,
         scraped_at=scraped_at,
         **fields,  # type: ignore[arg-type]
     )

@@ -3,16 +3,74 @@
 Two layers: immutable records (`Endpoint`, `Metrics`, `EndpointState`, `PoolSnapshot`) that
 scheduling reads, and `Pool`, the one mutable owner that the edges (discovery, scraper,
 ext_proc servicer) update. One asyncio loop per process owns a `Pool`: no locks.
+
+The records are also the one place where values are made sane: `Metrics` and
+`EndpointState` drop non-finite, negative and absurd values on construction (a dropped
+field reads as unknown, `None`, never as a confident zero), so every scorer, filter and
+picker can rely on finite, non-negative inputs whoever built the snapshot. The parser
+(epp/engines.py) applies the same rules first to count and log what it rejects.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 # Weight of the newest sample in the smoothed per-pod speed figures.
 SPEED_EWMA_ALPHA = 0.2
+# Speed observations lose half their weight per half-life (configurable: scrape.speedHalfLifeMs)
+# and are forgotten after this many half-lives without a new one: a pod that was slow once
+# and then got no traffic is unknown again, not slow forever.
+DEFAULT_SPEED_HALF_LIFE_S = 10.0
+SPEED_EXPIRY_HALF_LIVES = 4.0
+
+# Sanity limits for scraped values (see `count_problem` and friends).
+MAX_COUNT = 1e12  # queue lengths, token counts, label integers: more is a broken exporter
+KV_TOLERANCE = 0.01  # KV fractions a hair outside [0, 1] (float rounding) are clamped, not rejected
+MAX_SPEED_S = 3600.0  # a TTFT or time per token over an hour is not a measurement
+
+
+def count_problem(value: float) -> str | None:
+    """Why `value` is not a usable count or gauge (None when it is)."""
+    if isinstance(value, int):  # exact, and no float conversion that could overflow
+        return "negative" if value < 0 else "too_large" if value > MAX_COUNT else None
+    if not math.isfinite(value):
+        return "non_finite"
+    if value < 0.0:
+        return "negative"
+    if value > MAX_COUNT:
+        return "too_large"
+    return None
+
+
+def fraction_problem(value: float) -> str | None:
+    """Why `value` is not a usable 0..1 fraction (None when it is, within KV_TOLERANCE)."""
+    if isinstance(value, int):
+        return None if 0 <= value <= 1 else "out_of_range"
+    if not math.isfinite(value):
+        return "non_finite"
+    if not -KV_TOLERANCE <= value <= 1.0 + KV_TOLERANCE:
+        return "out_of_range"
+    return None
+
+
+def integer_problem(value: float) -> str | None:
+    """Why `value` is not a usable non-negative integer (None when it is)."""
+    problem = count_problem(value)
+    if problem is None and value != int(value):
+        return "not_an_integer"
+    return problem
+
+
+def _speed(value: float | None) -> float | None:
+    """A speed observation in seconds: > 0 and <= MAX_SPEED_S, else unknown."""
+    return value if value is not None and 0.0 < value <= MAX_SPEED_S else None
+
+
+def _set(record: object, name: str, value: object) -> None:
+    object.__setattr__(record, name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,17 +92,38 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """What one scrape of a pod says, normalised across engine dialects."""
+    """What one scrape of a pod says, normalised across engine dialects.
 
-    waiting: float = 0.0
-    running: float = 0.0
-    kv_usage: float = 0.0  # 0..1
+    `None` = unknown (not on the page, or rejected by the parser); scorers treat it as the
+    worst case for that field, never as idle. Built in code, the defaults are known zeros.
+    """
+
+    waiting: float | None = 0.0
+    running: float | None = 0.0
+    kv_usage: float | None = 0.0  # 0..1
     running_adapters: frozenset[str] = frozenset()
     waiting_adapters: frozenset[str] = frozenset()
-    max_lora: int = 0
+    max_lora: int = 0  # 0 = not reported
     block_size: int | None = None  # tokens per KV block, when the server reports it
     num_gpu_blocks: int | None = None
     scraped_at: float = 0.0  # time.monotonic() of the scrape
+
+    def __post_init__(self) -> None:
+        if self.waiting is not None and count_problem(self.waiting):
+            _set(self, "waiting", None)
+        if self.running is not None and count_problem(self.running):
+            _set(self, "running", None)
+        kv = self.kv_usage
+        if kv is not None:
+            _set(self, "kv_usage", None if fraction_problem(kv) else min(1.0, max(0.0, kv)))
+        if integer_problem(self.max_lora):
+            _set(self, "max_lora", 0)
+        if self.block_size is not None and (integer_problem(self.block_size) or self.block_size == 0):
+            _set(self, "block_size", None)
+        if self.num_gpu_blocks is not None and integer_problem(self.num_gpu_blocks):
+            _set(self, "num_gpu_blocks", None)
+        if not math.isfinite(self.scraped_at):
+            _set(self, "scraped_at", 0.0)  # "long ago": the metrics read as stale, not fresh
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +138,20 @@ class EndpointState:
     ttft_ewma: float | None = None  # smoothed observed time to first byte, seconds
     tpot_ewma: float | None = None  # smoothed observed time per output token, seconds
     healthy: bool = True  # False after repeated scrape failures
+
+    def __post_init__(self) -> None:
+        # Cheap comparisons only: one record per pod per scheduling decision.
+        if self.ttft_ewma is not None and _speed(self.ttft_ewma) is None:
+            _set(self, "ttft_ewma", None)
+        if self.tpot_ewma is not None and _speed(self.tpot_ewma) is None:
+            _set(self, "tpot_ewma", None)
+        age = self.metrics_age
+        if not age >= 0.0:
+            _set(self, "metrics_age", 0.0 if age < 0.0 else math.inf)  # NaN: unknown age
+        if self.inflight_requests < 0:
+            _set(self, "inflight_requests", 0)
+        if self.inflight_tokens < 0:
+            _set(self, "inflight_tokens", 0)
 
     @property
     def address(self) -> str:
@@ -77,26 +170,51 @@ class PoolSnapshot:
 
 
 @dataclass(slots=True)
+class _Speed:
+    """One smoothed speed figure whose weight halves every half-life without observations."""
+
+    value: float | None = None
+    at: float = 0.0  # monotonic time of the last observation
+
+    def observe(self, sample: float, now: float, half_life_s: float) -> None:
+        old, age = self.value, now - self.at
+        if old is None or age >= SPEED_EXPIRY_HALF_LIVES * half_life_s:
+            self.value = sample
+        else:
+            keep = (1.0 - SPEED_EWMA_ALPHA) * 0.5 ** (max(0.0, age) / half_life_s)
+            self.value = sample + keep * (old - sample)
+        self.at = now
+
+    def current(self, now: float, half_life_s: float) -> float | None:
+        if self.value is None or now - self.at >= SPEED_EXPIRY_HALF_LIVES * half_life_s:
+            return None
+        return self.value
+
+
+@dataclass(slots=True)
 class _Live:
     endpoint: Endpoint
     metrics: Metrics | None = None
     inflight_requests: int = 0
     inflight_tokens: int = 0
-    ttft_ewma: float | None = None
-    tpot_ewma: float | None = None
+    ttft: _Speed = field(default_factory=_Speed)
+    tpot: _Speed = field(default_factory=_Speed)
     failures: int = 0
-
-
-def _ewma(old: float | None, sample: float) -> float:
-    return sample if old is None else old + SPEED_EWMA_ALPHA * (sample - old)
 
 
 class Pool:
     """The mutable state of one pool: endpoints, scraped metrics, in-flight accounting."""
 
-    def __init__(self, endpoints: Iterable[Endpoint] = (), *, unhealthy_after: int = 3) -> None:
+    def __init__(
+        self,
+        endpoints: Iterable[Endpoint] = (),
+        *,
+        unhealthy_after: int = 3,
+        speed_half_life_s: float = DEFAULT_SPEED_HALF_LIFE_S,
+    ) -> None:
         self._live: dict[str, _Live] = {}
         self._unhealthy_after = unhealthy_after
+        self.speed_half_life_s = speed_half_life_s  # set again on every config reload
         self.set_endpoints(endpoints)
 
     # -- discovery edge -------------------------------------------------------------
@@ -130,6 +248,12 @@ class Pool:
         if live is not None:
             live.failures += 1
 
+    def mark_unhealthy(self, address: str) -> None:
+        """Unhealthy now (its scrape loop crashed), healthy again at the next good scrape."""
+        live = self._live.get(address)
+        if live is not None:
+            live.failures = max(live.failures, self._unhealthy_after)
+
     # -- request accounting edge ----------------------------------------------------
     def on_routed(self, address: str, tokens: int) -> None:
         live = self._live.get(address)
@@ -144,14 +268,25 @@ class Pool:
             live.inflight_requests = max(0, live.inflight_requests - 1)
             live.inflight_tokens = max(0, live.inflight_tokens - tokens)
 
-    def observe_speed(self, address: str, *, ttft: float | None = None, tpot: float | None = None) -> None:
+    def observe_speed(
+        self,
+        address: str,
+        *,
+        ttft: float | None = None,
+        tpot: float | None = None,
+        now: float | None = None,
+    ) -> None:
+        """Fold one observation into the pod's smoothed speeds; unusable samples are ignored
+        (a NaN folded into an EWMA would poison it for good)."""
         live = self._live.get(address)
         if live is None:
             return
+        now = time.monotonic() if now is None else now
+        ttft, tpot = _speed(ttft), _speed(tpot)
         if ttft is not None:
-            live.ttft_ewma = _ewma(live.ttft_ewma, ttft)
+            live.ttft.observe(ttft, now, self.speed_half_life_s)
         if tpot is not None:
-            live.tpot_ewma = _ewma(live.tpot_ewma, tpot)
+            live.tpot.observe(tpot, now, self.speed_half_life_s)
 
     def inflight_total(self) -> int:
         return sum(live.inflight_requests for live in self._live.values())
@@ -159,6 +294,7 @@ class Pool:
     # -- scheduling edge ------------------------------------------------------------
     def snapshot(self, now: float | None = None) -> PoolSnapshot:
         now = time.monotonic() if now is None else now
+        half_life = self.speed_half_life_s
         states = tuple(
             EndpointState(
                 endpoint=live.endpoint,
@@ -166,8 +302,8 @@ class Pool:
                 metrics_age=(now - live.metrics.scraped_at) if live.metrics else float("inf"),
                 inflight_requests=live.inflight_requests,
                 inflight_tokens=live.inflight_tokens,
-                ttft_ewma=live.ttft_ewma,
-                tpot_ewma=live.tpot_ewma,
+                ttft_ewma=live.ttft.current(now, half_life),
+                tpot_ewma=live.tpot.current(now, half_life),
                 healthy=live.failures < self._unhealthy_after,
             )
             for live in self._live.values()

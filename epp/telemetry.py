@@ -19,6 +19,12 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _SCHEDULER_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 
 
+def _mean_known(values: list[float | None]) -> float:
+    """Mean over the pods that reported the value (unknown ones are left out); 0 if none did."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else 0.0
+
+
 class _PoolCollector(Collector):
     """Pool-level gauges computed from a fresh snapshot at scrape time."""
 
@@ -29,15 +35,14 @@ class _PoolCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snap = self._snapshot()
         scraped = [s.metrics for s in snap.endpoints if s.metrics is not None]
-        n = len(scraped)
         kv = GaugeMetricFamily(
             "inference_pool_average_kv_cache_utilization", "Mean KV-cache use", labels=["name"]
         )
-        kv.add_metric([self._pool], sum(m.kv_usage for m in scraped) / n if n else 0.0)
+        kv.add_metric([self._pool], _mean_known([m.kv_usage for m in scraped]))
         queue = GaugeMetricFamily(
             "inference_pool_average_queue_size", "Mean waiting requests", labels=["name"]
         )
-        queue.add_metric([self._pool], sum(m.waiting for m in scraped) / n if n else 0.0)
+        queue.add_metric([self._pool], _mean_known([m.waiting for m in scraped]))
         ready = GaugeMetricFamily("inference_pool_ready_pods", "Pods with fresh metrics", labels=["name"])
         ready.add_metric([self._pool], sum(1 for s in snap.endpoints if s.healthy and s.metrics is not None))
         inflight = GaugeMetricFamily(
@@ -89,12 +94,28 @@ class Telemetry:
             buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
             registry=r,
         )
+        self.rejected_values = Counter(
+            "inference_extension_metric_values_rejected",
+            "Scraped values rejected (non-finite, negative, out of range); the field reads as unknown",
+            ["endpoint", "field", "reason"],
+            registry=r,
+        )
+        self._rejected_labels: dict[str, set[tuple[str, str]]] = {}
         self.scheduler_e2e = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Parse + schedule time per request",
             buckets=_SCHEDULER_BUCKETS,
             registry=r,
         )
+
+    def value_rejected(self, endpoint: str, field: str, reason: str) -> None:
+        self.rejected_values.labels(endpoint, field, reason).inc()
+        self._rejected_labels.setdefault(endpoint, set()).add((field, reason))
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        """Drop a departed pod's series so pod churn does not grow /metrics for ever."""
+        for field, reason in self._rejected_labels.pop(endpoint, ()):
+            self.rejected_values.remove(endpoint, field, reason)
 
     def attach_pool(self, snapshot: Callable[[], PoolSnapshot]) -> None:
         self.registry.register(_PoolCollector(self.pool_name, snapshot))

@@ -111,6 +111,9 @@ class ProfileConfig(_Model):
 class ScrapeConfig(_Model):
     interval_ms: int = Field(default=50, ge=5, alias="intervalMs")
     timeout_ms: int = Field(default=500, ge=10, alias="timeoutMs")
+    # Observed-speed EWMAs lose half their weight per half-life; after 4 without a new
+    # observation the pod's speed is unknown again (epp/pool.py).
+    speed_half_life_ms: int = Field(default=10_000, ge=100, le=86_400_000, alias="speedHalfLifeMs")
 
 
 class AdmissionConfig(_Model):

@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from gateway.config import ConfigError, GatewayConfig, load_config, parse_config
+from gateway.supervise import report_failure
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,8 @@ class ConfigStore:
         for listener in self._listeners:
             try:
                 listener(fresh)
-            except Exception:
-                log.exception("config listener failed")
+            except Exception as exc:  # one broken subscriber must not keep the others stale
+                report_failure("config-listener", getattr(listener, "__qualname__", repr(listener)), exc)
         return True
 
     def offer_data(self, data: Mapping[str, Any], source: str) -> bool:
@@ -94,6 +95,7 @@ class FileWatcher:
         return self.store.offer(lambda: load_config(self.path), str(self.path))
 
     async def run(self) -> None:
+        """Poll for ever; run it under `gateway.supervise.spawn` so a crash is restarted."""
         while True:
             await asyncio.sleep(self.poll_s)
             self.check()

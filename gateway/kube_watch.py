@@ -3,7 +3,10 @@
 The `kubernetes` client is synchronous; `Reflector` runs list + watch in its own thread and
 hands a complete name -> object cache to a callback after every change. It re-lists on
 410 Gone (swapping in the new cache only once complete), resumes from the last
-resourceVersion after disconnects with exponential backoff, and follows bookmarks. Used by
+resourceVersion after disconnects with exponential backoff, and follows bookmarks. Anything
+else (a bug in a callback, an object of an unexpected shape) escapes the watch loop to
+`gateway.supervise.run_supervised`, which logs the traceback, counts it and restarts the
+loop with a fresh list after a backoff: the thread never dies silently. Used by
 InferencePool discovery (epp/discovery/kubernetes.py) and the InferenceGatewayConfig source
 (gateway/config_resource.py).
 """
@@ -13,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -21,11 +23,17 @@ from typing import Any
 import kubernetes
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from gateway.supervise import Backoff, run_supervised
 
 log = logging.getLogger(__name__)
 
 GONE = 410
 MAX_BACKOFF_S = 30.0
+# What a flaky API server or network does to a list/watch: retried from the last
+# resourceVersion. Anything else is a bug and goes to the supervisor (re-list).
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (Urllib3Error, OSError, ValueError)
 
 Obj = dict[str, Any]
 
@@ -67,7 +75,7 @@ class Reflector:
         self._selector_kind = selector_kind  # "label_selector" | "field_selector"
         self._selector = selector
         self._generation = 0
-        self._backoff_s = backoff_s
+        self._backoff = Backoff(initial_s=backoff_s, max_s=MAX_BACKOFF_S)  # retries and restarts
         self._watch_timeout_s = watch_timeout_s
         self._wake = threading.Event()
         self._stopped = False
@@ -77,7 +85,7 @@ class Reflector:
         self._cache: dict[str, Obj] = {}
         self.resource_version: str | None = None  # last seen: list, event or bookmark
         self.lists = 0  # full lists done (tests and /debug read it)
-        self._thread = threading.Thread(target=self._run, name=f"discovery-{name}", daemon=True)
+        self._thread = threading.Thread(target=self._supervised, name=f"discovery-{name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -109,7 +117,22 @@ class Reflector:
         with self._lock:
             return self._generation, self._selector
 
+    def _supervised(self) -> None:
+        run_supervised(
+            "kube-watch",
+            self.name,
+            self._run,
+            stopped=lambda: self._stopped,
+            wait=self._wait,
+            backoff=self._backoff,
+        )
+
+    def _wait(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
     def _run(self) -> None:
+        """List, then watch from the list's resourceVersion; re-list on 410 or a new selector."""
         failures = 0
         need_list = True
         while not self._stopped:
@@ -152,6 +175,8 @@ class Reflector:
                 if self._current()[0] != generation:  # our own stop() cut the connection
                     need_list = True
                     continue
+                if not isinstance(exc, TRANSPORT_ERRORS):
+                    raise  # a bug, not the network: the supervisor logs, counts and re-lists
                 failures += 1
                 log.warning("%s: %s: %s, retry #%d", self.name, type(exc).__name__, exc, failures)
                 self._sleep_backoff(failures)
@@ -159,9 +184,7 @@ class Reflector:
                 need_list = True
 
     def _sleep_backoff(self, failures: int) -> None:
-        delay = min(MAX_BACKOFF_S, self._backoff_s * 2 ** min(failures - 1, 10))
-        self._wake.wait(delay * random.uniform(0.8, 1.2))
-        self._wake.clear()
+        self._wait(self._backoff.delay(failures))
 
     def _list(self, selector: str) -> dict[str, Obj]:
         resp = self._list_call(

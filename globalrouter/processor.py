@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from extproc.errors import ErrorResponse, rate_limited, unavailable
 from extproc.stream import RequestRoute
+from gateway.supervise import report_failure
 from globalrouter.config import RouterConfig
 from globalrouter.members import MemberBook
 from globalrouter.policy import candidates, choose
@@ -49,9 +50,15 @@ class RouterContext:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def spawn(self, coro: object) -> None:
+        """Fire and forget, but never silently: a failure is logged and counted."""
         task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            report_failure("globalrouter-background", task.get_name(), exc)
 
 
 def _request_facts(body: bytes) -> tuple[str | None, bool]:

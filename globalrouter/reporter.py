@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -26,6 +27,7 @@ import grpc
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.supervise import spawn
 from globalrouter.api import cluster_report_pb2 as rpb
 from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
 
@@ -72,6 +74,11 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def _known(metrics: list[dict[str, Any]], key: str) -> list[float]:
+    """The values pods reported for `key`; an EPP publishes null for an unknown field."""
+    return [float(v) for m in metrics if (v := m.get(key)) is not None]
+
+
 def model_reports(pool: dict[str, Any], error_rate: float, slots_per_pod: int) -> list[rpb.ModelReport]:
     """Aggregate one EPP's `/debug/pool` per model name (base models and adapters)."""
     by_model: dict[str, list[dict[str, Any]]] = {}
@@ -89,9 +96,9 @@ def model_reports(pool: dict[str, Any], error_rate: float, slots_per_pod: int) -
                 model=name,
                 ready_pods=len(ready),
                 total_pods=len(eps),
-                avg_kv_usage=_mean([float(m.get("kv_usage", 0.0)) for m in metrics]),
-                avg_queue=_mean([float(m.get("waiting", 0.0)) for m in metrics]),
-                running=sum(float(m.get("running", 0.0)) for m in metrics),
+                avg_kv_usage=_mean(_known(metrics, "kv_usage")),
+                avg_queue=_mean(_known(metrics, "waiting")),
+                running=sum(_known(metrics, "running")),
                 inflight_requests=sum(int(e.get("inflight_requests", 0)) for e in eps),
                 error_rate=error_rate,
                 capacity=len(ready) * slots_per_pod,
@@ -165,7 +172,10 @@ class Reporter:
         )
 
     async def run(self) -> None:
-        senders = [asyncio.create_task(self._send_to(r)) for r in self.routers]
+        senders = [
+            spawn("heartbeat-sender", f"heartbeats to {r}", functools.partial(self._send_to, r))
+            for r in self.routers
+        ]
         try:
             async with httpx.AsyncClient(timeout=max(0.3, self.interval_s * 0.8)) as client:
                 while True:

@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from epp.pool import Endpoint
 from gateway.kube_watch import Obj, Reflector, default_api_client
+from gateway.supervise import report_failure
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,15 @@ def pod_endpoints(
         )
         pod_engine = engine
     ip = pod["status"]["podIP"]
-    metrics_port = annotations.get(METRICS_PORT_ANNOTATION, "")
-    metrics_url = f"http://{_host_port(ip, int(metrics_port))}/metrics" if metrics_port.isdigit() else None
+    metrics_url = None
+    metrics_port = str(annotations.get(METRICS_PORT_ANNOTATION, "")).strip()
+    if metrics_port:
+        if metrics_port.isascii() and metrics_port.isdigit() and 0 < int(metrics_port) < 65536:
+            metrics_url = f"http://{_host_port(ip, int(metrics_port))}/metrics"
+        else:  # "²" is a digit to str.isdigit and 99999 is no port: scrape the serving port
+            log.warning(
+                "pod %s: ignoring %s=%r (not a port)", meta.get("name"), METRICS_PORT_ANNOTATION, metrics_port
+            )
     return [
         Endpoint(
             address=_host_port(ip, port),
@@ -342,8 +350,8 @@ class InferencePoolDiscovery:
             return
         try:
             self._on_change(endpoints)
-        except Exception:
-            log.exception("on_change callback failed")
+        except Exception as exc:
+            report_failure("discovery-callback", f"{self.namespace}/{self.pool_name} on_change", exc)
         if self._first is not None and not self._first.done():
             self._first.set_result(None)
 

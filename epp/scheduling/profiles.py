@@ -37,6 +37,9 @@ SCORER_ALIASES = {
     "speed": "observed-speed",
     "queueSpeed": "queue-speed",
 }
+# Totals are sums of weight x [0, 1]; bounding weights keeps them (and the picker's tie
+# quantisation, total / 1e-9) finite.
+MAX_WEIGHT = 1e6
 PICKERS = ("max", "weighted-random")
 PICKER_ALIASES = {"weighted": "weighted-random", "random": "weighted-random"}
 # Config spellings (gateway/config.py, AWS-style camelCase) of the threshold fields.
@@ -99,8 +102,10 @@ class Profile:
                 raise ProfileError(f"{where}.weights.{raw_key}: unknown scorer (known: {known})")
             if isinstance(raw_value, bool) or not isinstance(raw_value, int | float):
                 raise ProfileError(f"{where}.weights.{raw_key}: must be a number, got {raw_value!r}")
-            if not math.isfinite(raw_value) or raw_value < 0:
-                raise ProfileError(f"{where}.weights.{raw_key}: must be finite and >= 0, got {raw_value}")
+            if not math.isfinite(raw_value) or not 0 <= raw_value <= MAX_WEIGHT:
+                raise ProfileError(
+                    f"{where}.weights.{raw_key}: must be in [0, {MAX_WEIGHT:g}], got {raw_value}"
+                )
             if key in weights:
                 raise ProfileError(f"{where}.weights.{raw_key}: duplicates {key}")
             weights[key] = float(raw_value)

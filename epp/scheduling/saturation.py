@@ -21,21 +21,24 @@ def unseen_inflight(state: EndpointState) -> float:
     m = state.metrics
     if m is None:
         return float(state.inflight_requests)
-    return max(0.0, state.inflight_requests - m.waiting - m.running)
+    return max(0.0, state.inflight_requests - (m.waiting or 0.0) - (m.running or 0.0))
 
 
 def effective_queue(state: EndpointState) -> float:
-    """waiting + unseen in-flight; the scrape's view corrected by the EPP's fresher one."""
+    """waiting + unseen in-flight; the scrape's view corrected by the EPP's fresher one
+    (an unknown waiting count contributes nothing: only what the EPP itself routed counts)."""
     m = state.metrics
-    return (m.waiting if m is not None else 0.0) + unseen_inflight(state)
+    return ((m.waiting or 0.0) if m is not None else 0.0) + unseen_inflight(state)
 
 
 def pod_saturation(state: EndpointState, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> float:
-    """max(q / queue_saturated, kv / kv_saturated), clamped to [0, 1]; unknown metrics -> 1."""
+    """max(q / queue_saturated, kv / kv_saturated), clamped to [0, 1]; unknown metrics (no
+    scrape, or neither waiting nor KV known) -> 1; an unknown term is left out."""
     m = state.metrics
-    if m is None:
+    if m is None or (m.waiting is None and m.kv_usage is None):
         return 1.0
-    level = max(effective_queue(state) / thresholds.queue_saturated, m.kv_usage / thresholds.kv_saturated)
+    kv = m.kv_usage or 0.0
+    level = max(effective_queue(state) / thresholds.queue_saturated, kv / thresholds.kv_saturated)
     return min(1.0, max(0.0, level))
 
 
@@ -45,10 +48,11 @@ def is_saturated(state: EndpointState, thresholds: Thresholds = DEFAULT_THRESHOL
     m = state.metrics
     if m is None:
         return False
-    if m.kv_usage >= thresholds.kv_saturated:
+    if m.kv_usage is not None and m.kv_usage >= thresholds.kv_saturated:
         return True
-    unseen = state.inflight_requests - m.waiting - m.running  # effective_queue, inlined (hot)
-    return m.waiting + (unseen if unseen > 0 else 0.0) >= thresholds.queue_saturated
+    waiting = m.waiting or 0.0  # effective_queue, inlined (hot)
+    unseen = state.inflight_requests - waiting - (m.running or 0.0)
+    return waiting + (unseen if unseen > 0 else 0.0) >= thresholds.queue_saturated
 
 
 def saturation(

@@ -1,8 +1,10 @@
 """Scorers: `score(request, candidates, ctx) -> list[float]`, one value in [0, 1] per pod.
 
 Higher is better. Each scorer's formula is in its docstring. Pods whose metrics were never
-scraped (`metrics is None`) get the worst metric-based score, never an idle-looking one:
-a pod the EPP knows nothing about must not attract a herd.
+scraped (`metrics is None`), or whose field is unknown (`None`: missing or rejected by the
+parser), get the worst score for that field, never an idle-looking one: a pod the EPP knows
+nothing about must not attract a herd. Inputs are finite and non-negative by construction
+(epp/pool.py sanitises the records), so no scorer checks for NaN or infinities itself.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from epp.scheduling.profiles import DEFAULT_THRESHOLDS, Thresholds
 
 # Output tokens assumed for a request without max_tokens when predicting its service time.
 DEFAULT_OUTPUT_TOKENS = 256
+# Cap on the client's max_tokens in that prediction: any int is a valid JSON max_tokens, and
+# 10**400 x a float overflows.
+MAX_OUTPUT_TOKENS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,25 +59,23 @@ def queue(request: InferenceRequest, candidates: Sequence[EndpointState], ctx: S
     qs: list[float | None] = []
     for s in candidates:
         m = s.metrics
-        if m is None:
+        waiting = m.waiting if m is not None else None
+        if waiting is None:
             qs.append(None)
         else:  # effective_queue(s), inlined: this runs for every pod of every request
-            unseen = s.inflight_requests - m.waiting - m.running
-            qs.append(m.waiting + (unseen if unseen > 0 else 0.0))
+            unseen = s.inflight_requests - waiting - (m.running or 0.0)  # type: ignore[union-attr]
+            qs.append(waiting + (unseen if unseen > 0 else 0.0))
     return _min_max_inverse(qs)
 
 
 def kv_cache(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """1 - KV-cache usage, clamped to [0, 1]; unknown -> 0."""
+    """1 - KV-cache usage (a 0..1 fraction by construction); unknown -> 0."""
     out: list[float] = []
     for s in candidates:
-        if s.metrics is None:
-            out.append(0.0)
-        else:
-            free = 1.0 - s.metrics.kv_usage
-            out.append(free if 0.0 <= free <= 1.0 else (0.0 if free < 0.0 else 1.0))
+        kv = s.metrics.kv_usage if s.metrics is not None else None
+        out.append(0.0 if kv is None else 1.0 - kv)
     return out
 
 
@@ -153,7 +156,7 @@ def observed_speed(
     A pod 5x slower at equal load scores 0.2. Pods without observations yet take the median
     t of those with (neither favoured nor starved); if none has any, only load counts.
     """
-    out_tokens = request.max_tokens or DEFAULT_OUTPUT_TOKENS
+    out_tokens = min(request.max_tokens or DEFAULT_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
     times: list[float | None] = []
     for s in candidates:
         if s.ttft_ewma is None and s.tpot_ewma is None:
@@ -165,7 +168,7 @@ def observed_speed(
     waits: list[float] = []
     for s, t in zip(candidates, times, strict=True):
         m = s.metrics
-        seen = (m.waiting + m.running) if m is not None else 0.0
+        seen = ((m.waiting or 0.0) + (m.running or 0.0)) if m is not None else 0.0
         ahead = s.inflight_requests if s.inflight_requests > seen else seen
         per_request = fallback if t is None else t
         waits.append((ahead + 1.0) * (per_request if per_request > 1e-6 else 1e-6))
@@ -190,11 +193,12 @@ def queue_speed(
     waits: list[float] = []
     for s in candidates:
         m = s.metrics
-        if m is None:
+        waiting = m.waiting if m is not None else None
+        if waiting is None:
             q = float(s.inflight_requests)
         else:
-            unseen = s.inflight_requests - m.waiting - m.running
-            q = m.waiting + (unseen if unseen > 0 else 0.0)
+            unseen = s.inflight_requests - waiting - (m.running or 0.0)  # type: ignore[union-attr]
+            q = waiting + (unseen if unseen > 0 else 0.0)
         pace = fallback if s.tpot_ewma is None else s.tpot_ewma
         waits.append((q + 1.0) * (pace if pace > 1e-6 else 1e-6))
     best = min(waits, default=1.0)

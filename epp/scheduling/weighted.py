@@ -106,7 +106,7 @@ class WeightedScheduler:
             values = SCORERS[name](request, candidates, ctx)
             per_scorer.append((name, values))
             for i, v in enumerate(values):
-                totals[i] += weight * (0.0 if v < 0.0 else 1.0 if v > 1.0 else v)
+                totals[i] += weight * (v if 0.0 <= v <= 1.0 else 1.0 if v > 1.0 else 0.0)  # NaN -> 0
 
         order = PICKERS[profile.picker](totals, self.rng)
         scores: dict[str, dict[str, float]] = {}

@@ -4,7 +4,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.metric_pages import AWKWARD_MODEL, PAGES, PageSpec, tgi_page, vllm_page
-from epp.engines import DIALECTS, MetricsParseError, find_samples, parse_labels, parse_metrics
+from epp.engines import DIALECTS, MetricsParseError, Rejection, find_samples, parse_labels, parse_metrics
 
 KV_NAMES = {
     "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
@@ -74,7 +74,7 @@ def test_vllm_newest_lora_series_wins_and_sums_series():
 
 def test_tgi_kv_needs_a_capacity():
     page = tgi_page(max_tokens=3000)
-    assert parse_metrics(page, "tgi", 0.0).kv_usage == 0.0
+    assert parse_metrics(page, "tgi", 0.0).kv_usage is None  # unknown, not an empty cache
     assert parse_metrics(page, "tgi", 0.0, kv_capacity_tokens=12_000).kv_usage == pytest.approx(0.25)
 
 
@@ -126,7 +126,6 @@ def test_unknown_dialect_is_value_error():
         "vllm:num_requests_waiting\n",
         "vllm:num_requests_waiting NaN\n",
         'vllm:num_requests_running 1\nvllm:lora_requests_info{max_lora="4",running_lora_adapters="a} 1\n',
-        'vllm:num_requests_running 1\nvllm:cache_config_info{block_size="big"} 1\n',
     ],
 )
 def test_garbage_raises_metrics_parse_error(garbage):
@@ -139,6 +138,14 @@ def test_other_dialects_page_is_an_error_not_an_idle_pod():
         parse_metrics(vllm_page(), "sglang", 0.0)
 
 
-def test_values_are_clamped_to_sane_ranges():
-    m = parse_metrics("vllm:num_requests_waiting -3\nvllm:kv_cache_usage_perc 1.7\n", "vllm", 0.0)
-    assert (m.waiting, m.kv_usage) == (0.0, 1.0)
+def test_insane_values_are_rejected_as_unknown_not_clamped():
+    rejected: list[Rejection] = []
+    page = "vllm:num_requests_waiting -3\nvllm:kv_cache_usage_perc 1.7\nvllm:num_requests_running 2\n"
+    m = parse_metrics(page, "vllm", 0.0, rejected=rejected)
+    assert (m.waiting, m.running, m.kv_usage) == (None, 2.0, None)
+    assert {(r.field, r.reason) for r in rejected} == {("waiting", "negative"), ("kv_usage", "out_of_range")}
+
+
+def test_kv_a_hair_outside_the_unit_interval_is_clamped():
+    m = parse_metrics("vllm:kv_cache_usage_perc 1.004\nvllm:num_requests_waiting 0\n", "vllm", 0.0)
+    assert m.kv_usage == 1.0

@@ -70,7 +70,8 @@ def test_parser_returns_metrics_or_parse_error_never_crashes(text, dialect):
         m = parse_metrics(text, dialect, 1.0)
     except MetricsParseError:
         return
-    assert m.waiting >= 0 and m.running >= 0 and 0 <= m.kv_usage <= 1
+    assert all(v is None or 0 <= v for v in (m.waiting, m.running, m.kv_usage))
+    assert m.kv_usage is None or m.kv_usage <= 1
 
 
 pods_strategy = st.lists(

@@ -145,5 +145,6 @@ def test_queue_speed_unknown_pace_takes_the_median():
     assert scores[3] == scores[2] == pytest.approx(0.5)
 
 
-def test_kv_cache_clamps_out_of_range_usage():
-    assert kv_cache(req(), [state("a", kv=1.3), state("b", kv=-0.2)], CTX) == [0.0, 1.0]
+def test_kv_cache_scores_out_of_range_usage_as_unknown_and_clamps_rounding():
+    assert kv_cache(req(), [state("a", kv=1.3), state("b", kv=-0.2)], CTX) == [0.0, 0.0]
+    assert kv_cache(req(), [state("a", kv=1.004), state("b", kv=-0.004)], CTX) == [0.0, 1.0]

@@ -107,3 +107,11 @@ def test_ipv6_pods_and_several_ports() -> None:
         "[fd00::5]:8000",
         "[fd00::5]:8001",
     ]
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "²", "-1", "9100x", " "])
+def test_a_metrics_port_annotation_that_is_no_port_is_ignored(port: str) -> None:
+    """It used to become an unusable URL (or, for "²", a ValueError inside the watch thread)."""
+    pod = make_pod("a", labels={"app": "x"}, ip="10.1.2.3", annotations={METRICS_PORT_ANNOTATION: port})
+    (ep,) = pod_endpoints(pod, SPEC, pool_name="pool")
+    assert ep.metrics_url is None  # scrape the serving port instead

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
+from prometheus_client import generate_latest
+
+from epp import scrape as scrape_module
+from epp.engines import Rejection
 from epp.pool import Endpoint, Pool
-from epp.scrape import Scraper, SpeedTracker, _Totals
+from epp.scrape import RejectionReporter, Scraper, SpeedTracker, _Totals
+from epp.telemetry import Telemetry
+from gateway.supervise import TASK_FAILURES, Backoff
 from modelsim.fleet import FleetSpec, run_fleet
 
 SPEC = {
@@ -78,3 +86,64 @@ async def test_scraper_follows_endpoint_changes() -> None:
             await wait_until(lambda: pool.snapshot().endpoints[0].metrics is not None)
         finally:
             await scraper.stop()
+
+
+async def test_a_crashing_scrape_loop_is_logged_counted_marks_the_pod_unhealthy_and_recovers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """OverflowError (e.g. int(float("inf")) on a label) used to escape the loop's `except`:
+    the task died for good and the pod stayed 'healthy' on its last metrics."""
+    real_parse = scrape_module.parse_metrics
+    crashes = 0
+
+    def exploding_parse(*args: object, **kwargs: object) -> object:
+        nonlocal crashes
+        crashes += 1
+        raise OverflowError("cannot convert float infinity to integer")
+
+    before = TASK_FAILURES.labels(task="scrape")._value.get()
+    async with run_fleet(FleetSpec.from_dict(SPEC), host="127.0.0.1") as fleet:
+        v = fleet.pod("v")
+        pool = Pool([Endpoint(v.address, frozenset({"m"}), engine="vllm")])
+        scraper = Scraper(pool, interval_s=0.02, timeout_s=0.5, restart_backoff=Backoff(0.02, 0.1))
+        scraper.sync()
+        task = scraper._tasks[v.address]
+        try:
+            await wait_until(lambda: pool.snapshot().endpoints[0].metrics is not None)
+            assert pool.snapshot().endpoints[0].healthy
+            with caplog.at_level(logging.ERROR, logger="gateway.supervise"):
+                monkeypatch.setattr(scrape_module, "parse_metrics", exploding_parse)
+                await wait_until(lambda: crashes >= 3)  # crashed, restarted, crashed again...
+                assert not pool.snapshot().endpoints[0].healthy
+                assert TASK_FAILURES.labels(task="scrape")._value.get() - before >= 2
+                logged = [r for r in caplog.records if f"scrape {v.address}" in r.getMessage()]
+                assert logged and logged[0].exc_info and logged[0].exc_info[0] is OverflowError
+                assert not task.done()  # the same supervised task, restarting its loop
+
+                monkeypatch.setattr(scrape_module, "parse_metrics", real_parse)
+                scraped_before = scraper.scrapes
+                await wait_until(
+                    lambda: pool.snapshot().endpoints[0].healthy and scraper.scrapes > scraped_before
+                )
+        finally:
+            await scraper.stop()
+
+
+async def test_rejected_values_are_counted_per_pod_and_logged_at_a_bounded_rate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    telemetry = Telemetry("p")
+    reporter = RejectionReporter(telemetry, interval_s=60.0)
+    bad = [Rejection("max_lora", "non_finite", "inf"), Rejection("waiting", "negative", "-1.0")]
+    with caplog.at_level(logging.WARNING, logger="epp.scrape"):
+        for i in range(100):  # 100 scrapes with the same two bad values within a minute
+            reporter.report("10.0.0.1:8000", bad, now=float(i) * 0.05)
+        reporter.report("10.0.0.1:8000", bad[:1], now=61.0)
+    counter = telemetry.rejected_values
+    assert counter.labels("10.0.0.1:8000", "max_lora", "non_finite")._value.get() == 101
+    assert counter.labels("10.0.0.1:8000", "waiting", "negative")._value.get() == 100
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3  # one per kind, then one more after the interval
+    assert "99 more since the last report" in messages[-1]
+    reporter.forget("10.0.0.1:8000")
+    assert b"10.0.0.1" not in generate_latest(telemetry.registry)
