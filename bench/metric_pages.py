@@ -91,14 +91,24 @@ def vllm_page(spec: PageSpec = PageSpec(), seed: int = 0) -> bytes:
     return generate_latest(registry)
 
 
-def sglang_page(spec: PageSpec = PageSpec(), seed: int = 0) -> bytes:
+def _per_rank_page(
+    prefix: str, waiting: str, running: str, kv: str, spec: PageSpec, seed: int, extra: dict[str, float]
+) -> bytes:
+    """A page whose queue, batch and KV gauges have one series per rank (SGLang, TRT-LLM)."""
     registry = CollectorRegistry()
-    _noise(registry, "sglang:", spec, random.Random(seed))
-    _gauge(registry, "sglang:num_queue_reqs", spec, spec.waiting)
-    _gauge(registry, "sglang:num_running_reqs", spec, spec.running)
-    _gauge(registry, "sglang:token_usage", spec, spec.kv)
-    _gauge(registry, "sglang:cache_hit_rate", spec, (0.3,))
+    _noise(registry, prefix, spec, random.Random(seed))
+    _gauge(registry, prefix + waiting, spec, spec.waiting)
+    _gauge(registry, prefix + running, spec, spec.running)
+    _gauge(registry, prefix + kv, spec, spec.kv)
+    for name, value in extra.items():
+        _gauge(registry, prefix + name, spec, (value,))
     return generate_latest(registry)
+
+
+def sglang_page(spec: PageSpec = PageSpec(), seed: int = 0) -> bytes:
+    return _per_rank_page(
+        "sglang:", "num_queue_reqs", "num_running_reqs", "token_usage", spec, seed, {"cache_hit_rate": 0.3}
+    )
 
 
 def tgi_page(spec: PageSpec = PageSpec(), seed: int = 0, max_tokens: float = 12_000) -> bytes:
@@ -111,12 +121,9 @@ def tgi_page(spec: PageSpec = PageSpec(), seed: int = 0, max_tokens: float = 12_
 
 
 def trtllm_page(spec: PageSpec = PageSpec(), seed: int = 0) -> bytes:
-    registry = CollectorRegistry()
-    _noise(registry, "trtllm_", spec, random.Random(seed))
-    _gauge(registry, "trtllm_num_requests_waiting", spec, spec.waiting)
-    _gauge(registry, "trtllm_num_requests_running", spec, spec.running)
-    _gauge(registry, "trtllm_kv_cache_utilization", spec, spec.kv)
-    return generate_latest(registry)
+    return _per_rank_page(
+        "trtllm_", "num_requests_waiting", "num_requests_running", "kv_cache_utilization", spec, seed, {}
+    )
 
 
 PAGES = {"vllm": vllm_page, "sglang": sglang_page, "tgi": tgi_page, "trtllm": trtllm_page}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from epp.pool import Metrics, count_problem, fraction_problem, integer_problem
@@ -249,42 +249,50 @@ def _reject(rejected: list[Rejection] | None, field: str, reason: str, value: ob
         rejected.append(Rejection(field, reason, str(value)[:64]))
 
 
-def _sum_of(
-    samples: dict[str, list[Sample]], names: tuple[str, ...], field: str, rejected: list[Rejection] | None
-) -> float | None:
-    """Sum of all series of the first alias present; None when no alias is on the page or a
-    series (or the total) is not a sane count."""
+def _first_sane(
+    samples: dict[str, list[Sample]],
+    names: tuple[str, ...],
+    field: str,
+    rejected: list[Rejection] | None,
+    problem_of: Callable[[float], str | None],
+) -> list[Sample] | None:
+    """The series of the first alias present on the page, or None when there is none or one
+    of its series is not sane (the field is then unknown, never a wrong number)."""
     for name in names:
         found = samples.get(name)
         if found:
             for s in found:
-                problem = count_problem(s.value)
+                problem = problem_of(s.value)
                 if problem:
                     _reject(rejected, field, problem, s.value)
                     return None
-            total = math.fsum(s.value for s in found)  # each <= MAX_COUNT: no overflow
-            problem = count_problem(total)
-            if problem:
-                _reject(rejected, field, problem, total)
-                return None
-            return total
+            return found
     return None
+
+
+def _sum_of(
+    samples: dict[str, list[Sample]], names: tuple[str, ...], field: str, rejected: list[Rejection] | None
+) -> float | None:
+    """Sum of all series of the first alias present; None when absent or not a sane count."""
+    found = _first_sane(samples, names, field, rejected, count_problem)
+    if found is None:
+        return None
+    total = math.fsum(s.value for s in found)  # each <= MAX_COUNT: no overflow
+    problem = count_problem(total)
+    if problem:
+        _reject(rejected, field, problem, total)
+        return None
+    return total
 
 
 def _mean_fraction(
     samples: dict[str, list[Sample]], names: tuple[str, ...], field: str, rejected: list[Rejection] | None
 ) -> float | None:
     """Mean of the first alias's series, each a 0..1 fraction (clamped within KV_TOLERANCE)."""
-    for name in names:
-        found = samples.get(name)
-        if found:
-            for s in found:
-                problem = fraction_problem(s.value)
-                if problem:
-                    _reject(rejected, field, problem, s.value)
-                    return None
-            return min(1.0, max(0.0, math.fsum(s.value for s in found) / len(found)))
-    return None
+    found = _first_sane(samples, names, field, rejected, fraction_problem)
+    if found is None:
+        return None
+    return min(1.0, max(0.0, math.fsum(s.value for s in found) / len(found)))
 
 
 def _adapters(value: str) -> frozenset[str]:
