@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.oracle import PROBE_TIMEOUT_S
 from bench.targets import PolicyTarget, TargetContext, register_policy
 from gateway.certs import CertSet, make_certs
 from gateway.config import parse_config
@@ -48,6 +49,11 @@ BEST_PROFILE: dict[str, Any] = {
     },
 }
 BEST_SCRAPE_MS = 50
+ORACLE_CONFIG: dict[str, Any] = {
+    "picker": "lowest predicted_ttft_s from POST /sim/probe on every pod (ties: smaller batch, then random)",
+    "probe_timeout_s": PROBE_TIMEOUT_S,
+    "probe_time": "measured per request, subtracted from TTFT and E2E, reported apart",
+}
 SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first request
 
 
@@ -242,12 +248,12 @@ def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module:
                 ctx.work_dir / name, pods=pods, config_extra=extra, epp_module=epp_module
             )
             running.append(gateway)
-            target.config.update(
-                kind="gateway",
-                epp_module=epp_module,
-                target_options=dict(ctx.options) if profile is not None else {},
-                **effective_epp_config(gateway.config_path),
-            )
+            target.config.update(kind="gateway", epp_module=epp_module)
+            if epp_module == "epp":
+                target.config["target_options"] = dict(ctx.options) if profile is not None else {}
+                target.config.update(effective_epp_config(gateway.config_path))
+            else:  # the oracle ignores the EPP's profiles: record what it does instead
+                target.config.update(ORACLE_CONFIG)
             await asyncio.sleep(SETTLE_S)
             return gateway.url
 
