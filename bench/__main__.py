@@ -121,7 +121,7 @@ async def run_policy(
     path = save_run(args.results, run_from(scenario.name, label, scenario.mode, run, meta, scenario.seed))
     info = {
         "policy_registered_as": policy,
-        "command": ["python", "-m", "bench", *sys.argv[1:]] if sys.argv[1:] else None,
+        "command": ["python", "-m", "bench", *args.argv],
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started_at)),
         "wall_s": wall_s,
         "time_scale": time_scale,
@@ -287,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("policies", help="list registered policy names")
 
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in each run's summary
     try:
         if args.command == "run":
             return asyncio.run(cmd_run(args))

