@@ -10,7 +10,9 @@ and the mean `max_tokens`.
 A metric fails only when the halves differ by more than `tolerance` (relative) AND the
 difference is well outside the sampling noise (a two-sample z score above `z_max`):
 small seeded traces are noisy (10 % long prompts, bursty spikes), and long ones reveal tiny
-drifts that do not matter. Pure: trace in, verdict out.
+drifts that do not matter. The per-request z assumes independent requests; session turns are
+not (a session's prompt sizes move together), so for session traces the tolerance carries the
+weight. Pure: trace in, verdict out.
 """
 
 from __future__ import annotations

@@ -287,7 +287,9 @@ class Spread:
         data = sorted(v for v in values if v is not None)
         if not data:
             return None
-        return cls(percentile(data, 50) or 0.0, data[0], data[-1], len(data))
+        middle = len(data) // 2
+        median = data[middle] if len(data) % 2 else (data[middle - 1] + data[middle]) / 2
+        return cls(median, data[0], data[-1], len(data))
 
     def below(self, other: Spread) -> bool:
         """Lower with no overlap: every seed of self under every seed of other."""

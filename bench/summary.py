@@ -111,7 +111,7 @@ def build_summary(
     """Everything a reader needs to trace one row of one table back to its code and config."""
     path = getattr(scenario, "path", "")
     digest = file_digest(path) if path and Path(path).exists() else None
-    rel = os.path.relpath(path, REPO_ROOT) if path else None
+    rel = Path(os.path.relpath(Path(path).resolve(), REPO_ROOT)).as_posix() if path else None
     return {
         "schema": SCHEMA,
         "scenario": {

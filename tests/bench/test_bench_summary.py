@@ -142,3 +142,14 @@ def test_environment_names_the_commit_and_packages() -> None:
     assert env["packages"]["inference-gateway"] is not None  # this project, installed editable
     assert env["git"]["commit"] is None or len(env["git"]["commit"]) == 40
     assert env["cpu_count"] >= 1
+
+
+def test_a_shipped_scenario_is_named_by_its_repo_path() -> None:
+    path = Path(__file__).parents[2] / "bench" / "scenarios" / "uniform.yaml"
+    scenario = load_scenario(path, "full").with_seed(REPORTING_SEEDS[1])
+    summary = build_summary(
+        scenario=scenario, policy="round-robin", policy_config={}, results=[_req(0, 0, 0.1), _req(1, 1, 0.1)],
+        run={}, env={},
+    )  # fmt: skip
+    assert summary["scenario"]["file"] == "bench/scenarios/uniform.yaml"
+    assert summary["scenario"]["mode"] == "full" and summary["scenario"]["slo_ttft_s"] == 0.5
