@@ -33,8 +33,9 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iglobalrouter/api=proto/gateway/v1 --python_out=. --grpc_python_out=. --pyi_out=. proto/gateway/v1/*.proto
 
-# Benchmarks: every policy replays the same seeded trace; results in bench/results, then the
-# report rewrites the tables and plots of docs/benchmarks.md (docs/img).
+# Benchmarks: every policy replays the same seeded traces (the reporting seeds); raw results in
+# bench/results (git-ignored), one summary per run in bench/summaries (committed), then the
+# report rewrites the tables of docs/benchmarks.md from the summaries (plots: docs/img).
 BENCH_QUICK_SCENARIOS := mixed-gpu bursty shared-prefix
 BENCH_QUICK_POLICIES := round-robin epp-default epp-best sglang-cache_aware
 BENCH_SCENARIOS := uniform mixed-gpu bursty bursty-headroom shared-prefix shared-prefix-long docqa lora long-short
@@ -46,14 +47,14 @@ bench: $(STAMP)
 	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode quick \
 	    --no-progress $(foreach p,$(BENCH_QUICK_POLICIES),--policy $(p)) || exit 1; \
 	done
-	$(BIN)/python -m bench report
+	$(BIN)/python -m bench report --mode quick --results bench/results
 
 bench-full: $(STAMP)
 	for s in $(BENCH_SCENARIOS); do \
 	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode full \
 	    --no-progress $(foreach p,$(BENCH_POLICIES),--policy $(p)) || exit 1; \
 	done
-	$(BIN)/python -m bench report
+	$(BIN)/python -m bench report --mode full --results bench/results
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.overhead_gateway --doc docs/benchmarks.md
 
 soak: $(STAMP)

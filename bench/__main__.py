@@ -1,7 +1,8 @@
 """Benchmark CLI.
 
 python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-cache_aware [--policy ...]
-python -m bench report [--results bench/results] [--doc docs/benchmarks.md]
+    [--seeds reporting|tuning|N] [--seed N ...]     # default: the reporting seeds
+python -m bench report [--summaries bench/summaries] [--doc docs/benchmarks.md] [--mode quick]
 python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
 python -m bench overhead                                          # load generator self-test
 python -m bench policies                                          # registered policy names
@@ -16,18 +17,36 @@ import shlex
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
 from bench.fleet import running_fleet
-from bench.loadgen import LoadGenConfig, RequestResult, run_trace, to_simulated, to_wall_clock
+from bench.loadgen import (
+    LoadGenConfig,
+    RequestResult,
+    run_trace,
+    to_simulated,
+    to_wall_clock,
+    without_probe_time,
+)
 from bench.overhead import measure_overhead, render_overhead
 from bench.report import build_report, run_from, save_run, write_section
 from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
 from bench.scorecard import scorecard_for
+from bench.stationarity import check_stationarity
 from bench.stats import summarize
+from bench.summary import (
+    REPORTING_SEEDS,
+    SUMMARIES_DIR,
+    TUNING_SEEDS,
+    build_summary,
+    environment,
+    machine_state,
+    write_summary,
+)
 from bench.targets import POLICIES, TargetContext, load_plugins, make_target
 
 
@@ -53,11 +72,13 @@ async def _workers(scenario: Scenario, urls: Sequence[str]) -> AsyncIterator[lis
 async def run_policy(
     scenario: Scenario, policy: str, args: argparse.Namespace, ctx: TargetContext
 ) -> list[RequestResult]:
+    """One policy on one seeded trace: raw results to --results, a summary to --summaries."""
     time_scale = float(scenario.fleet.get("time_scale", 1.0))
     trace = to_wall_clock(scenario.trace(), time_scale)  # the trace is in simulated seconds
     if args.max_requests:
         trace = trace[: args.max_requests]
     target = make_target(policy, ctx)
+    before = machine_state()
     base_url = await target.start()
     try:
         lg = scenario.loadgen
@@ -70,14 +91,22 @@ async def run_policy(
             max_wall_s=args.max_wall_s or scenario.duration_s / time_scale * 3 + 60,
         )
         with tqdm(
-            total=len(trace), desc=f"{scenario.name}/{policy}", unit="req", disable=args.no_progress
+            total=len(trace),
+            desc=f"{scenario.name}/{policy}/seed-{scenario.seed}",
+            unit="req",
+            disable=args.no_progress,
         ) as bar:
             run = await run_trace(trace, config, on_done=lambda _: bar.update())
     finally:
         await target.stop()
+    after = machine_state()
+    # The oracle's probe round trips are measured per request and taken out of its TTFT.
+    run.results = without_probe_time(run.results)
     # Report simulated seconds, so runs at different time scales compare directly.
     run.results = to_simulated(run.results, time_scale)
+    wall_s = run.wall_s
     run.wall_s *= time_scale
+    label = args.label or policy
     meta = {
         "description": scenario.description,
         "fleet": scenario.fleet,
@@ -89,12 +118,39 @@ async def run_policy(
         "time_scale": time_scale,
         "times": "simulated seconds (wall x time_scale)",
     }
-    path = save_run(args.results, run_from(scenario.name, policy, scenario.mode, run, meta))
-    s = summarize(run.results)
+    path = save_run(args.results, run_from(scenario.name, label, scenario.mode, run, meta, scenario.seed))
+    info = {
+        "policy_registered_as": policy,
+        "command": ["python", "-m", "bench", *args.argv],
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.started_at)),
+        "wall_s": wall_s,
+        "time_scale": time_scale,
+        "times": "simulated seconds (wall x time_scale)",
+        "trace_requests": len(trace),
+        "not_sent": run.not_sent,
+        "max_requests": args.max_requests,
+        "concurrency": config.concurrency,
+        "http2": config.http2,
+        "worker_urls_given": bool(args.worker_urls),
+        "machine_before": before,
+        "machine_after": after,
+    }
+    summary = build_summary(
+        scenario=scenario,
+        policy=label,
+        policy_config=target.config,
+        results=run.results,
+        run=info,
+        env=environment(),
+    )
+    summary_file = write_summary(args.summaries, summary)
+    st = summary["stats"]["steady"]
+    goodput = "n/a" if st["goodput"] is None else f"{st['goodput'] * 100:.1f} %"
     print(
-        f"{scenario.name}/{policy}: {s.ok}/{s.requests} ok, TTFT P50/P95/P99 "
-        f"{_fmt(s.ttft_p50)}/{_fmt(s.ttft_p95)}/{_fmt(s.ttft_p99)} s, {s.output_tok_s:,.0f} tok/s, "
-        f"errors {s.error_kinds or 0}, pods {s.pods} -> {path}"
+        f"{scenario.name}/{label}/seed-{scenario.seed}: {st['ok']}/{st['requests']} ok in the steady window, "
+        f"TTFT P50/P95/P99 {_fmt(st['ttft_p50'])}/{_fmt(st['ttft_p95'])}/{_fmt(st['ttft_p99'])} s, "
+        f"{st['output_tok_s']:,.0f} tok/s sustained, goodput {goodput}, errors {st['error_kinds'] or 0}, "
+        f"pods {summarize(run.results).pods} -> {summary_file} (raw: {path})"
     )
     return run.results
 
@@ -103,33 +159,64 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def run_seeds(args: argparse.Namespace) -> list[int]:
+    """--seed N (repeatable) wins; else --seeds: reporting | tuning | N (the first N reporting)."""
+    if args.seed:
+        return list(dict.fromkeys(args.seed))
+    choice = args.seeds or "reporting"
+    if choice == "reporting":
+        return list(REPORTING_SEEDS)
+    if choice == "tuning":
+        return list(TUNING_SEEDS)
+    if choice.isdigit() and 1 <= int(choice) <= len(REPORTING_SEEDS):
+        return list(REPORTING_SEEDS[: int(choice)])
+    raise SystemExit(
+        f"--seeds expects reporting, tuning or 1..{len(REPORTING_SEEDS)}, got {choice!r} (or use --seed N)"
+    )
+
+
 async def cmd_run(args: argparse.Namespace) -> int:
     load_plugins(tuple(args.policy_module))
     for policy in args.policy:
         if policy not in POLICIES:
             print(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}", file=sys.stderr)
             return 2
+    if args.label and len(args.policy) != 1:
+        print("--label names one policy's runs; give exactly one --policy", file=sys.stderr)
+        return 2
     scenario = load_scenario(args.scenario, args.mode)
+    seeds = run_seeds(args)
     work_dir = Path(tempfile.mkdtemp(prefix=f"bench-{scenario.name}-"))
-    for policy in args.policy:
-        # A fresh simulated fleet per policy: every policy replays the same trace, and pods kept
-        # from the previous policy would still hold its prompts in their prefix caches.
-        async with _workers(scenario, args.worker_urls) as urls:
-            ctx = TargetContext(urls, work_dir, scenario, _options(args.target_opt))
-            await run_policy(scenario, policy, args, ctx)
+    for seed in seeds:
+        seeded = scenario.with_seed(seed)
+        for policy in args.policy:
+            # A fresh simulated fleet per policy: every policy replays the same trace, and pods kept
+            # from the previous policy would still hold its prompts in their prefix caches.
+            async with _workers(seeded, args.worker_urls) as urls:
+                ctx = TargetContext(urls, work_dir, seeded, _options(args.target_opt))
+                await run_policy(seeded, policy, args, ctx)
     return 0
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario, args.mode)
+    if args.seed is not None:
+        scenario = scenario.with_seed(args.seed)
     trace = scenario.trace()
     chars = [sum(len(m["content"]) for m in r.body["messages"]) for r in trace]
-    print(f"{scenario.name} ({scenario.mode}): {len(trace)} requests over {scenario.duration_s:g} s")
+    print(
+        f"{scenario.name} ({scenario.mode}, seed {scenario.seed}): {len(trace)} requests over {scenario.duration_s:g} s"
+    )
     if trace:
         print(f"  offered rate {len(trace) / scenario.duration_s:.2f} req/s")
         print(f"  prompt tokens (~chars/4): mean {statistics.mean(chars) / 4:.0f}, max {max(chars) / 4:.0f}")
         print(f"  max_tokens mean {statistics.mean(r.body['max_tokens'] for r in trace):.0f}")
         print(f"  distinct tags {len({r.tag for r in trace})}")
+        try:
+            verdict = check_stationarity(trace, scenario.duration_s)
+            print(f"  stationary: {'yes' if verdict.ok else 'NO'} (halves: {verdict.describe()})")
+        except ValueError as exc:
+            print(f"  stationary: cannot judge ({exc})")
     return 0
 
 
@@ -161,7 +248,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--target-opt", action="append", default=[], help="key=value passed to the policy target"
     )
     run.add_argument("--policy-module", action="append", default=[], help="module that registers policies")
-    run.add_argument("--results", default="bench/results")
+    run.add_argument(
+        "--seeds", help="reporting (default), tuning, or N = the first N reporting seeds (bench/summary.py)"
+    )
+    run.add_argument("--seed", type=int, action="append", default=[], help="explicit trace seed; repeatable")
+    run.add_argument(
+        "--label", help="store the runs under this name instead of the policy's (tuning variants)"
+    )
+    run.add_argument("--results", default="bench/results", help="raw per-request results (git-ignored)")
+    run.add_argument("--summaries", default=str(SUMMARIES_DIR), help="committed run summaries")
     run.add_argument("--http2", action="store_true")
     run.add_argument("--ca-file", help="CA bundle for TLS targets (default: verification off)")
     run.add_argument("--concurrency", type=int, help="in-flight cap (default from the scenario, else 256)")
@@ -169,8 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--max-wall-s", type=float, help="hard wall-time limit per policy")
     run.add_argument("--no-progress", action="store_true")
 
-    rep = sub.add_parser("report", help="render saved results into docs/benchmarks.md and docs/img")
-    rep.add_argument("--results", default="bench/results")
+    rep = sub.add_parser("report", help="render the committed summaries into docs/benchmarks.md")
+    rep.add_argument("--summaries", default=str(SUMMARIES_DIR))
+    rep.add_argument("--mode", choices=MODES, default="quick")
+    rep.add_argument("--results", help="raw results for the plots (e.g. bench/results); default: no plots")
     rep.add_argument("--doc", default="docs/benchmarks.md")
     rep.add_argument("--img", default="docs/img")
     rep.add_argument("--baseline", default="round-robin")
@@ -178,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr = sub.add_parser("trace", help="print a scenario's trace statistics")
     tr.add_argument("--scenario", required=True)
     tr.add_argument("--mode", choices=MODES, default="quick")
+    tr.add_argument("--seed", type=int, help="trace seed (default: the scenario's own)")
 
     ov = sub.add_parser("overhead", help="measure the load generator against a local stub")
     ov.add_argument("--rates", default="20,50,100,200")
@@ -189,12 +287,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("policies", help="list registered policy names")
 
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in each run's summary
     try:
         if args.command == "run":
             return asyncio.run(cmd_run(args))
         if args.command == "report":
-            names = build_report(args.results, args.doc, args.img, args.baseline)
-            write_section(args.doc, "targets", scorecard_for(args.results))
+            names = build_report(args.summaries, args.doc, args.img, args.baseline, args.mode, args.results)
+            scorecard = scorecard_for(args.summaries, args.mode)
+            if scorecard is not None:
+                write_section(args.doc, "targets", scorecard)
             print(f"rendered {len(names)} scenario(s) into {args.doc}: {', '.join(names) or 'none'}")
             return 0
         if args.command == "trace":

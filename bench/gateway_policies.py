@@ -16,6 +16,7 @@ Target options (`--target-opt key=value`) for tuning without editing code:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,9 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
+from bench.oracle import PROBE_TIMEOUT_S
 from bench.targets import PolicyTarget, TargetContext, register_policy
 from gateway.certs import CertSet, make_certs
+from gateway.config import parse_config
 from gateway.envoy_config import render_baseline_bootstrap
 from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from modelsim.fleet import FleetSpec
@@ -45,6 +49,11 @@ BEST_PROFILE: dict[str, Any] = {
     },
 }
 BEST_SCRAPE_MS = 50
+ORACLE_CONFIG: dict[str, Any] = {
+    "picker": "lowest predicted_ttft_s from POST /sim/probe on every pod (ties: smaller batch, then random)",
+    "probe_timeout_s": PROBE_TIMEOUT_S,
+    "probe_time": "measured per request, subtracted from TTFT and E2E, reported apart",
+}
 SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first request
 
 
@@ -130,7 +139,8 @@ def baseline_factory(lb_policy: str, name: str):  # type: ignore[no-untyped-def]
             while procs:
                 procs.pop().stop()
 
-        return PolicyTarget(name, start, stop)
+        config = {"kind": "envoy", "lb_policy": lb_policy, "envoy_concurrency": 1, "listener": "https"}
+        return PolicyTarget(name, start, stop, config)
 
     return factory
 
@@ -195,6 +205,32 @@ def epp_config(options: Mapping[str, str], base: Mapping[str, Any] | None) -> di
     return extra
 
 
+def effective_epp_config(config_path: Path) -> dict[str, Any]:
+    """The scheduling configuration the EPP really ran with, read back from the gateway's own
+    config file: the default profile resolved over the built-ins (so `epp-default` records the
+    published weights too), thresholds, scrape and admission settings."""
+    config = parse_config(yaml.safe_load(config_path.read_text()))
+    profile = config.scheduler_profiles()[config.default_profile]
+    return json.loads(
+        json.dumps(
+            {
+                "default_profile": config.default_profile,
+                "profile": {
+                    "name": profile.name,
+                    "weights": dict(profile.weights),
+                    "picker": profile.picker,
+                    "thresholds": dataclasses.asdict(profile.thresholds),
+                    "priority": profile.priority,
+                },
+                "thresholds": config.thresholds.model_dump(by_alias=True),
+                "scrape": config.scrape.model_dump(by_alias=True),
+                "admission": config.admission.model_dump(by_alias=True),
+            },
+            default=str,
+        )
+    )
+
+
 def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module: str = "epp"):  # type: ignore[no-untyped-def]
     def factory(ctx: TargetContext) -> PolicyTarget:
         running: list[LocalGateway] = []
@@ -212,6 +248,12 @@ def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module:
                 ctx.work_dir / name, pods=pods, config_extra=extra, epp_module=epp_module
             )
             running.append(gateway)
+            target.config.update(kind="gateway", epp_module=epp_module)
+            if epp_module == "epp":
+                target.config["target_options"] = dict(ctx.options) if profile is not None else {}
+                target.config.update(effective_epp_config(gateway.config_path))
+            else:  # the oracle ignores the EPP's profiles: record what it does instead
+                target.config.update(ORACLE_CONFIG)
             await asyncio.sleep(SETTLE_S)
             return gateway.url
 
@@ -219,7 +261,8 @@ def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module:
             while running:
                 running.pop().stop()
 
-        return PolicyTarget(name, start, stop)
+        target = PolicyTarget(name, start, stop)
+        return target
 
     return factory
 

@@ -27,6 +27,8 @@ import httpx
 from bench.workloads import TraceRequest
 
 POD_HEADER = "x-modelsim-pod"
+# Set by bench.oracle on the response: seconds it spent probing the pods for this request.
+PROBE_HEADER = "x-bench-probe-s"
 
 
 @dataclass
@@ -44,6 +46,7 @@ class RequestResult:
     status: int = 0  # HTTP status; 0 when no response arrived
     error: str | None = None
     pod: str | None = None
+    probe_s: float | None = None  # oracle probe time (PROBE_HEADER); see without_probe_time
 
     @property
     def ok(self) -> bool:
@@ -89,6 +92,13 @@ def _content_of(event: dict[str, Any]) -> str:
     return choice.get("text") or ""
 
 
+def _seconds(value: str | None) -> float | None:
+    try:
+        return None if value is None else max(0.0, float(value))
+    except ValueError:
+        return None
+
+
 async def send_one(
     client: httpx.AsyncClient, config: LoadGenConfig, req: TraceRequest, result: RequestResult, t0: float
 ) -> None:
@@ -104,6 +114,7 @@ async def send_one(
         async with client.stream("POST", path, json=req.body, headers=headers) as resp:
             result.status = resp.status_code
             result.pod = resp.headers.get(POD_HEADER)
+            result.probe_s = _seconds(resp.headers.get(PROBE_HEADER))
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 result.error = f"HTTP {resp.status_code}: {text[:200]}"
@@ -221,6 +232,22 @@ async def run_trace(
     return RunResult(results=results, started_at=started_at, wall_s=wall, not_sent=not_sent)
 
 
+def without_probe_time(results: Sequence[RequestResult]) -> list[RequestResult]:
+    """TTFT and E2E minus the time the picker spent probing pods (the oracle's HTTP round
+    trips, which a picker reading state in process would not pay); probe_s stays recorded, so
+    the measured figure is ttft_s + probe_s."""
+
+    def minus(value: float | None, probe: float) -> float | None:
+        return None if value is None else max(0.0, value - probe)
+
+    return [
+        r
+        if not r.probe_s
+        else dataclasses.replace(r, ttft_s=minus(r.ttft_s, r.probe_s), e2e_s=minus(r.e2e_s, r.probe_s))
+        for r in results
+    ]
+
+
 def to_wall_clock(trace: Sequence[TraceRequest], time_scale: float) -> list[TraceRequest]:
     """A trace written in simulated seconds, rescheduled for a fleet running `time_scale` x real time."""
     if time_scale <= 0:
@@ -245,6 +272,7 @@ def to_simulated(results: Sequence[RequestResult], time_scale: float) -> list[Re
             ttft_s=scale(r.ttft_s),
             e2e_s=scale(r.e2e_s),
             itl_s=[gap * time_scale for gap in r.itl_s],
+            probe_s=scale(r.probe_s),
         )
         for r in results
     ]

@@ -1,8 +1,16 @@
 """The benchmarks' oracle endpoint picker: ask every pod, take the lowest predicted TTFT.
 
 Not a product: it reads the simulator's exact state (`POST /sim/probe` on each modelsim pod,
-all pods concurrently) instead of scraped metrics, so it bounds what any metrics-based picker
-could achieve on the same trace. It speaks the same ext_proc protocol and CLI as the EPP
+all pods concurrently) instead of scraped metrics. It is a reference, not a bound: it is greedy
+per request (no look-ahead), requests probing at the same moment see the same state and can
+herd onto one pod, and a metrics-based picker can beat it (one did in mixed-gpu).
+
+Its probes cost HTTP round trips a picker with in-process state would not pay. The time spent
+probing is measured per request and returned to the client in the `x-bench-probe-s` response
+header (bench.loadgen.PROBE_HEADER); the runner subtracts it from the oracle's TTFT and E2E
+and reports it apart, so its TTFT is not charged with its own measurement.
+
+It speaks the same ext_proc protocol and CLI as the EPP
 (`python -m bench.oracle --config gateway.yaml --pool NAME --port N [--metrics-port N]`), so
 `start_local_gateway(..., epp_module="bench.oracle")` drops it in behind the real Envoy.
 """
@@ -14,12 +22,14 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
 
 from bbr.router import MODEL_HEADER, decode_json_object
+from bench.loadgen import PROBE_HEADER
 from epp.processor import DESTINATION_HEADER, METADATA_NAMESPACE
 from extproc.errors import ErrorResponse, unavailable
 from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
@@ -99,9 +109,15 @@ class OraclePicker:
 
 
 class OracleProcessor(RequestOnlyProcessor):
+    """One per ext_proc stream (= one request): remembers its probe time for the response."""
+
     def __init__(self, picker: OraclePicker) -> None:
         self._picker = picker
         self.max_body_bytes = picker.config.bbr.max_body_bytes
+        self._probe_s: float | None = None
+
+    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
+        return None if self._probe_s is None else {PROBE_HEADER: f"{self._probe_s:.6f}"}
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         if not body:
@@ -112,7 +128,9 @@ class OracleProcessor(RequestOnlyProcessor):
         model = data.get("model") or headers.get(MODEL_HEADER)
         if not isinstance(model, str):
             return ErrorResponse(400, "'model' must be a string", "invalid_model")
+        started = time.perf_counter()
         picked = await self._picker.pick(model, body if "model" in data else json.dumps(data).encode())
+        self._probe_s = time.perf_counter() - started
         if isinstance(picked, ErrorResponse):
             return picked
         return RequestRoute(

@@ -1,8 +1,10 @@
-"""Results on disk (JSON) and the benchmark report (markdown sections + PNG plots).
+"""The benchmark report: markdown sections (+ optional PNG plots) from committed run summaries.
 
-One run = one scenario under one policy, saved as `<results>/<scenario>/<policy>.json`. The
-report renders one markdown section per scenario into `docs/benchmarks.md`, between marker
-comments so re-running replaces just that section and leaves hand-written text alone.
+Each scenario renders into `docs/benchmarks.md` between marker comments, so re-running replaces
+just that section and leaves hand-written text alone. Tables come from bench/summaries alone
+(reporting seeds, median and min-max over them; see bench/summary.py). Raw per-request results,
+`<results>/<mode>/<scenario>/<policy>/seed-<n>.json`, are saved here too (git-ignored) and
+only feed the plots.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.loadgen import RequestResult, RunResult
-from bench.stats import Summary, compare, summarize
+from bench.stats import Spread, change_pct, summarize
+from bench.summary import REPORTING_SEEDS, load_summaries
 
 BASELINE = "round-robin"
 
@@ -36,15 +40,21 @@ class PolicyRun:
     started_at: float = 0.0
     not_sent: int = 0
     meta: dict[str, Any] = field(default_factory=dict)  # fleet, workload, arrivals, duration, notes
+    seed: int = 0
+
+
+def raw_path(results_dir: str | Path, mode: str, scenario: str, policy: str, seed: int) -> Path:
+    return Path(results_dir) / mode / scenario / policy / f"seed-{seed}.json"
 
 
 def save_run(results_dir: str | Path, run: PolicyRun) -> Path:
-    path = Path(results_dir) / run.scenario / f"{run.policy}.json"
+    path = raw_path(results_dir, run.mode, run.scenario, run.policy, run.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "scenario": run.scenario,
         "policy": run.policy,
         "mode": run.mode,
+        "seed": run.seed,
         "wall_s": run.wall_s,
         "started_at": run.started_at,
         "not_sent": run.not_sent,
@@ -56,8 +66,12 @@ def save_run(results_dir: str | Path, run: PolicyRun) -> Path:
     return path
 
 
-def run_from(scenario: str, policy: str, mode: str, run: RunResult, meta: dict[str, Any]) -> PolicyRun:
-    return PolicyRun(scenario, policy, mode, run.results, run.wall_s, run.started_at, run.not_sent, meta)
+def run_from(
+    scenario: str, policy: str, mode: str, run: RunResult, meta: dict[str, Any], seed: int = 0
+) -> PolicyRun:
+    return PolicyRun(
+        scenario, policy, mode, run.results, run.wall_s, run.started_at, run.not_sent, meta, seed
+    )
 
 
 def load_run(path: str | Path) -> PolicyRun:
@@ -71,78 +85,208 @@ def load_run(path: str | Path) -> PolicyRun:
         started_at=data.get("started_at", 0.0),
         not_sent=data.get("not_sent", 0),
         meta=data.get("meta", {}),
+        seed=data.get("seed", 0),
     )
 
 
-def load_results(results_dir: str | Path) -> dict[str, dict[str, PolicyRun]]:
-    """{scenario: {policy: run}} for every saved run under `results_dir`."""
-    out: dict[str, dict[str, PolicyRun]] = {}
-    for path in sorted(Path(results_dir).glob("*/*.json")):
-        run = load_run(path)
-        out.setdefault(run.scenario, {})[run.policy] = run
-    return out
-
-
 # ---------------------------------------------------------------- markdown
+
+# (column header, where in a summary's stats, unit) of the main table; every cell is the median
+# over the reporting seeds with [min-max].
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("TTFT P50", "steady.ttft_p50", "s"),
+    ("TTFT P95", "steady.ttft_p95", "s"),
+    ("TTFT P99", "steady.ttft_p99", "s"),
+    ("E2E P95", "steady.e2e_p95", "s"),
+    ("ITL P95", "steady.itl_p95", "s"),
+    ("sustained tok/s", "steady.output_tok_s", "tok/s"),
+    ("goodput", "steady.goodput", "share"),
+)
+CHANGED = {"steady.ttft_p50", "steady.ttft_p95", "steady.ttft_p99", "steady.e2e_p95", "steady.output_tok_s"}
+
+
+def stat(summary: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = summary["stats"]
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+def spread(runs: Sequence[Mapping[str, Any]], dotted: str) -> Spread | None:
+    return Spread.of(stat(r, dotted) for r in runs)
 
 
 def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 1000:,.0f} ms" if value < 10 else f"{value:,.1f} s"
 
 
+def _fmt(value: float, unit: str) -> str:
+    if unit == "s":
+        return _ms(value)
+    if unit == "share":
+        return f"{value * 100:.1f} %"
+    return f"{value:,.0f}"
+
+
+def _range(s: Spread, unit: str) -> str:
+    """ " [min-max]" in the median's unit (ms or s for times), empty for a single seed."""
+    if s.n == 1:
+        return ""
+    if unit == "s":
+        scale, form = (1000, "{:,.0f}") if s.median < 10 else (1, "{:,.1f}")
+        return f" [{form.format(s.lo * scale)}-{form.format(s.hi * scale)}]"
+    if unit == "share":
+        return f" [{s.lo * 100:.1f}-{s.hi * 100:.1f}]"
+    return f" [{s.lo:,.0f}-{s.hi:,.0f}]"
+
+
 def _pct(value: float | None) -> str:
     return "" if value is None else f" ({value:+.0f} %)"
 
 
-def render_table(summaries: Mapping[str, Summary], baseline: str = BASELINE) -> str:
-    base = summaries.get(baseline)
+def cell(s: Spread | None, unit: str, base: Spread | None = None) -> str:
+    """`median [min-max] (change of the median vs the baseline's median)`."""
+    if s is None:
+        return "n/a"
+    delta = change_pct(s.median, base.median) if base is not None else None
+    return _fmt(s.median, unit) + _range(s, unit) + _pct(delta)
+
+
+def render_table(policies: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str = BASELINE) -> str:
+    base = policies.get(baseline)
+    head = " | ".join(c[0] for c in COLUMNS)
     lines = [
-        "| policy | requests | TTFT P50 | TTFT P95 | TTFT P99 | E2E P95 | output tok/s | errors |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| policy | seeds | requests (steady) | {head} | errors |",
+        "|---|---|---|" + "---|" * len(COLUMNS) + "---|",
     ]
-    for policy, s in summaries.items():
-        delta = compare(s, base) if base is not None and policy != baseline else {}
-        errors = str(s.errors)
-        if s.error_kinds:
-            errors += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(s.error_kinds.items())) + ")"
+    for policy, runs in policies.items():
+        cells = []
+        for _, key, unit in COLUMNS:
+            ref = spread(base, key) if base is not None and policy != baseline and key in CHANGED else None
+            cells.append(cell(spread(runs, key), unit, ref))
+        requests = spread(runs, "steady.requests")
+        errors: Counter[str] = Counter()
+        for r in runs:
+            errors.update(stat(r, "steady.error_kinds") or {})
+        error_text = str(sum(errors.values()))
+        if errors:
+            error_text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) + ")"
+        seeds = ", ".join(str(r["seed"]) for r in runs)
         lines.append(
-            f"| {policy} | {s.requests} | {_ms(s.ttft_p50)}{_pct(delta.get('ttft_p50'))} "
-            f"| {_ms(s.ttft_p95)}{_pct(delta.get('ttft_p95'))} | {_ms(s.ttft_p99)}{_pct(delta.get('ttft_p99'))} "
-            f"| {_ms(s.e2e_p95)}{_pct(delta.get('e2e_p95'))} "
-            f"| {s.output_tok_s:,.0f}{_pct(delta.get('output_tok_s'))} | {errors} |"
+            f"| {policy} | {seeds} | {_fmt(requests.median, '') if requests else 'n/a'} | "
+            + " | ".join(cells)
+            + f" | {error_text} |"
         )
     return "\n".join(lines)
 
 
+def _median_of(runs: Sequence[Mapping[str, Any]]):  # type: ignore[no-untyped-def]
+    def med(key: str) -> float | None:
+        s = spread(runs, key)
+        return None if s is None else s.median
+
+    return med
+
+
+def render_phases(policies: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """Warm-up and drain, apart from the steady figures (medians over seeds)."""
+    lines = [
+        "| policy | pod share (steady) | warm-up requests | warm-up TTFT P95 | drain s | drain tokens "
+        "| whole-run tok/s incl. drain | oracle probe P50 / P95 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for policy, runs in policies.items():
+        med = _median_of(runs)
+        probe = (med("steady.probe_p50"), med("steady.probe_p95"))
+        probe_text = "" if probe[0] is None else f"{_ms(probe[0])} / {_ms(probe[1])}"
+        shares = [stat(r, "steady.pod_share") or {} for r in runs]
+        pods = sorted({p for share in shares for p in share})
+        share = ", ".join(
+            f"{p} {(Spread.of(s.get(p, 0.0) for s in shares) or Spread(0, 0, 0, 0)).median * 100:.0f}"
+            for p in pods
+        )
+        lines.append(
+            f"| {policy} | {share + ' %' if share else ''} | {_fmt(med('warmup.requests') or 0, '')} "
+            f"| {_ms(med('warmup.ttft_p95'))} "
+            f"| {med('drain.duration_s') or 0:.1f} | {med('drain.output_tokens') or 0:,.0f} "
+            f"| {med('whole_run.output_tok_s_incl_drain') or 0:,.0f} | {probe_text} |"
+        )
+    return "\n".join(lines)
+
+
+def provenance(policies: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """Commits, package versions and machine load of the runs behind a table, in one line."""
+    runs = [r for rs in policies.values() for r in rs]
+    commits = sorted(
+        {
+            f"{(r['env']['git'].get('commit') or 'unknown')[:10]}{' (dirty)' if r['env']['git'].get('dirty') else ''}"
+            for r in runs
+        }
+    )
+    packages: dict[str, set[str]] = {}
+    for r in runs:
+        for name, version in r["env"].get("packages", {}).items():
+            packages.setdefault(name, set()).add(version or "absent")
+    loads = [
+        r["run"][k]["loadavg"][0]
+        for r in runs
+        for k in ("machine_before", "machine_after")
+        if r["run"].get(k, {}).get("loadavg")
+    ]
+    cpus = sorted({str(r["env"].get("cpu_count")) for r in runs})
+    text = f"Runs: commit {', '.join(commits)}; " + ", ".join(
+        f"{n} {'/'.join(sorted(v))}" for n, v in sorted(packages.items())
+    )
+    if loads:
+        text += f"; 1-minute load average before/after runs {min(loads):.2f}-{max(loads):.2f}"
+    text += f"; {'/'.join(cpus)} CPUs."
+    return text
+
+
 def render_section(
     scenario: str,
-    runs: Mapping[str, PolicyRun],
+    policies: Mapping[str, Sequence[Mapping[str, Any]]],
     images: Sequence[str] = (),
     baseline: str = BASELINE,
 ) -> str:
-    """Markdown for one scenario: setup line, the table (changes vs `baseline` in %), plots."""
-    summaries = {policy: summarize(run.results) for policy, run in runs.items()}
-    first = next(iter(runs.values()))
-    meta = first.meta
+    """Markdown for one scenario from its summaries: setup, the steady table, phases, provenance."""
+    first = next(iter(policies.values()))[0]
+    sc = first["scenario"]
     lines = [f"### {scenario}", ""]
-    if meta.get("description"):
-        lines += [str(meta["description"]), ""]
-    setup = []
-    if "fleet" in meta:
-        pods = meta["fleet"].get("pods", [])
-        setup.append("fleet " + ", ".join(f"{p.get('replicas', 1)}x {p['profile']}" for p in pods))
-    if "arrivals" in meta:
-        a = meta["arrivals"]
-        setup.append(f"arrivals {a.get('pattern', 'poisson')} at {a.get('rate')} req/s")
-    if "duration_s" in meta:
-        setup.append(f"{meta['duration_s']:g} s ({first.mode} mode)")
-    if setup:
-        lines += ["Setup: " + "; ".join(setup) + ".", ""]
-    lines.append(render_table(summaries, baseline))
-    if baseline in summaries:
-        lines += ["", f"Changes in parentheses are relative to `{baseline}`."]
-    lag = max((s.lag_p99 or 0.0) for s in summaries.values())
-    lines += ["", f"Load-generator send lag P99 (worst policy): {lag * 1000:.1f} ms."]
+    if sc.get("description"):
+        lines += [str(sc["description"]), ""]
+    pods = sc["fleet"].get("pods", [])
+    a = sc["arrivals"]
+    setup = [
+        "fleet " + ", ".join(f"{p.get('replicas', 1)}x {p['profile']}" for p in pods),
+        f"arrivals {a.get('pattern', 'poisson')} at {a.get('rate')} req/s",
+        f"{sc['duration_s']:g} s ({sc['mode']} mode)",
+    ]
+    if sc.get("slo_ttft_s") is not None:
+        setup.append(f"goodput = share of steady-window requests with TTFT <= {sc['slo_ttft_s']:g} s")
+    window = first["stats"]["window"]
+    setup.append(
+        f"steady window = arrivals after the first {window['warmup_fraction'] * 100:.0f} % of the trace"
+    )
+    lines += ["Setup: " + "; ".join(setup) + ".", ""]
+    cut = sorted({r["run"].get("max_requests") for rs in policies.values() for r in rs} - {None})
+    if cut:
+        lines += [f"**Smoke run: traces cut to {cut[0]} requests; not a result.**", ""]
+    unsent = sorted(
+        f"{p} seed {r['seed']} left {r['run']['not_sent']} requests unsent"
+        for p, rs in policies.items()
+        for r in rs
+        if r["run"].get("not_sent")
+    )
+    if unsent:
+        lines += ["**Incomplete (wall-time limit): " + "; ".join(unsent) + ".**", ""]
+    lines.append(render_table(policies, baseline))
+    note = "Median over the seeds listed, [min-max] over them, errors summed over them"
+    if baseline in policies:
+        note += f"; changes in parentheses compare medians with `{baseline}`"
+    lines += ["", note + ".", "", render_phases(policies)]
+    lag = max((stat(r, "steady.lag_p99") or 0.0) for rs in policies.values() for r in rs)
+    lines += ["", f"Load-generator send lag P99 (worst run): {lag * 1000:.1f} ms. " + provenance(policies)]
     for image in images:
         lines += ["", f"![{Path(image).stem}]({image})"]
     return "\n".join(lines) + "\n"
@@ -234,23 +378,49 @@ def spike_windows(arrivals: Mapping[str, Any], duration_s: float) -> list[tuple[
 
 
 def build_report(
-    results_dir: str | Path, doc_path: str | Path, img_dir: str | Path, baseline: str = BASELINE
+    summaries_dir: str | Path,
+    doc_path: str | Path,
+    img_dir: str | Path,
+    baseline: str = BASELINE,
+    mode: str = "quick",
+    results_dir: str | Path | None = None,
 ) -> list[str]:
-    """Render every saved scenario into `doc_path` (+ plots in `img_dir`); returns scenario names."""
+    """Render every scenario with reporting-seed summaries into `doc_path`; returns their names.
+
+    Tables come from the committed summaries alone. Plots need the raw per-request results
+    (git-ignored): with `results_dir`, a scenario's TTFT CDF is drawn from the first reporting
+    seed present there; without, sections carry no plots.
+    """
     doc_path, img_dir = Path(doc_path), Path(img_dir)
-    all_runs = load_results(results_dir)
-    for scenario, runs in sorted(all_runs.items()):
-        ordered = dict(sorted(runs.items(), key=lambda kv: (kv[0] != baseline, kv[0])))
-        cdf = plot_ttft_cdf(ordered, img_dir / f"{scenario}-ttft-cdf.png", f"{scenario}: TTFT CDF")
-        images = [cdf]
-        meta = next(iter(ordered.values())).meta
-        if meta.get("arrivals", {}).get("pattern") in ("bursty", "gamma"):
-            spikes = spike_windows(meta["arrivals"], float(meta.get("duration_s", 0)))
-            images.append(
-                plot_ttft_timeseries(
-                    ordered, img_dir / f"{scenario}-ttft-time.png", f"{scenario}: TTFT over time", spikes
-                )
-            )
+    all_runs = load_summaries(summaries_dir, mode, REPORTING_SEEDS)
+    for scenario, policies in sorted(all_runs.items()):
+        ordered = dict(sorted(policies.items(), key=lambda kv: (kv[0] != baseline, kv[0])))
+        images = []
+        if results_dir is not None:
+            raw = _raw_runs(Path(results_dir), mode, scenario, ordered)
+            if raw:
+                first = next(iter(raw.values()))
+                tag = f"{scenario} (seed {first.seed})"
+                images.append(plot_ttft_cdf(raw, img_dir / f"{scenario}-ttft-cdf.png", f"{tag}: TTFT CDF"))
+                arrivals = first.meta.get("arrivals", {})
+                if arrivals.get("pattern") in ("bursty", "gamma"):
+                    spikes = spike_windows(arrivals, float(first.meta.get("duration_s", 0)))
+                    path = img_dir / f"{scenario}-ttft-time.png"
+                    images.append(plot_ttft_timeseries(raw, path, f"{tag}: TTFT over time", spikes))
         rel = [Path(os.path.relpath(p, doc_path.parent)).as_posix() for p in images]
         write_section(doc_path, f"scenario:{scenario}", render_section(scenario, ordered, rel, baseline))
     return sorted(all_runs)
+
+
+def _raw_runs(
+    results_dir: Path, mode: str, scenario: str, policies: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, PolicyRun]:
+    for seed in REPORTING_SEEDS:
+        found = {}
+        for policy in policies:
+            path = raw_path(results_dir, mode, scenario, policy, seed)
+            if path.exists():
+                found[policy] = load_run(path)
+        if found:
+            return found
+    return {}

@@ -8,6 +8,7 @@ keys (deep-merged) for the short mode used in CI and on small machines.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
         "system_tokens": int,
         "question_tokens": int,
         "answer_tokens": int,
+        "staggered": bool,
     },
     "docqa": {"documents": int, "document_tokens": int, "question_tokens": int, "output_tokens": int},
     "shared_prefix": {
@@ -64,7 +66,10 @@ _POD_KEYS = {
     "dialect": str,
     "enable_prefix_caching": bool,
 }
-_TOP_KEYS = {"name", "description", "seed", "fleet", "workload", "arrivals", "duration_s", "quick", "loadgen"}
+_TOP_KEYS = {
+    "name", "description", "seed", "slo", "fleet", "workload", "arrivals", "duration_s", "quick", "loadgen",
+}  # fmt: skip
+_SLO_KEYS = {"ttft_s": float}
 _LOADGEN_KEYS = {"concurrency": int, "timeout_s": float, "max_requests": int, "http2": bool}
 
 
@@ -83,9 +88,15 @@ class Scenario:
     duration_s: float
     loadgen: dict[str, Any]
     mode: str
+    slo_ttft_s: float | None = None  # goodput: a request is good when its TTFT is within this
+    path: str = ""  # the YAML file it came from, if any
 
     def trace(self) -> list[TraceRequest]:
         return generate_trace(self.workload, self.arrivals, self.duration_s, self.seed)
+
+    def with_seed(self, seed: int) -> Scenario:
+        """The same scenario with another trace seed: a different trace of the same shape."""
+        return dataclasses.replace(self, seed=seed)
 
     @property
     def models(self) -> set[str]:
@@ -232,6 +243,9 @@ def parse_scenario(data: Any, mode: str = "quick", name: str = "") -> Scenario:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise _fail("seed", f"expected an integer, got {seed!r}")
     loadgen = _check_mapping("loadgen", merged.get("loadgen", {}), _LOADGEN_KEYS)
+    slo = _check_mapping("slo", merged.get("slo", {}), _SLO_KEYS)
+    if slo.get("ttft_s", 1.0) <= 0:
+        raise _fail("slo.ttft_s", "must be > 0")
     return Scenario(
         name=str(merged.get("name", name)),
         description=str(merged.get("description", "")),
@@ -242,6 +256,7 @@ def parse_scenario(data: Any, mode: str = "quick", name: str = "") -> Scenario:
         duration_s=duration,
         loadgen=loadgen,
         mode=mode,
+        slo_ttft_s=slo.get("ttft_s"),
     )
 
 
@@ -255,6 +270,6 @@ def load_scenario(path: str | Path, mode: str = "quick") -> Scenario:
     except yaml.YAMLError as exc:
         raise ScenarioError(f"{path}: invalid YAML ({exc})") from exc
     try:
-        return parse_scenario(data, mode, name=path.stem)
+        return dataclasses.replace(parse_scenario(data, mode, name=path.stem), path=str(path))
     except ScenarioError as exc:
         raise ScenarioError(f"{path.name}: {exc}") from exc

@@ -33,6 +33,9 @@ class PolicyTarget:
     name: str
     start: Callable[[], Awaitable[str]]  # brings the router up; returns the base URL to load
     stop: Callable[[], Awaitable[None]]
+    # What exactly ran (filled by start): weights and profile, router argv, LB policy... The
+    # run summary records it, so a table row names its full configuration.
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 PolicyFactory = Callable[[TargetContext], PolicyTarget]
@@ -68,13 +71,20 @@ def peer_factory(kind: str, policy: str) -> PolicyFactory:
         async def start() -> str:
             peer = await start_peer(kind, policy, ctx.worker_urls, log_dir=ctx.work_dir)
             running.append(peer)
+            target.config.update(
+                kind="peer-router",
+                router=f"{kind}-router",
+                policy=policy,
+                argv=["python", *peer.command[1:]],  # the interpreter path is machine-specific
+            )
             return peer.base_url
 
         async def stop() -> None:
             while running:
                 await running.pop().stop()
 
-        return PolicyTarget(f"{kind}-{policy}", start, stop)
+        target = PolicyTarget(f"{kind}-{policy}", start, stop)
+        return target
 
     return factory
 
@@ -90,7 +100,7 @@ def url_factory(ctx: TargetContext) -> PolicyTarget:
     async def stop() -> None:
         return None
 
-    return PolicyTarget("url", start, stop)
+    return PolicyTarget("url", start, stop, {"kind": "url", "url": ctx.options["url"]})
 
 
 for _kind, _policies in PEER_POLICIES.items():

@@ -161,23 +161,34 @@ def sessions_workload(
     Turn k's prompt is turn k-1's prompt plus the previous answer and a new question, so
     consecutive turns of one session share everything but the tail. A session that reaches
     `turns` is replaced by a fresh one, keeping `sessions` sessions live.
+
+    With `staggered`, the first `sessions` sessions start at turns spread evenly over
+    0..turns-1, their earlier turns already in the history (never sent): session ages then
+    start at their steady-state (uniform) spread, so prompt sizes do not grow through the run
+    as they do when every session starts at turn 0 together (see bench/stationarity.py).
     """
     n_sessions, turns = int(p.get("sessions", 16)), int(p.get("turns", 6))
     system_tokens = int(p.get("system_tokens", 400))
     q_tokens, a_tokens = int(p.get("question_tokens", 80)), int(p.get("answer_tokens", 150))
+    staggered = bool(p.get("staggered", False))
     histories: dict[int, list[dict[str, str]]] = {}
     next_id = 0
     live: list[int] = []
     out = []
     for t in times:
         while len(live) < n_sessions:
-            histories[next_id] = [{"role": "system", "content": text.text(system_tokens, rng)}]
+            history = [{"role": "system", "content": text.text(system_tokens, rng)}]
+            if staggered and next_id < n_sessions:
+                for _ in range(next_id * turns // n_sessions):
+                    history.append({"role": "user", "content": text.text(q_tokens, rng)})
+                    history.append({"role": "assistant", "content": text.text(a_tokens, rng)})
+            histories[next_id] = history
             live.append(next_id)
             next_id += 1
         sid = rng.choice(live)
         history = histories[sid]
         turn = sum(m["role"] == "user" for m in history)
-        if turn:
+        if history[-1]["role"] == "user":
             history.append({"role": "assistant", "content": text.text(a_tokens, rng)})
         history.append({"role": "user", "content": text.text(q_tokens, rng)})
         body = chat_body(p["model"], [dict(m) for m in history], a_tokens)

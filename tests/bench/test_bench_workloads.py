@@ -121,6 +121,32 @@ def test_session_turns_extend_the_previous_prompt() -> None:
     assert len(systems) == len(by_session)  # each session has its own system prompt
 
 
+def test_staggered_sessions_start_at_spread_turns_and_still_extend_their_prompts() -> None:
+    workload = {"kind": "sessions", "model": MODEL, "sessions": 8, "turns": 8, "system_tokens": 100,
+                "staggered": True}  # fmt: skip
+    trace = generate_trace(workload, {"rate": 20}, 30, seed=5)
+    first_turn: dict[str, int] = {}
+    by_session: dict[str, list] = {}
+    for req in trace:
+        session, turn = req.tag.split("/")
+        first_turn.setdefault(session, int(turn.removeprefix("turn-")))
+        by_session.setdefault(session, []).append(req.body["messages"])
+    initial = [first_turn[f"session-{i}"] for i in range(8)]
+    assert sorted(initial) == list(range(8))  # one session at each age
+    assert all(
+        first_turn[s] == 0 for s in first_turn if int(s.split("-")[1]) >= 8
+    )  # replacements start fresh
+    for turns in by_session.values():
+        for earlier, later in itertools.pairwise(turns):
+            assert later[: len(earlier)] == earlier and len(later) == len(earlier) + 2
+        roles = [m["role"] for m in turns[0]]
+        assert (
+            roles[0] == "system"
+            and roles[-1] == "user"
+            and roles[1:-1] == ["user", "assistant"] * ((len(roles) - 2) // 2)
+        )
+
+
 def test_shared_prefix_groups_share_system_prompts() -> None:
     workload = {"kind": "shared_prefix", "model": MODEL, "groups": 3, "prompts_per_group": 4}
     trace = generate_trace(workload, {"rate": 20}, 20, seed=9)

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from bench.__main__ import main
-from bench.gateway_policies import epp_config
-from bench.oracle import OraclePicker, Probe, best_probe
+from bench.gateway_policies import BEST_PROFILE, BEST_SCRAPE_MS, effective_epp_config, epp_config
+from bench.loadgen import PROBE_HEADER
+from bench.oracle import OraclePicker, OracleProcessor, Probe, best_probe
 from extproc.errors import ErrorResponse
 from gateway.certs import make_certs
 from gateway.config import parse_config
@@ -158,13 +159,47 @@ def test_round_robin_run_through_real_envoy_has_no_errors(tmp_path: Path) -> Non
             }
         )
     )
-    results = tmp_path / "results"
+    results, summaries = tmp_path / "results", tmp_path / "summaries"
     code = main(
         ["run", "--scenario", str(scenario), "--policy", "round-robin", "--results", str(results),
-         "--no-progress", "--max-requests", "24", "--max-wall-s", "60"]
+         "--summaries", str(summaries), "--seed", "5", "--no-progress", "--max-requests", "24",
+         "--max-wall-s", "60"]
     )  # fmt: skip
     assert code == 0
-    summary = json.loads((results / "tiny" / "round-robin.json").read_text())["summary"]
+    summary = json.loads((results / "quick" / "tiny" / "round-robin" / "seed-5.json").read_text())["summary"]
     assert summary["requests"] >= 20
     assert summary["ok"] == summary["requests"]
     assert len(summary["pods"]) == 2  # round-robin used both pods
+    recorded = json.loads((summaries / "quick" / "tiny" / "round-robin" / "seed-5.json").read_text())
+    assert recorded["policy"]["config"] == {
+        "kind": "envoy", "lb_policy": "ROUND_ROBIN", "envoy_concurrency": 1, "listener": "https",
+    }  # fmt: skip
+    assert recorded["seed_set"] == "other"
+
+
+def test_effective_epp_config_resolves_the_default_and_tuned_profiles(tmp_path: Path) -> None:
+    pods = [{"name": "p", "model": MODEL, "address": "127.0.0.1:1"}]
+    for extra, weights in ((epp_config({}, None), {"queue": 2.0, "kv-cache": 2.0, "prefix-cache": 3.0}),
+                           (epp_config({}, BEST_PROFILE), BEST_PROFILE["weights"])):  # fmt: skip
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(gateway_config_for(pods, {"llama3-1-8b": 1}, extra)))
+        config = effective_epp_config(path)
+        assert config["profile"]["weights"] == weights
+        assert config["scrape"]["intervalMs"] == BEST_SCRAPE_MS
+        json.dumps(config)  # JSON-ready for the summary
+
+
+async def test_oracle_returns_its_probe_time_on_the_response() -> None:
+    class SlowPicker:
+        config = parse_config(gateway_config_for([{"model": MODEL, "address": "127.0.0.1:1"}], {}))
+
+        async def pick(self, model: str, body: bytes) -> str:
+            await asyncio.sleep(0.05)
+            return "127.0.0.1:1"
+
+    processor = OracleProcessor(SlowPicker())  # type: ignore[arg-type]
+    assert processor.on_response_headers({":status": "200"}) is None  # nothing probed yet
+    route = await processor.on_request({}, json.dumps(_chat("hi")).encode())
+    assert route.set_headers == {"x-gateway-destination-endpoint": "127.0.0.1:1"}  # type: ignore[union-attr]
+    probe = float(processor.on_response_headers({":status": "200"})[PROBE_HEADER])  # type: ignore[index]
+    assert 0.05 <= probe < 30
