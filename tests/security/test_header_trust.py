@@ -110,3 +110,24 @@ async def test_a_trusted_caller_may_raise_the_priority(trust_gateway: LocalGatew
     assert shed.status_code == 429, shed.text  # its own profile: sheddable
     assert lax.status_code == 200, lax.text  # priority 0: served even though saturated
     assert default.status_code == 200, default.text
+
+
+@pytest.fixture(scope="module")
+def internal_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
+    """A listener that only internal callers reach: every request is trusted, no JWT needed."""
+
+    def internal(config: dict[str, Any]) -> None:
+        _patch(config)
+        config["listener"] = {"trust": {"internal": True}}
+
+    gw = start_local_gateway(tmp_path_factory.mktemp("internal"), fleet=FLEET, config_patch=internal)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+async def test_an_internal_listener_trusts_every_caller(internal_gateway: LocalGateway) -> None:
+    r = await post(internal_gateway, {**DECISION, "x-gateway-inference-objective": "default"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-gateway-decision"].startswith("profile=default;")  # picked, and shown
