@@ -223,20 +223,21 @@ def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
     """Everything after `/v1/models`: the pools, then Envoy's own JSON 404s.
 
     With the allow-list (the default) a path outside it never reaches BBR, an EPP or a pod: the
-    last route answers it without running either ext_proc filter.
+    last route answers it with BBR disabled here and the EPP disabled on every direct response.
     """
     paths = _pool_paths(config)
-    routes = _pool_routes(config, topo, paths) if paths != [] else []
     no_model = "no route: send an OpenAI-compatible JSON request with a 'model' field"
-    if paths is None:
-        return [*routes, _json_error_route("no-route", 404, no_model, "route_not_found", {"prefix": "/"})]
+    if paths is None:  # allowAllPaths
+        no_route = _json_error_route("no-route", 404, no_model, "route_not_found", {"prefix": "/"})
+        return [*_pool_routes(config, topo, None), no_route]
+    routes: list[dict[str, Any]] = []
     if paths:
+        routes += _pool_routes(config, topo, paths)
         routes.append(_json_error_route("no-route", 404, no_model, "route_not_found", _path_match(paths)))
-    served = ", ".join(config.listener.paths)
     not_served = _json_error_route(
         "path-not-served",
         404,
-        f"this gateway serves only these paths: {served}",
+        f"this gateway serves only these paths: {', '.join(config.listener.paths)}",
         "not_found",
         {"prefix": "/"},
     )
