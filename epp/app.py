@@ -19,6 +19,7 @@ from epp.processor import EppProcessor
 from epp.scheduling.weighted import WeightedScheduler
 from epp.scrape import Scraper
 from epp.telemetry import Telemetry
+from epp.trust import HeaderPolicy
 from extproc.server import GrpcService, TlsFiles, start_grpc_service
 from extproc.stream import ExtProcServicer
 from gateway.config import GatewayConfig
@@ -78,10 +79,8 @@ class EppApp:
 
     def _apply(self, config: GatewayConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
-        profiles = config.scheduler_profiles()
-        self.ctx.priorities = {name: p.priority for name, p in profiles.items()}
+        self.ctx.header_policy = HeaderPolicy.from_config(config)
         pool = config.pool(self.pool_name)
-        self.ctx.model_profiles = {m.name: m.profile for m in pool.models if m.profile}
         self.ctx.fallback_endpoints = pool.fallback_endpoints
         self.pool.speed_half_life_s = config.scrape.speed_half_life_ms / 1000
         if self._kubernetes is None:

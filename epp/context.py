@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from epp.pool import Pool
 from epp.scheduling.base import Scheduler
 from epp.telemetry import Telemetry
+from epp.trust import HeaderPolicy
 from gateway.config import GatewayConfig
 
 
@@ -18,12 +19,5 @@ class EppContext:
     scheduler: Scheduler
     config: Callable[[], GatewayConfig]
     telemetry: Telemetry
-    priorities: dict[str, int] = field(default_factory=dict)  # profile name -> priority
-    model_profiles: dict[str, str] = field(default_factory=dict)  # base model -> default profile
+    header_policy: HeaderPolicy = field(default_factory=HeaderPolicy)  # which client headers count
     fallback_endpoints: int = 0  # extra ranked endpoints appended to the destination list
-
-    def profile_for(self, base_model: str) -> str | None:
-        return self.model_profiles.get(base_model)
-
-    def priority_for(self, objective: str | None) -> int:
-        return self.priorities.get(objective, 0) if objective else 0

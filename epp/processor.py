@@ -16,6 +16,7 @@ from epp.admission import admit
 from epp.context import EppContext
 from epp.request import InferenceRequest, RequestError, parse_request
 from epp.scheduling.base import Decision
+from epp.trust import DECISION_HEADER
 from extproc.errors import ErrorResponse, bad_request, unavailable
 from extproc.stream import RequestRoute
 
@@ -23,8 +24,6 @@ log = logging.getLogger(__name__)
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 METADATA_NAMESPACE = "envoy.lb"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
-DECISION_HEADER = "x-gateway-decision"  # opt-in: the client asks for it with a request header
 
 
 class EppProcessor:
@@ -66,7 +65,7 @@ class EppProcessor:
         self._ctx.scheduler.on_routed(request, address)
         self._ctx.telemetry.routed(request)
         self._routed_at = time.monotonic()
-        if headers.get(DECISION_HEADER) in ("1", "true", "yes"):
+        if self._ctx.header_policy.explain(headers):  # the client asked and may see the fleet
             self._explain = explain(decision)
         return RequestRoute(
             set_headers={DESTINATION_HEADER: destination},
@@ -88,7 +87,7 @@ class EppProcessor:
             return ErrorResponse(
                 404, f"The model '{model}' is not served by pool '{self._ctx.pool_name}'", "model_not_found"
             )
-        objective = headers.get(OBJECTIVE_HEADER) or self._ctx.profile_for(route.base_model)
+        objective = self._ctx.header_policy.objective(headers, route.base_model)  # epp/trust.py
         try:
             return parse_request(
                 data,
@@ -96,8 +95,8 @@ class EppProcessor:
                 target_model=route.base_model,
                 adapter=route.adapter,
                 headers=headers,
-                objective=objective,
-                priority=self._ctx.priority_for(objective),
+                objective=objective.name,
+                priority=objective.priority,
             )
         except RequestError as exc:
             return bad_request(str(exc))

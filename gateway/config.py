@@ -38,6 +38,9 @@ class ModelConfig(_Model):
     name: str = Field(min_length=1)
     adapters: list[str] = Field(default_factory=list)
     profile: str | None = None  # scheduling profile used when the request names none
+    # Profiles any client may pick with `x-gateway-inference-objective` (never above `profile`'s
+    # priority); only trusted requests (listener.trust) may name any other.
+    objectives: list[str] = Field(default_factory=list)
     rewrites: list[Rewrite] = Field(default_factory=list)
 
 
@@ -144,22 +147,65 @@ class JwtAuth(_Model):
         return v
 
 
+# The OpenAI API the gateway serves. Anything else (vLLM's /v1/load_lora_adapter, /sleep,
+# /collective_rpc, /reset_prefix_cache, /metrics, ...) is answered 404 by Envoy itself.
+API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/models")
+MODELS_PATH = "/v1/models"  # answered by Envoy from the configuration, never by a pod
+
+
+class TrustedClaim(_Model):
+    """A claim of the verified JWT (`listener.jwt`) whose value makes the request trusted."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:/-]+$")
+    value: str = Field(min_length=1)
+
+
+class HeaderTrust(_Model):
+    """Who may use the request headers that reveal the fleet or change a request's priority.
+
+    Untrusted requests get `x-gateway-decision` only with `decisionHeader: true`, and may pick
+    only a model's `objectives` with `x-gateway-inference-objective`, never above the model's own
+    priority. Trusted requests may do both freely. The EPP enforces it (epp/trust.py).
+    """
+
+    # Every client may ask for the per-pod scores (reveals pod addresses: local development only).
+    decision_header: bool = Field(default=False, alias="decisionHeader")
+    # Only internal callers reach this listener (e.g. a ClusterIP-only gateway): trust every request.
+    internal: bool = False
+    jwt_claim: TrustedClaim | None = Field(default=None, alias="jwtClaim")
+
+
 class ListenerConfig(_Model):
     """What Envoy accepts from clients before any ext_proc service sees the request."""
 
     max_request_headers_kb: int = Field(default=60, ge=1, le=8192, alias="maxRequestHeadersKb")
     max_headers_count: int = Field(default=100, ge=1, le=10_000, alias="maxHeadersCount")
-    # Exact request paths routed to pools (e.g. /v1/chat/completions); None routes any path.
-    paths: list[str] | None = Field(default=None, min_length=1)
+    # Exact request paths the gateway serves (any query string allowed); others are a JSON 404.
+    paths: list[str] = Field(default_factory=lambda: list(API_PATHS), min_length=1)
+    # Opt-out for operators who need more than the inference API: route every path to the pools.
+    allow_all_paths: bool = Field(default=False, alias="allowAllPaths")
     jwt: JwtAuth | None = None
+    trust: HeaderTrust = Field(default_factory=HeaderTrust)
 
     @field_validator("paths")
     @classmethod
-    def _absolute(cls, v: list[str] | None) -> list[str] | None:
-        for path in v or []:
+    def _absolute(cls, v: list[str]) -> list[str]:
+        for path in v:
             if not path.startswith("/") or any(c in path for c in "?# "):
                 raise ValueError(f"{path!r} must be an absolute path without query, fragment or spaces")
         return v
+
+    @model_validator(mode="after")
+    def _one_path_policy(self) -> ListenerConfig:
+        if self.allow_all_paths and "paths" in self.model_fields_set:
+            raise ValueError(
+                "allowAllPaths: true routes every path; remove 'paths' or set allowAllPaths: false"
+            )
+        if self.trust.jwt_claim is not None and self.jwt is None:
+            raise ValueError(
+                "trust.jwtClaim needs listener.jwt: only a verified token can carry a trusted claim"
+            )
+        return self
 
 
 class GatewayConfig(_Model):
@@ -206,8 +252,16 @@ class GatewayConfig(_Model):
             self.scheduler_profiles()
         except ProfileError as exc:
             raise ValueError(str(exc)) from None
-        if self.default_profile not in self.scheduler_profiles():
+        profiles = self.scheduler_profiles()
+        if self.default_profile not in profiles:
             raise ValueError(f"defaultProfile: {self.default_profile!r} is not a defined profile")
+        for pool in self.pools:
+            for model in pool.models:
+                for name in (model.profile, *model.objectives):
+                    if name is not None and name not in profiles:
+                        raise ValueError(
+                            f"pools.{pool.name}.models.{model.name}: profile {name!r} is not defined"
+                        )
         if self.bbr.default_model is not None and self.bbr.default_model not in names:
             raise ValueError(f"bbr.defaultModel: {self.bbr.default_model!r} is not a configured model")
         return self

@@ -35,7 +35,8 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from gateway.config import GatewayConfig, PoolConfig
+from epp.trust import CLAIM_HEADER
+from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 MODEL_HEADER = "x-gateway-model-name"
@@ -207,17 +208,52 @@ def _models_list(config: GatewayConfig) -> str:
     return json.dumps({"object": "list", "data": data})
 
 
-def _path_match(config: GatewayConfig) -> dict[str, Any]:
-    """Any path, or only the configured API paths (exact, query string ignored)."""
-    paths = config.listener.paths
-    if not paths:
+def _pool_paths(config: GatewayConfig) -> list[str] | None:
+    """The paths routed to pools: None for every path (`allowAllPaths`); `/v1/models` never,
+    since Envoy answers it from the configuration."""
+    if config.listener.allow_all_paths:
+        return None
+    return [p for p in config.listener.paths if p != MODELS_PATH]
+
+
+def _path_match(paths: list[str] | None) -> dict[str, Any]:
+    """Any path, or exactly the given ones (Envoy matches the path without its query string)."""
+    if paths is None:
         return {"prefix": "/"}
     return {"safe_regex": {"regex": "|".join(_regex_escape(p) for p in paths)}}
 
 
-def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+    """Everything after `/v1/models`: the pools, then Envoy's own JSON 404s.
+
+    With the allow-list (the default) a path outside it never reaches BBR, an EPP or a pod: the
+    last route answers it with BBR disabled here and the EPP disabled on every direct response.
+    """
+    paths = _pool_paths(config)
+    no_model = "no route: send an OpenAI-compatible JSON request with a 'model' field"
+    if paths is None:  # allowAllPaths
+        no_route = _json_error_route("no-route", 404, no_model, "route_not_found", {"prefix": "/"})
+        return [*_pool_routes(config, topo, None), no_route]
     routes: list[dict[str, Any]] = []
-    path = _path_match(config)
+    if paths:
+        routes += _pool_routes(config, topo, paths)
+        routes.append(_json_error_route("no-route", 404, no_model, "route_not_found", _path_match(paths)))
+    not_served = _json_error_route(
+        "path-not-served",
+        404,
+        f"this gateway serves only these paths: {', '.join(config.listener.paths)}",
+        "not_found",
+        {"prefix": "/"},
+    )
+    not_served["typed_per_filter_config"] = {
+        BBR_FILTER: {"@type": _TYPES["ext_proc_route"], "disabled": True}
+    }
+    return [*routes, not_served]
+
+
+def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None) -> list[dict[str, Any]]:
+    routes: list[dict[str, Any]] = []
+    path = _path_match(paths)
     for pool in config.pools:
         names = [m.name for m in pool.models] + [a for m in pool.models for a in m.adapters]
         model_match = {
@@ -238,6 +274,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
                     "idle_timeout": "300s",
                     **({"retry_policy": _retry_policy()} if _override_host(pool, topo) else {}),
                 },
+                "request_headers_to_remove": [CLAIM_HEADER],  # the pod needs no client identity
             }
         )
         # 2) Before the EPP chose: run this pool's EPP. If it fails open, the fallback cluster serves.
@@ -261,6 +298,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
                 "name": f"{pool.name}-pick",
                 "match": {**path, "headers": [model_match]},
                 "route": {"cluster": fallback, "timeout": "0s", "idle_timeout": "300s"},
+                "request_headers_to_remove": [CLAIM_HEADER],
                 "typed_per_filter_config": {EPP_FILTER: epp_override},
             }
         )
@@ -481,6 +519,9 @@ def _jwt_filter(config: GatewayConfig) -> list[dict[str, Any]]:
     }
     if jwt.audiences:
         provider["audiences"] = list(jwt.audiences)
+    claim = config.listener.trust.jwt_claim
+    if claim is not None:  # the EPP trusts the request when this equals the configured value
+        provider["claim_to_headers"] = [{"header_name": CLAIM_HEADER, "claim_name": claim.name}]
     return [
         {
             "name": "envoy.filters.http.jwt_authn",
@@ -494,33 +535,30 @@ def _jwt_filter(config: GatewayConfig) -> list[dict[str, Any]]:
 
 
 def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
-    routes: list[dict[str, Any]] = [
-        {
-            "name": "models-list",
-            "match": {
-                "path": "/v1/models",
-                "headers": [{"name": ":method", "string_match": {"exact": "GET"}}],
-            },
-            "direct_response": {"status": 200, "body": {"inline_string": _models_list(config)}},
-            "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
-        }
-    ]
-    routes.extend(_pool_routes(config, topo))
-    routes.append(
-        _json_error_route(
-            "no-route",
-            404,
-            "no route: send an OpenAI-compatible JSON request with a 'model' field",
-            "route_not_found",
-            {"prefix": "/"},
+    routes: list[dict[str, Any]] = []
+    if config.listener.allow_all_paths or MODELS_PATH in config.listener.paths:
+        routes.append(
+            {
+                "name": "models-list",
+                "match": {
+                    "path": MODELS_PATH,
+                    "headers": [{"name": ":method", "string_match": {"exact": "GET"}}],
+                },
+                "direct_response": {"status": 200, "body": {"inline_string": _models_list(config)}},
+                "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
+            }
         )
-    )
+    routes.extend(_served_routes(config, topo))
     # Requests that reach no pool never talk to an EPP. This matters for Envoy's own replies to
     # malformed requests (headers too large -> 431): the EPP filter would hold the reply's headers
     # for an ext_proc round trip while the codec closes the connection, and the client would get
     # an empty reply instead of the JSON 431.
-    for route in (routes[0], routes[-1]):
-        route["typed_per_filter_config"] = {EPP_FILTER: {"@type": _TYPES["ext_proc_route"], "disabled": True}}
+    for route in routes:
+        if "direct_response" in route:
+            route.setdefault("typed_per_filter_config", {})[EPP_FILTER] = {
+                "@type": _TYPES["ext_proc_route"],
+                "disabled": True,
+            }
     hcm = {
         "@type": _TYPES["hcm"],
         "stat_prefix": "gateway",
@@ -528,6 +566,9 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         "stream_idle_timeout": "300s",
         "request_timeout": "0s",
         "use_remote_address": True,
+        # One spelling per path before the allow-list matches: `/v1/x/../../sleep` is `/sleep`.
+        "normalize_path": True,
+        "merge_slashes": True,
         "max_request_headers_kb": config.listener.max_request_headers_kb,
         "common_http_protocol_options": {"max_headers_count": config.listener.max_headers_count},
         "route_config": {
@@ -542,7 +583,12 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
                     "mutations": {
                         "request_mutations": [
                             {"remove": h}
-                            for h in (DESTINATION_HEADER, MODEL_HEADER, "x-gateway-base-model-name")
+                            for h in (
+                                DESTINATION_HEADER,
+                                MODEL_HEADER,
+                                "x-gateway-base-model-name",
+                                CLAIM_HEADER,
+                            )
                         ]
                     },
                 },

@@ -53,6 +53,20 @@ PoolKind = Literal["static", "original_dst"]
 POOL_KINDS: tuple[PoolKind, ...] = ("static", "original_dst")
 
 
+def dev_trust(config: dict[str, Any]) -> None:
+    """`make run` (and tests that read the EPP's choice): local development settings.
+
+    Any client may ask for `x-gateway-decision`, which reveals every pod's address and scores,
+    and pick the `chat` or `batch` profile (both priority 0). Never in a deployment: there the
+    default trusts no client header (docs/security.md, "Request headers").
+    """
+    listener = config.setdefault("listener", {})
+    listener.setdefault("trust", {})["decisionHeader"] = True
+    for pool in config["pools"]:
+        for model in pool["models"]:
+            model.setdefault("objectives", ["chat", "batch"])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

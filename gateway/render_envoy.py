@@ -19,18 +19,31 @@ from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap
 
 NAMESPACE = "inference-gateway"
 _SVC = f"{NAMESPACE}.svc.cluster.local"
+# In a cluster the listener must take the Service's traffic (0.0.0.0) and TLS terminates at the
+# load balancer in front (deploy/overlays/eks-hyperpod/envoy-nlb.yaml), hence explicit plain HTTP.
 _BASE_ARGS = [
     "--config", "deploy/base/config/gateway.yaml",
     "--listen", "0.0.0.0:8080",
+    "--plain-http",
     "--bbr", f"bbr.{_SVC}:9004",
     "--epp", f"llama-3-8b=epp.{_SVC}:9002",
     "--buffer-bytes", str(16 * 1024 * 1024),
 ]  # fmt: skip
-# (output, arguments): the bootstraps the kustomizations mount.
+# The readable example next to the Envoy docs: local services, HTTPS on loopback.
+_EXAMPLE_ARGS = [
+    "--config", "envoy/example-gateway.yaml",
+    "--tls-cert", "/etc/gateway/tls/tls.crt",
+    "--tls-key", "/etc/gateway/tls/tls.key",
+    "--bbr", "127.0.0.1:9004",
+    "--epp", "llama=127.0.0.1:9002",
+    "--epp", "qwen=127.0.0.1:9003",
+]  # fmt: skip
+# (output, arguments): the bootstraps the kustomizations mount, and the example.
 # mTLS to BBR/EPP is the default; overlays/dev alone is plaintext.
 DEPLOY_BOOTSTRAPS: list[tuple[str, list[str]]] = [
     ("deploy/base/envoy/envoy.yaml", [*_BASE_ARGS, "--extproc-tls-dir", "/etc/envoy-tls"]),
     ("deploy/overlays/dev/envoy-plaintext-bootstrap.yaml", _BASE_ARGS),
+    ("envoy/example-bootstrap.yaml", _EXAMPLE_ARGS),
 ]
 
 
@@ -51,16 +64,24 @@ def _pool_address(value: str) -> tuple[str, tuple[str, int]]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gateway.render_envoy", description=__doc__)
     p.add_argument("--config", type=Path, help="gateway configuration YAML")
-    p.add_argument("--listen", type=_host_port, default=("0.0.0.0", 8080), help="listener host:port")
+    p.add_argument(
+        "--listen",
+        type=_host_port,
+        default=("127.0.0.1", 8443),
+        help="listener host:port (default loopback; 0.0.0.0 only where a Service must reach it)",
+    )
     p.add_argument("--admin-port", type=int, default=9901, help="admin port (always on 127.0.0.1)")
     p.add_argument("--bbr", type=_host_port, help="BBR host:port (IP or DNS name)")
     p.add_argument(
         "--epp", type=_pool_address, action="append", default=[], help="pool=host:port, one per pool"
     )
+    p.add_argument("--tls-cert", type=Path, help="listener certificate (HTTPS, the default)")
+    p.add_argument("--tls-key", type=Path, help="its private key")
     p.add_argument(
-        "--tls-cert", type=Path, help="listener certificate; without it the listener is plain HTTP"
+        "--plain-http",
+        action="store_true",
+        help="plain HTTP listener, only when TLS terminates in front of Envoy (e.g. a load balancer)",
     )
-    p.add_argument("--tls-key", type=Path)
     p.add_argument("--extproc-tls-dir", type=Path, help="mTLS to BBR/EPP: dir with tls.crt, tls.key, ca.crt")
     p.add_argument("--buffer-bytes", type=int, default=4 * 1024 * 1024, help="per-connection buffer limit")
     p.add_argument("--out", type=Path, help="output file (YAML)")
@@ -72,6 +93,12 @@ def render_yaml(argv: list[str]) -> str:
     args = parser().parse_args(argv)
     if args.config is None or args.bbr is None or not args.epp:
         raise SystemExit("--config, --bbr and at least one --epp are required")
+    has_tls = args.tls_cert is not None and args.tls_key is not None
+    if args.plain_http == has_tls or (args.tls_cert is None) != (args.tls_key is None):
+        raise SystemExit(
+            "the listener is HTTPS: give --tls-cert and --tls-key, or --plain-http (and no certificate) "
+            "when TLS terminates in front of Envoy"
+        )
     tls = None
     if args.extproc_tls_dir is not None:
         d = args.extproc_tls_dir

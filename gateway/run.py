@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.launch import DEFAULT_FLEET, POOL_KINDS, start_local_gateway
+from gateway.launch import DEFAULT_FLEET, POOL_KINDS, dev_trust, start_local_gateway
 
 
 def main() -> None:
@@ -34,8 +34,14 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="inference-gateway-"))
     fleet = yaml.safe_load(args.fleet.read_text()) if args.fleet else DEFAULT_FLEET
     print(f"starting the gateway (work directory {workdir}) ...", flush=True)
+    # Local development: the decision header and the chat/batch objectives are open to any client.
     gw = start_local_gateway(
-        workdir, fleet=fleet, listen_port=args.port, mtls=args.mtls, pool_kind=args.pool_kind
+        workdir,
+        fleet=fleet,
+        listen_port=args.port,
+        mtls=args.mtls,
+        pool_kind=args.pool_kind,
+        config_patch=dev_trust,
     )
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -52,7 +58,8 @@ Send a request (any of the models: {", ".join(models)}):
     -H 'content-type: application/json' \\
     -d '{{"model": "{models[0]}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
 
-Add -H 'x-gateway-decision: true' -i to see the EPP's per-pod scores.
+Add -H 'x-gateway-decision: true' -i to see the EPP's per-pod scores (open to any client
+here, for local development only), or -H 'x-gateway-inference-objective: batch' to pick a scheduling profile.
 Configuration (hot-reloaded): {gw.config_path}
 Logs: {workdir / "logs"}   EPP metrics: {", ".join(f"http://127.0.0.1:{p}/metrics" for p in gw.epp_metrics_ports.values())}
 Press Ctrl-C to stop.""",

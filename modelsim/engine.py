@@ -150,7 +150,9 @@ class Engine:
     # ---- requests --------------------------------------------------------------------------
     def default_max_tokens(self, prompt_ids: Sequence[int], request_seed: int | None) -> int:
         """Seeded output length when a request gives none: lognormal, mean ~200 (ShareGPT-like)."""
-        key = xxhash.xxh64_intdigest(repr((self.seed, request_seed, len(prompt_ids), prompt_ids[:64])))
+        key = xxhash.xxh64_intdigest(
+            repr((self.seed, request_seed, len(prompt_ids), prompt_ids[:64])).encode()
+        )
         n = int(random.Random(key).lognormvariate(5.0, 0.7))
         return max(1, min(n, 2048))
 

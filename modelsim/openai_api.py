@@ -60,12 +60,18 @@ def parse_json(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # nesting deeper than the interpreter's stack
+        raise ApiError(400, "request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     return body
 
 
-def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _opt_int(body: dict[str, Any], key: str, minimum: int, maximum: int = INT64_MAX) -> int | None:
+    """vLLM's integer fields are int64 at most (its request models bound `seed` exactly so)."""
     v = body.get(key)
     if v is None:
         return None
@@ -73,6 +79,8 @@ def _opt_int(body: dict[str, Any], key: str, minimum: int) -> int | None:
         raise ApiError(400, f"'{key}' must be an integer")
     if v < minimum:
         raise ApiError(400, f"'{key}' must be >= {minimum}")
+    if v > maximum:
+        raise ApiError(400, f"'{key}' must be <= {maximum}")
     return v
 
 
@@ -117,7 +125,10 @@ def prompt_ids_of(body: dict[str, Any], kind: str, vocab_size: int) -> list[int]
             and prompt
             and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
         ):
-            ids = [t % vocab_size for t in prompt]
+            bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+            if bad is not None:  # vLLM's wording
+                raise ApiError(400, f"Token id {bad} is out of vocabulary")
+            ids = list(prompt)
         else:
             raise ApiError(
                 400, "'prompt' must be a string or a list of token ids (batches are not supported)"
@@ -147,8 +158,20 @@ def parse_generation(
     include_usage = bool(opts and _opt_bool(opts, "include_usage"))
     if include_usage and not stream:
         raise ApiError(400, "Stream options can only be defined when `stream=True`.")
-    seed = _opt_int(body, "seed", -(2**63))
+    seed = _opt_int(body, "seed", INT64_MIN)
     return GenerationRequest(kind, served, adapter, ids, max_tokens, stream, include_usage, seed)
+
+
+def check_context(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> None:
+    """vLLM refuses (400) a request whose prompt plus `max_tokens` cannot fit the context (a prompt
+    that alone is too long gets the engine's own message)."""
+    if max_tokens is not None and prompt_tokens < max_model_len < prompt_tokens + max_tokens:
+        raise ApiError(
+            400,
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+            f"context length is {max_model_len} tokens and your request has {prompt_tokens} input tokens "
+            f"({max_tokens} > {max_model_len} - {prompt_tokens}).",
+        )
 
 
 def new_id(kind: str) -> str:

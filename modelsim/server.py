@@ -22,6 +22,7 @@ from modelsim.metrics import DIALECTS, make_registry, render
 from modelsim.openai_api import (
     ApiError,
     GenerationRequest,
+    check_context,
     chunk,
     error_body,
     full_response,
@@ -383,6 +384,7 @@ class Pod:
             req = parse_generation(
                 parse_json(await request.read()), kind, c.model, c.adapters, c.profile.vocab_size
             )
+            check_context(len(req.prompt_ids), req.max_tokens, self.engine.max_model_len)
             max_tokens = req.max_tokens
             if max_tokens is None:
                 max_tokens = self.engine.default_max_tokens(req.prompt_ids, req.seed)

@@ -43,6 +43,10 @@ def piece_id(piece: str, vocab_size: int) -> int:
 
 
 def encode(text: str, vocab_size: int) -> list[int]:
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:  # JSON allows "\ud800"; no tokenizer can take it
+        raise PromptError(f"the prompt is not valid Unicode: {exc.reason} at position {exc.start}") from None
     return [piece_id(p, vocab_size) for p in split_pieces(text)]
 
 

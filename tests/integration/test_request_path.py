@@ -119,11 +119,14 @@ async def test_bad_requests_get_openai_json_errors(
     assert error["code"] == code and error["message"] and error["type"]
 
 
-async def test_unknown_path_without_body_is_a_json_404(gateway: LocalGateway) -> None:
+async def test_unknown_path_is_a_json_404_and_a_served_one_without_model_too(gateway: LocalGateway) -> None:
     async with gateway.client() as client:
-        r = await client.get("/nothing/here")
-    assert r.status_code == 404
-    assert r.json()["error"]["code"] == "route_not_found"
+        unknown = await client.get("/nothing/here")
+        no_model = await client.get("/v1/completions")  # no body, so no model to route by
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "not_found"  # outside the allow-list
+    assert no_model.status_code == 404
+    assert no_model.json()["error"]["code"] == "route_not_found"
 
 
 async def test_models_list_names_every_model_and_adapter(gateway: LocalGateway) -> None:

@@ -7,15 +7,15 @@ build a real queue that the EPP can only learn about by scraping `/metrics`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
 import yaml
 
-from gateway.launch import LocalGateway, start_local_gateway
+from gateway.launch import LocalGateway, dev_trust, start_local_gateway
+from tests.integration.busy_pods import busy, pod_address, pool_state, wait_for
 from tests.integration.conftest import chat
 
 MODEL = "llama-3.1-8b-instruct"
@@ -32,64 +32,24 @@ PROFILES = {
 }
 
 
+def _patch(config: dict) -> None:
+    """The tests read the EPP's choice (decision header) and may pick the sheddable profile."""
+    config["profiles"] = PROFILES
+    dev_trust(config)
+    config["pools"][0]["models"][0]["objectives"] = ["sheddable"]
+
+
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    gw = start_local_gateway(
-        tmp_path_factory.mktemp("sched"), fleet=FLEET, config_extra={"profiles": PROFILES}
-    )
+    gw = start_local_gateway(tmp_path_factory.mktemp("sched"), fleet=FLEET, config_patch=_patch)
     try:
         yield gw
     finally:
         gw.stop()
 
 
-def pod_address(gw: LocalGateway, name: str) -> str:
-    return next(p["address"] for p in gw.pods if p["name"] == name)
-
-
-async def pool_state(gw: LocalGateway) -> dict[str, dict]:
-    async with httpx.AsyncClient() as c:
-        r = await c.get(f"http://127.0.0.1:{gw.epp_metrics_ports[POOL]}/debug/pool")
-    return {e["address"]: e for e in r.json()["endpoints"]}
-
-
-async def wait_for(predicate, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
-
-
-@contextlib.asynccontextmanager
-async def busy(gw: LocalGateway, pod: str, n: int) -> AsyncIterator[None]:
-    """Keep `n` long requests running on one pod, sent to it directly, until the block ends."""
-    address = pod_address(gw, pod)
-
-    async def long_request(client: httpx.AsyncClient) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            await client.post(
-                f"http://{address}/v1/completions",
-                json={"model": MODEL, "prompt": "busy " * 50, "max_tokens": 3000},
-            )
-
-    async with httpx.AsyncClient(timeout=60) as client:
-        tasks = [asyncio.create_task(long_request(client)) for _ in range(n)]
-
-        async def queued() -> bool:
-            state = (await pool_state(gw))[address]
-            return bool(state["metrics"]) and state["metrics"]["waiting"] >= n - 2
-
-        await wait_for(queued)
-        try:
-            yield
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-
 async def test_scraper_keeps_fresh_metrics_for_every_pod(gateway: LocalGateway) -> None:
-    state = await pool_state(gateway)
+    state = await pool_state(gateway, POOL)
     assert len(state) == 2
     for pod in state.values():
         assert pod["healthy"] and pod["metrics"] is not None

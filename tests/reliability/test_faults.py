@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.launch import LocalGateway, grpc_serving, start_local_gateway
+from gateway.launch import LocalGateway, dev_trust, grpc_serving, start_local_gateway
 from tests.integration.conftest import chat
 from tests.reliability.conftest import record_figures
 from tests.reliability.gateway_helpers import (
@@ -38,6 +38,7 @@ FLEET = {
 
 
 def _patch(config: dict[str, Any]) -> None:
+    dev_trust(config)  # the tests read the EPP's ranking from the decision header
     for pool in config["pools"]:
         if pool["name"] == LLAMA_POOL:
             pool["fallbackEndpoints"] = 1

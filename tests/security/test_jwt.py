@@ -94,5 +94,7 @@ async def test_paths_outside_the_allow_list_are_a_json_404(jwt_gateway: LocalGat
     auth = {"authorization": f"Bearer {token()}"}
     async with jwt_gateway.client() as client:
         r = await client.post("/v1/completions", json={"model": LLAMA, "prompt": "x"}, headers=auth)
+        anonymous = await client.post("/sleep", json={"model": LLAMA})
     assert r.status_code == 404
-    assert r.json()["error"]["code"] == "route_not_found"
+    assert r.json()["error"]["code"] == "not_found"
+    assert anonymous.status_code == 401  # authentication comes first: no path probing without a token

@@ -11,6 +11,7 @@ from epp.pool import Endpoint, Metrics, Pool
 from epp.processor import DESTINATION_HEADER, EppProcessor
 from epp.scheduling.weighted import WeightedScheduler
 from epp.telemetry import Telemetry
+from epp.trust import HeaderPolicy
 from extproc.errors import ErrorResponse
 from extproc.stream import RequestRoute
 from gateway.config import parse_config
@@ -104,8 +105,12 @@ async def test_no_serving_endpoint_is_503() -> None:
     assert isinstance(result, ErrorResponse) and result.status == 503
 
 
-async def test_decision_is_explained_on_the_response_only_when_asked() -> None:
+async def test_decision_is_explained_on_the_response_only_when_asked_and_allowed() -> None:
     ctx = make_ctx()
+    refused = EppProcessor(ctx)  # the default policy keeps the fleet's topology to itself
+    await refused.on_request({"x-gateway-decision": "true"}, body())
+    assert refused.on_response_headers({":status": "200"}) is None
+    ctx.header_policy = HeaderPolicy(decision_header=True)
     asked = EppProcessor(ctx)
     await asked.on_request({"x-gateway-decision": "true"}, body())
     explained = asked.on_response_headers({":status": "200"})

@@ -1,0 +1,85 @@
+"""Which client request headers the EPP honours: the one place the trust rule lives.
+
+Two headers change what the gateway does for a client: `x-gateway-decision` returns every
+candidate pod's address and scores (the fleet's topology), and `x-gateway-inference-objective`
+picks the scheduling profile, hence the request's priority (a sheddable model's clients could
+otherwise escape shedding). The rule (docs/security.md, "Request headers"):
+
+- A request is *trusted* when the listener says only internal callers reach it
+  (`listener.trust.internal`), or when its verified JWT carries `listener.trust.jwtClaim`
+  (Envoy's jwt_authn copies that claim into `CLAIM_HEADER` after verifying the token; the same
+  header sent by a client is stripped before, so it cannot be forged).
+- The decision header is honoured for trusted requests, or for everyone with
+  `listener.trust.decisionHeader: true` (local development).
+- A trusted request may name any defined profile. An untrusted one may name only the model's
+  `objectives`, and its priority never exceeds that of the model's own profile. A header that
+  may not be used is ignored: the request gets the model's default treatment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.config import GatewayConfig
+
+CLAIM_HEADER = "x-gateway-trusted-claim"  # written by Envoy's jwt_authn only
+DECISION_HEADER = "x-gateway-decision"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+_ASKED = ("1", "true", "yes")
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    name: str  # the scheduling profile
+    priority: int  # < 0: sheddable
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderPolicy:
+    """The trust settings and per-model profile rules of one configuration, ready per request."""
+
+    decision_header: bool = False
+    internal: bool = False
+    claim_value: str | None = None
+    default_profile: str = "default"
+    priorities: Mapping[str, int] = field(default_factory=dict)  # profile -> priority
+    model_profiles: Mapping[str, str] = field(default_factory=dict)  # base model -> its profile
+    model_objectives: Mapping[str, frozenset[str]] = field(default_factory=dict)  # base model -> allowed
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig) -> HeaderPolicy:
+        trust = config.listener.trust
+        models = [m for pool in config.pools for m in pool.models]
+        return cls(
+            decision_header=trust.decision_header,
+            internal=trust.internal,
+            claim_value=trust.jwt_claim.value if trust.jwt_claim is not None else None,
+            default_profile=config.default_profile,
+            priorities={name: p.priority for name, p in config.scheduler_profiles().items()},
+            model_profiles={m.name: m.profile for m in models if m.profile},
+            model_objectives={m.name: frozenset(m.objectives) for m in models},
+        )
+
+    def trusted(self, headers: Mapping[str, str]) -> bool:
+        if self.internal:
+            return True
+        return self.claim_value is not None and headers.get(CLAIM_HEADER) == self.claim_value
+
+    def explain(self, headers: Mapping[str, str]) -> bool:
+        """Whether to return the per-pod scores on the response."""
+        if headers.get(DECISION_HEADER) not in _ASKED:
+            return False
+        return self.decision_header or self.trusted(headers)
+
+    def objective(self, headers: Mapping[str, str], base_model: str) -> Objective:
+        own = self.model_profiles.get(base_model, self.default_profile)
+        ceiling = self.priorities.get(own, 0)
+        asked = headers.get(OBJECTIVE_HEADER)
+        if asked is None or asked == own or asked not in self.priorities:
+            return Objective(own, ceiling)
+        if self.trusted(headers):
+            return Objective(asked, self.priorities[asked])
+        if asked in self.model_objectives.get(base_model, frozenset()):
+            return Objective(asked, min(self.priorities[asked], ceiling))
+        return Objective(own, ceiling)

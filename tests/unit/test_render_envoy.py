@@ -1,0 +1,84 @@
+"""`python -m gateway.render_envoy`: HTTPS on loopback unless told otherwise; the allow-list in
+every committed rendering."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.config import API_PATHS
+from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = [
+    "--config",
+    "envoy/example-gateway.yaml",
+    "--bbr",
+    "127.0.0.1:9004",
+    "--epp",
+    "llama=127.0.0.1:9002",
+]
+TLS = ["--tls-cert", "/tls/tls.crt", "--tls-key", "/tls/tls.key"]
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the recorded arguments are relative to the repository
+
+
+def listener(argv: list[str]) -> dict[str, Any]:
+    return yaml.safe_load(render_yaml(argv))["static_resources"]["listeners"][0]
+
+
+def test_default_is_https_on_loopback() -> None:
+    out = listener([*SERVICES, *TLS])
+    assert out["name"] == "https" and "transport_socket" in out["filter_chains"][0]
+    assert out["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8443}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param([], id="no-certificate"),
+        pytest.param(["--tls-cert", "/tls/tls.crt"], id="certificate-without-key"),
+        pytest.param([*TLS, "--plain-http"], id="certificate-and-plain-http"),
+    ],
+)
+def test_plain_http_only_when_explicitly_asked(extra: list[str]) -> None:
+    with pytest.raises(SystemExit, match="--plain-http"):
+        render_yaml([*SERVICES, *extra])
+
+
+def test_explicit_plain_http() -> None:
+    out = listener([*SERVICES, "--plain-http", "--listen", "0.0.0.0:8080"])
+    assert out["name"] == "http" and "transport_socket" not in out["filter_chains"][0]
+    assert out["address"]["socket_address"]["address"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize(("out", "argv"), DEPLOY_BOOTSTRAPS, ids=[o for o, _ in DEPLOY_BOOTSTRAPS])
+def test_every_committed_rendering_serves_only_the_api(out: str, argv: list[str]) -> None:
+    bootstrap = yaml.safe_load((ROOT / out).read_text())
+    (lst,) = bootstrap["static_resources"]["listeners"]
+    hcm = lst["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    assert hcm["normalize_path"] and hcm["merge_slashes"]
+    for route in routes:
+        if "route" in route:  # every route to a pool cluster matches exactly the API paths
+            regex = re.compile(route["match"]["safe_regex"]["regex"])
+            for path in API_PATHS:
+                assert bool(regex.fullmatch(path)) == (path != "/v1/models"), (route["name"], path)
+            for path in ("/sleep", "/v1/load_lora_adapter", "/v1/chat/completions/x", "/tokenize"):
+                assert not regex.fullmatch(path)
+    last = routes[-1]
+    assert last["name"] == "path-not-served" and last["match"] == {"prefix": "/"}
+    assert last["direct_response"]["status"] == 404
+    assert {"gateway.bbr", "gateway.epp"} <= set(last["typed_per_filter_config"])
+    # Only the in-cluster listeners, which a Service must reach, bind every address.
+    address = lst["address"]["socket_address"]["address"]
+    in_cluster = out.startswith("deploy/")
+    assert address == ("0.0.0.0" if in_cluster else "127.0.0.1")
+    assert ("transport_socket" in lst["filter_chains"][0]) != in_cluster
