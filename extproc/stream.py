@@ -13,7 +13,10 @@ routing decision rides on the body response. The stream learns the mode from the
 to send them, are passed on for accounting and acknowledged unchanged.
 
 `Processor.on_close` runs exactly once per stream, whatever happens (normal end, client
-abort, Envoy reset, protocol error): that is where in-flight accounting is returned.
+abort, Envoy reset, protocol error): that is where in-flight accounting is returned. The EPP's
+routes ask for response trailers so that Envoy keeps the stream until the HTTP response ends
+(see `gateway.envoy_config._processing_mode`); an HTTP/1.1 answer without trailers sends no
+further message, so Envoy closing the stream is the only end-of-response signal.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class Processor(Protocol):
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None: ...
 
     def on_close(self, completed: bool) -> None:
-        """Always called once. `completed` is False on abort, reset or protocol error."""
+        """Always called once. `completed`: a response event carried end of stream (False on
+        abort, reset or protocol error, and also for a normal end that sent no further event)."""
         ...
 
 

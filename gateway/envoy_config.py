@@ -23,6 +23,7 @@ pools keep ORIGINAL_DST (their pods are not known at render time) and use the fi
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 import re
@@ -121,6 +122,10 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
+        # Each in-flight request holds one EPP stream until its response ends (see
+        # `_processing_mode`), so Envoy's default of 1,024 requests per cluster would cap a pool
+        # at 1,024 concurrent requests (measured with the limit at 2: the 3rd stream got a 503).
+        "circuit_breakers": copy.deepcopy(_POOL_CIRCUIT_BREAKERS),  # a copy: no YAML anchors
     }
     if not _is_ip(host):
         cluster["dns_lookup_family"] = "V4_PREFERRED"
@@ -151,14 +156,22 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
 
 def _processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[str, str]:
     """FULL_DUPLEX_STREAMED by default; BUFFERED where FailOpen must work, since Envoy ignores
-    `failure_mode_allow` for streamed bodies (bodies are then bounded by the connection buffer)."""
+    `failure_mode_allow` for streamed bodies (bodies are then bounded by the connection buffer).
+
+    `response_headers` (the EPP's accounting) also asks for response trailers: Envoy closes
+    the ext_proc stream right after the response-headers reply when neither body nor trailers
+    are wanted, and an SSE answer's headers come at once, so the in-flight slot would be freed
+    at the first token. With trailers wanted, Envoy keeps the stream until the HTTP stream
+    ends (last byte, reset or abort). Measured with Envoy 1.40: an HTTP/1.1 answer without
+    trailers costs no extra message (none is synthesized), only the stream held open.
+    """
     return {
         "request_header_mode": "SEND",
         "request_body_mode": "BUFFERED" if buffered else "FULL_DUPLEX_STREAMED",
         "request_trailer_mode": "SKIP" if buffered else "SEND",
         "response_header_mode": "SEND" if response_headers else "SKIP",
         "response_body_mode": "NONE",
-        "response_trailer_mode": "SKIP",
+        "response_trailer_mode": "SEND" if response_headers else "SKIP",
     }
 
 
@@ -245,7 +258,8 @@ def _pool_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
                     "timeout": _duration(topo.ext_proc_timeout_s),
                 },
                 "failure_mode_allow": pool.failure_mode == "FailOpen",
-                # Response headers are the EPP's accounting signal; only pool routes ask for them.
+                # Response headers + trailers: the EPP holds the request's in-flight slot until
+                # the response ends; only pool routes ask for them.
                 "processing_mode": _processing_mode(
                     response_headers=True, buffered=pool.failure_mode == "FailOpen"
                 ),

@@ -24,6 +24,7 @@ import yaml
 from gateway.config import parse_config
 from gateway.envoy_config import validate_bootstrap
 from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
+from tests.integration.test_envoy_config import epp_processing_modes
 from tests.k8s.kustomize_lite import build
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -389,6 +390,21 @@ def test_envoy_bootstrap_routes_by_metadata_to_services_that_exist(target: str) 
     for model in parse_config(_gateway_config(objs)).routes():
         assert regex.fullmatch(model), model
     assert not regex.fullmatch("meta-llama/Llama-3X1-8B-Instruct")
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_envoy_bootstrap_holds_the_epp_stream_until_the_response_ends(target: str) -> None:
+    """The ORIGINAL_DST rendering keeps the in-flight slot for the whole response, like the local
+    static one (tests/integration/test_inflight.py runs both through Envoy)."""
+    bootstrap = _bootstrap(target)
+    default, picks = epp_processing_modes(bootstrap)
+    assert picks, "no pool route"
+    for mode in picks.values():
+        assert mode["response_header_mode"] == mode["response_trailer_mode"] == "SEND", mode
+        assert mode["response_body_mode"] == "NONE"
+    assert default["response_trailer_mode"] == "SKIP"
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    assert clusters["epp-llama-3-8b"]["circuit_breakers"]["thresholds"][0]["max_requests"] >= 100_000
 
 
 def test_mtls_bootstrap_differs_from_base_only_by_tls() -> None:
