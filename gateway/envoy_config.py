@@ -632,13 +632,15 @@ def render_baseline_bootstrap(
     listen_host: str = "127.0.0.1",
     ext_proc: tuple[str, int] | None = None,
     response_body_mode: str = "NONE",
+    response_trailer_mode: str = "SEND",
 ) -> dict[str, Any]:
     """Envoy alone in front of `pods` (ip:port) with a plain load balancer: the Kubernetes
     Service baseline the benchmarks compare against (same binary, same HTTPS listener).
 
     `ext_proc` puts one ext_proc filter (FULL_DUPLEX_STREAMED request bodies, like the
-    gateway's) in the chain, to measure the protocol's own cost; `response_body_mode`
-    (NONE or STREAMED) measures what sending response bodies to it would add.
+    gateway's pool routes) in the chain, to measure the protocol's own cost;
+    `response_body_mode` (NONE or STREAMED) measures what sending response bodies to it would
+    add, `response_trailer_mode` SKIP what holding the stream to the response's end costs.
     """
     if lb_policy not in BASELINE_LB_POLICIES:
         raise ValueError(f"lb_policy must be one of {', '.join(BASELINE_LB_POLICIES)}, got {lb_policy!r}")
@@ -646,11 +648,14 @@ def render_baseline_bootstrap(
         raise ValueError("a baseline needs at least one pod address")
     if response_body_mode not in ("NONE", "STREAMED"):
         raise ValueError(f"response_body_mode must be NONE or STREAMED, got {response_body_mode!r}")
+    if response_trailer_mode not in ("SEND", "SKIP"):
+        raise ValueError(f"response_trailer_mode must be SEND or SKIP, got {response_trailer_mode!r}")
     filters: list[dict[str, Any]] = []
     clusters: list[dict[str, Any]] = []
     if ext_proc is not None:
         mode = _processing_mode(response_headers=True)
         mode["response_body_mode"] = response_body_mode
+        mode["response_trailer_mode"] = response_trailer_mode
         filters.append(
             {
                 "name": "bench.ext_proc",
