@@ -5,7 +5,9 @@ the response-headers reply (its behaviour when neither response body nor trailer
 for), the slot would be freed at the first token. Both pool kinds run here: the static pool's
 OverrideHost cluster and the ORIGINAL_DST cluster that Kubernetes-discovered pools get
 (rendered locally by forcing `uses_override_host` off, so Envoy routes to the metadata's
-address exactly as in a cluster).
+address exactly as in a cluster); and a FailOpen pool, whose EPP runs in BUFFERED mode (there
+Envoy kept the stream to the response's end even without trailers: measured, its cases pass
+with either trailer mode, while the other kinds' all fail without trailers).
 
 Every check ends with the exactly-once invariant: the EPP's running-requests gauge (never
 clamped, so a double release shows as -1) is 0 and as many requests finished as were routed.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -33,15 +36,24 @@ FLEET = {
 }
 
 
-@pytest.fixture(scope="module", params=["static", "original_dst"])
+def _fail_open(config: dict[str, Any]) -> None:
+    config["pools"][0]["failureMode"] = "FailOpen"
+
+
+@pytest.fixture(scope="module", params=["static", "original_dst", "static_failopen"])
 def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
     with pytest.MonkeyPatch.context() as patch:
         if request.param == "original_dst":
             patch.setattr(gateway.envoy_config, "uses_override_host", lambda pool: False)
-        gw = start_local_gateway(tmp_path_factory.mktemp(f"inflight-{request.param}"), fleet=FLEET)
+        gw = start_local_gateway(
+            tmp_path_factory.mktemp(f"inflight-{request.param}"),
+            fleet=FLEET,
+            config_patch=_fail_open if request.param == "static_failopen" else None,
+        )
     try:
-        clusters = (gw.workdir / "envoy.json").read_text()
-        assert ('"ORIGINAL_DST"' in clusters) == (request.param == "original_dst")
+        bootstrap = (gw.workdir / "envoy.json").read_text()
+        assert ('"ORIGINAL_DST"' in bootstrap) == (request.param == "original_dst")
+        assert ('"BUFFERED"' in bootstrap) == (request.param == "static_failopen")
         yield gw
     finally:
         gw.stop()
