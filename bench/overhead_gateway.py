@@ -4,10 +4,13 @@ All three front one fast stub pod (answers at once, a few SSE tokens) so that wh
 the proxy path. Per setup, concurrency and request-body size: client-observed latency p50/p99
 (added = minus the direct-to-stub figure), req/s, and CPU time of the gateway's own processes
 (Envoy, ext_proc services; /proc/<pid>/stat utime+stime) turned into req/s per core.
-A second table prices response-body streaming to an ext_proc (STREAMED vs NONE) on a 200-token
-answer: CPU per request of Envoy + the ext_proc.
+A second table prices what the ext_proc sees of the response on a 200-token streamed answer
+(CPU per request of Envoy + the ext_proc): headers only (Envoy closes the stream after them),
+headers + trailers (the stream is held to the response's end: the EPP's pool routes), and
+every body chunk (STREAMED).
 
 python -m bench.overhead_gateway [--requests 300] [--doc docs/benchmarks.md]
+python -m bench.overhead_gateway --stream-only --requests 100 --rounds 5   # second table alone
 python -m bench.overhead_gateway noop-extproc --port N     # the do-nothing ext_proc alone
 """
 
@@ -26,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 import httpx
 from aiohttp import web
@@ -190,9 +194,21 @@ async def start_stub(tokens: int) -> tuple[asyncio.subprocess.Process, str]:
 
 
 async def start_envoy_setup(
-    name: str, work: Path, stub: str, ext_proc: tuple[str, int] | None, mode: str = "NONE"
+    name: str,
+    work: Path,
+    stub: str,
+    ext_proc: tuple[str, int] | None,
+    mode: str = "NONE",
+    trailers: str = "SEND",
 ) -> Setup:
-    files = write_baseline(work, [stub], "ROUND_ROBIN", ext_proc=ext_proc, response_body_mode=mode)
+    files = write_baseline(
+        work,
+        [stub],
+        "ROUND_ROBIN",
+        ext_proc=ext_proc,
+        response_body_mode=mode,
+        response_trailer_mode=trailers,
+    )
     envoy = start_envoy(files.bootstrap, work)
     await wait_ready_async(f"http://127.0.0.1:{files.admin_port}/ready", envoy, 30)
     verify = ssl.create_default_context(cafile=str(files.certs.ca))
@@ -241,8 +257,25 @@ async def measure(
     return cells
 
 
-async def run_all(requests: int, tokens: int, stream_tokens: int) -> tuple[list[Cell], list[Cell]]:
+# What the ext_proc sees of a response: (label, response_body_mode, response_trailer_mode).
+RESPONSE_MODES = (
+    ("headers only (trailers SKIP)", "NONE", "SKIP"),
+    ("headers + trailers (SEND)", "NONE", "SEND"),
+    ("every body chunk (STREAMED)", "STREAMED", "SKIP"),
+)
+
+
+async def run_all(
+    requests: int, tokens: int, stream_tokens: int, stream_only: bool = False, rounds: int = 1
+) -> tuple[list[Cell], list[Cell]]:
     work = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    cells: list[Cell] = []
+    if not stream_only:
+        cells = await run_overhead(work, requests, tokens)
+    return cells, await run_response_modes(work, requests, stream_tokens, rounds)
+
+
+async def run_overhead(work: Path, requests: int, tokens: int) -> list[Cell]:
     stub_proc, stub = await start_stub(tokens)
     cells: list[Cell] = []
     try:
@@ -278,32 +311,44 @@ async def run_all(requests: int, tokens: int, stream_tokens: int) -> tuple[list[
     finally:
         stub_proc.terminate()
         await stub_proc.wait()
+    return cells
 
-    # Response bodies to the ext_proc: a 200-token streamed answer, NONE vs STREAMED.
+
+async def run_response_modes(work: Path, requests: int, stream_tokens: int, rounds: int = 1) -> list[Cell]:
+    """A 200-token streamed answer through Envoy + the no-op ext_proc, per response mode.
+
+    All modes run side by side and take turns, `rounds` times: on a shared machine, load
+    drifts over minutes, and interleaving spreads that drift over every mode alike."""
     stream_cells: list[Cell] = []
     stub_proc, stub = await start_stub(stream_tokens)
+    setups: list[Setup] = []
+    noops: list[Proc] = []
     try:
-        for mode in ("NONE", "STREAMED"):
-            noop, port = start_noop_extproc(work / f"noop-{mode}")
-            try:
-                setup = await start_envoy_setup(
-                    f"response_body_mode {mode}", work / f"envoy-{mode}", stub, ("127.0.0.1", port), mode
-                )
-                setup.pids.append(noop.popen.pid)
-                try:
-                    stream_cells += await measure(setup, (1024,), (8,), requests, stream_tokens)
-                finally:
-                    setup.stop()
-            finally:
-                noop.stop()
+        for i, (label, mode, trailers) in enumerate(RESPONSE_MODES):
+            noop, port = start_noop_extproc(work / f"noop-mode{i}")
+            noops.append(noop)
+            setup = await start_envoy_setup(
+                label, work / f"envoy-mode{i}", stub, ("127.0.0.1", port), mode, trailers
+            )
+            setup.pids.append(noop.popen.pid)
+            setups.append(setup)
+        for _ in range(rounds):
+            for setup in setups:
+                stream_cells += await measure(setup, (1024,), (8,), requests, stream_tokens)
     finally:
+        for setup in setups:
+            setup.stop()
+        for noop in noops:
+            noop.stop()
         stub_proc.terminate()
         await stub_proc.wait()
-    return cells, stream_cells
+    return stream_cells
 
 
 def render(cells: list[Cell], stream_cells: list[Cell], command: str, load_avg: str) -> str:
     direct = {(c.concurrency, c.body_bytes): c for c in cells if c.setup.startswith("direct")}
+    if not cells:
+        return render_response_modes(stream_cells, [f"Measured with `{command}`, load {load_avg}.", ""])
     lines = [
         "## Gateway overhead",
         "",
@@ -327,18 +372,27 @@ def render(cells: list[Cell], stream_cells: list[Cell], command: str, load_avg: 
             f"| {c.setup} | {c.concurrency} | {c.body_bytes // 1024} KB | {c.p50_ms:.2f} | {c.p99_ms:.2f} | "
             f"{added} | {added99} | {c.req_s:,.0f} | {cpu} | {per_core} | {c.errors} |"
         )
+    return render_response_modes(stream_cells, [*lines, ""])
+
+
+def render_response_modes(stream_cells: list[Cell], lines: list[str]) -> str:
     lines += [
+        "What the ext_proc sees of the response (Envoy + the no-op ext_proc, 200-token streamed",
+        "answers, 1 KB requests, concurrency 8). The EPP's pool routes ask for headers + trailers,",
+        "which holds the stream (the in-flight slot) to the response's end.",
         "",
-        "Response bodies to the ext_proc (Envoy + the no-op ext_proc, 200-token streamed answers,",
-        "1 KB requests, concurrency 8): what `response_body_mode: STREAMED` would cost the EPP path.",
-        "",
-        "| mode | requests | p50 ms | req/s | Envoy + ext_proc CPU ms/req | errors |",
+        "| ext_proc sees | requests | p50 ms | req/s | Envoy + ext_proc CPU ms/req (median, range) | errors |",
         "|---|---|---|---|---|---|",
     ]
-    for c in stream_cells:
+    for label, _, _ in RESPONSE_MODES:
+        runs = [c for c in stream_cells if c.setup == label]
+        if not runs:
+            continue
+        cpu = sorted(c.cpu_ms_per_req or 0.0 for c in runs)
+        spread = f" ({cpu[0]:.2f}-{cpu[-1]:.2f} over {len(runs)} rounds)" if len(runs) > 1 else ""
         lines.append(
-            f"| {c.setup.split()[-1]} | {c.requests} | {c.p50_ms:.2f} | {c.req_s:,.0f} | "
-            f"{c.cpu_ms_per_req or 0:.2f} | {c.errors} |"
+            f"| {label} | {sum(c.requests for c in runs)} | {median([c.p50_ms for c in runs]):.2f} | "
+            f"{median([c.req_s for c in runs]):,.0f} | {median(cpu):.2f}{spread} | {sum(c.errors for c in runs)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -363,9 +417,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=4)
     parser.add_argument("--stream-tokens", type=int, default=200)
     parser.add_argument("--doc", help="also write the section into this markdown file")
+    parser.add_argument("--stream-only", action="store_true", help="only the response-mode table")
+    parser.add_argument("--rounds", type=int, default=1, help="response-mode table: interleaved rounds")
     args = parser.parse_args(argv)
+    if args.stream_only and args.doc:
+        parser.error("--doc writes the whole section: run without --stream-only")
     before = os.getloadavg()[0]
-    cells, stream_cells = asyncio.run(run_all(args.requests, args.tokens, args.stream_tokens))
+    cells, stream_cells = asyncio.run(
+        run_all(
+            args.requests, args.tokens, args.stream_tokens, stream_only=args.stream_only, rounds=args.rounds
+        )
+    )
     load_avg = f"{before:.1f} / {os.getloadavg()[0]:.1f}"
     command = "python -m bench.overhead_gateway " + shlex.join(argv)
     text = render(cells, stream_cells, command.strip(), load_avg)

@@ -118,8 +118,9 @@ class EppProcessor:
         self._address = None  # exactly once, even if called again
         self._ctx.pool.on_finished(address, request.estimated_tokens)
         # Response bodies are not streamed to the EPP (a gRPC round trip per SSE chunk would
-        # cost more than the scheduling itself); Envoy closes this stream when the HTTP
-        # stream ends, which is what releases the in-flight slot. Speed comes from the scrape.
+        # cost more than the scheduling itself); the route asks for response trailers, so Envoy
+        # closes this stream only when the HTTP stream ends (last byte, reset or abort), which
+        # is what releases the in-flight slot. Speed comes from the scrape.
         ok = self._status is not None and self._status < 500
         self._ctx.telemetry.finished(request, ok=ok, duration=time.monotonic() - self._routed_at)
 

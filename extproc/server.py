@@ -40,14 +40,26 @@ class TlsFiles:
 class GrpcService:
     """A started gRPC server with health reporting; `port` is the bound port."""
 
-    def __init__(self, server: grpc.aio.Server, health: health_async.HealthServicer, port: int) -> None:
+    def __init__(
+        self,
+        server: grpc.aio.Server,
+        health: health_async.HealthServicer,
+        port: int,
+        servicer: ExtProcServicer | None = None,
+    ) -> None:
         self.server = server
         self.health = health
         self.port = port
+        self.servicer = servicer
 
     async def drain_and_stop(self, grace_s: float) -> None:
-        """Report NOT_SERVING so Envoy/Kubernetes stop sending, then let streams finish."""
+        """Report NOT_SERVING so Envoy/Kubernetes stop sending, release the streams that only
+        wait for their response to end (the responses carry on), then give requests still being
+        decided `grace_s` to finish."""
         await self.health.enter_graceful_shutdown()
+        if self.servicer is not None:
+            released = self.servicer.release_held()
+            log.info("%d held stream(s) released for the drain", released)
         await self.server.stop(grace_s)
 
 
@@ -78,7 +90,7 @@ async def start_grpc_service(
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     for name in ("envoy.service.ext_proc.v3.ExternalProcessor", *(n for _, _, n in extra_services)):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return GrpcService(server, health, bound)
+    return GrpcService(server, health, bound, servicer if isinstance(servicer, ExtProcServicer) else None)
 
 
 async def wait_for_shutdown_signal() -> None:

@@ -13,11 +13,15 @@ routing decision rides on the body response. The stream learns the mode from the
 to send them, are passed on for accounting and acknowledged unchanged.
 
 `Processor.on_close` runs exactly once per stream, whatever happens (normal end, client
-abort, Envoy reset, protocol error): that is where in-flight accounting is returned.
+abort, Envoy reset, protocol error): that is where in-flight accounting is returned. The EPP's
+routes ask for response trailers so that Envoy keeps the stream until the HTTP response ends
+(see `gateway.envoy_config._processing_mode`); an HTTP/1.1 answer without trailers sends no
+further message, so Envoy closing the stream is the only end-of-response signal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -59,7 +63,8 @@ class Processor(Protocol):
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None: ...
 
     def on_close(self, completed: bool) -> None:
-        """Always called once. `completed` is False on abort, reset or protocol error."""
+        """Always called once. `completed`: a response event carried end of stream (False on
+        abort, reset or protocol error, and also for a normal end that sent no further event)."""
         ...
 
 
@@ -226,22 +231,43 @@ class ExtProcStream:
     def refused(self) -> bool:
         return self._phase is _Phase.REFUSED
 
+    @property
+    def forwarded(self) -> bool:
+        """The request was answered: only response events (or Envoy's close) may follow."""
+        return self._phase is _Phase.FORWARDED
+
 
 class ExtProcServicer:
-    """The gRPC `ExternalProcessor` service: one `ExtProcStream` per call."""
+    """The gRPC `ExternalProcessor` service: one `ExtProcStream` per call.
+
+    Once a request is forwarded, its stream is held until Envoy closes it at the end of the
+    response, which can be minutes for a streamed answer. `release_held` (on drain) ends those
+    streams with an OK status rather than letting the server's grace period cancel them:
+    Envoy takes a clean close as "no more processing" and the response carries on, whereas a
+    cancelled stream is a gRPC error, which Envoy answers by resetting the response.
+    """
 
     def __init__(self, factory: ProcessorFactory, *, name: str) -> None:
         self._factory = factory
         self._name = name
         self.active_streams = 0
+        self._held: set[asyncio.Future[pb.ProcessingRequest | None]] = set()
+        self._draining = False
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProcessingResponse]:
         stream = ExtProcStream(self._factory())
         self.active_streams += 1
+        incoming = aiter(request_iterator)
         try:
-            async for msg in request_iterator:
+            while True:
+                if stream.forwarded:
+                    msg = await self._next_held(incoming)
+                else:
+                    msg = await anext(incoming, None)
+                if msg is None:
+                    return
                 async for response in stream.handle(msg):
                     yield response
                 if stream.refused:
@@ -255,3 +281,34 @@ class ExtProcServicer:
                 stream.processor.on_close(stream.completed)
             except Exception:  # accounting must never take the stream down with it
                 log.exception("%s: on_close failed", self._name)
+
+    async def _next_held(self, incoming: AsyncIterator[pb.ProcessingRequest]) -> pb.ProcessingRequest | None:
+        """The next response event of a forwarded request; None once Envoy ends the stream or
+        the service drains."""
+        if self._draining:
+            return None
+        waiter: asyncio.Future[pb.ProcessingRequest | None] = asyncio.ensure_future(anext(incoming, None))
+        self._held.add(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._draining and waiter.cancelled() and task is not None and not task.cancelling():
+                return None  # released by `release_held`, not cancelled by gRPC
+            raise
+        finally:
+            self._held.discard(waiter)
+
+    @property
+    def held_streams(self) -> int:
+        """Streams of forwarded requests waiting for their response to end."""
+        return len(self._held)
+
+    def release_held(self) -> int:
+        """Drain: end every stream that only waits for its response to end, and any that gets
+        there from now on. Returns how many were released."""
+        self._draining = True
+        held = list(self._held)
+        for waiter in held:
+            waiter.cancel()
+        return len(held)

@@ -25,6 +25,7 @@ its tests run the very cluster kind Kubernetes deployments use.
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import json
 import re
@@ -126,6 +127,10 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
+        # Each in-flight request holds one EPP stream until its response ends (see
+        # `_processing_mode`), so Envoy's default of 1,024 requests per cluster would cap a pool
+        # at 1,024 concurrent requests (measured with the limit at 2: the 3rd stream got a 503).
+        "circuit_breakers": copy.deepcopy(_POOL_CIRCUIT_BREAKERS),  # a copy: no YAML anchors
     }
     if not _is_ip(host):
         cluster["dns_lookup_family"] = "V4_PREFERRED"
@@ -156,14 +161,22 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
 
 def _processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[str, str]:
     """FULL_DUPLEX_STREAMED by default; BUFFERED where FailOpen must work, since Envoy ignores
-    `failure_mode_allow` for streamed bodies (bodies are then bounded by the connection buffer)."""
+    `failure_mode_allow` for streamed bodies (bodies are then bounded by the connection buffer).
+
+    `response_headers` (the EPP's accounting) also asks for response trailers: Envoy closes
+    the ext_proc stream right after the response-headers reply when neither body nor trailers
+    are wanted, and an SSE answer's headers come at once, so the in-flight slot would be freed
+    at the first token. With trailers wanted, Envoy keeps the stream until the HTTP stream
+    ends (last byte, reset or abort). Measured with Envoy 1.40: an HTTP/1.1 answer without
+    trailers costs no extra message (none is synthesized), only the stream held open.
+    """
     return {
         "request_header_mode": "SEND",
         "request_body_mode": "BUFFERED" if buffered else "FULL_DUPLEX_STREAMED",
         "request_trailer_mode": "SKIP" if buffered else "SEND",
         "response_header_mode": "SEND" if response_headers else "SKIP",
         "response_body_mode": "NONE",
-        "response_trailer_mode": "SKIP",
+        "response_trailer_mode": "SEND" if response_headers else "SKIP",
     }
 
 
@@ -286,7 +299,8 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
                     "timeout": _duration(topo.ext_proc_timeout_s),
                 },
                 "failure_mode_allow": pool.failure_mode == "FailOpen",
-                # Response headers are the EPP's accounting signal; only pool routes ask for them.
+                # Response headers + trailers: the EPP holds the request's in-flight slot until
+                # the response ends; only pool routes ask for them.
                 "processing_mode": _processing_mode(
                     response_headers=True, buffered=pool.failure_mode == "FailOpen"
                 ),
@@ -682,13 +696,15 @@ def render_baseline_bootstrap(
     listen_host: str = "127.0.0.1",
     ext_proc: tuple[str, int] | None = None,
     response_body_mode: str = "NONE",
+    response_trailer_mode: str = "SEND",
 ) -> dict[str, Any]:
     """Envoy alone in front of `pods` (ip:port) with a plain load balancer: the Kubernetes
     Service baseline the benchmarks compare against (same binary, same HTTPS listener).
 
     `ext_proc` puts one ext_proc filter (FULL_DUPLEX_STREAMED request bodies, like the
-    gateway's) in the chain, to measure the protocol's own cost; `response_body_mode`
-    (NONE or STREAMED) measures what sending response bodies to it would add.
+    gateway's pool routes) in the chain, to measure the protocol's own cost;
+    `response_body_mode` (NONE or STREAMED) measures what sending response bodies to it would
+    add, `response_trailer_mode` SKIP what holding the stream to the response's end costs.
     """
     if lb_policy not in BASELINE_LB_POLICIES:
         raise ValueError(f"lb_policy must be one of {', '.join(BASELINE_LB_POLICIES)}, got {lb_policy!r}")
@@ -696,11 +712,14 @@ def render_baseline_bootstrap(
         raise ValueError("a baseline needs at least one pod address")
     if response_body_mode not in ("NONE", "STREAMED"):
         raise ValueError(f"response_body_mode must be NONE or STREAMED, got {response_body_mode!r}")
+    if response_trailer_mode not in ("SEND", "SKIP"):
+        raise ValueError(f"response_trailer_mode must be SEND or SKIP, got {response_trailer_mode!r}")
     filters: list[dict[str, Any]] = []
     clusters: list[dict[str, Any]] = []
     if ext_proc is not None:
         mode = _processing_mode(response_headers=True)
         mode["response_body_mode"] = response_body_mode
+        mode["response_trailer_mode"] = response_trailer_mode
         filters.append(
             {
                 "name": "bench.ext_proc",

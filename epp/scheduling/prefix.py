@@ -3,8 +3,10 @@
 The gateway cannot see the model servers' KV caches, so it remembers what it sent where.
 A prompt is cut into fixed-size character blocks (64 by default: vLLM's 16-token block at
 ~4 characters per token) and each block is hashed with xxhash64, seeded by the previous
-block's hash (the first seed is the hash of the model name). A block hash therefore names
-the whole prefix up to it, as a KV block does in vLLM. Only full blocks are hashed (a
+block's hash (the first seed is the hash of the model name, chained with the LoRA adapter's
+name when there is one: vLLM keys cached blocks by adapter, so the same prompt under two
+adapters, or under an adapter and its base model, shares no block). A block hash therefore
+names the whole prefix up to it, as a KV block does in vLLM. Only full blocks are hashed (a
 server caches only full blocks) and at most `max_blocks` of them, which bounds the cost of
 huge prompts: a 200 KB prompt costs the same as a 16 KB one.
 
@@ -36,12 +38,16 @@ def prompt_hashes(
     prompt: str,
     block_chars: int = DEFAULT_BLOCK_CHARS,
     max_blocks: int = DEFAULT_MAX_BLOCKS,
+    adapter: str | None = None,
 ) -> tuple[int, ...]:
-    """Chained block hashes: h0 = xxh64(model), h_i = xxh64(block_i, seed=h_{i-1})."""
+    """Chained block hashes: h0 = xxh64(model), then xxh64(adapter, seed=h0) for a LoRA
+    adapter; h_i = xxh64(block_i, seed=h_{i-1})."""
     if block_chars <= 0:
         raise ValueError("block_chars must be positive")
     n = min(len(prompt) // block_chars, max_blocks)
     h = _xxh64(model.encode())
+    if adapter:
+        h = _xxh64(adapter.encode(), h)
     out = []
     for start in range(0, n * block_chars, block_chars):
         h = _xxh64(prompt[start : start + block_chars].encode(), h)
@@ -66,8 +72,10 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self._pods: dict[str, OrderedDict[int, None]] = {}
 
-    def hashes(self, model: str, prompt: str, block_chars: int | None = None) -> tuple[int, ...]:
-        return prompt_hashes(model, prompt, block_chars or self.block_chars, self.max_blocks)
+    def hashes(
+        self, model: str, prompt: str, block_chars: int | None = None, adapter: str | None = None
+    ) -> tuple[int, ...]:
+        return prompt_hashes(model, prompt, block_chars or self.block_chars, self.max_blocks, adapter)
 
     def add(self, address: str, hashes: Sequence[int]) -> None:
         """Remember that `address` now caches these blocks (leading blocks most recent)."""

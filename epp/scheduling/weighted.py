@@ -2,7 +2,10 @@
 
 pick(): serving -> healthy -> fresh (stale filter) -> unsaturated (or all, flagged) ->
 each weighted scorer once over all candidates -> total = sum(weight x score) -> picker.
-The prompt is hashed at most once per request; `on_routed` reuses those hashes.
+The prompt is hashed at most once per request, with one block size chosen in `pick` from the
+candidates' reported KV block size; `on_routed` reuses those hashes, or that block size when
+the profile did not need them (a prefix weight of 0), so what is learned is what later picks
+look up. Hashes are keyed by (base model, adapter): a hit needs the same adapter.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from epp.scheduling.scorers import SCORERS, ScoringContext
 
 # Characters per token used to turn a server's KV block size (tokens) into characters.
 CHARS_PER_TOKEN = 4
-# Hashes of recently picked requests kept for `on_routed` (bounded: a request that is
-# picked but never routed must not leak).
+# Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
+# that is picked but never routed must not leak).
 _RECENT_HASHES = 4096
 
 
@@ -50,9 +53,10 @@ class WeightedScheduler:
         self.default_profile = default_profile
         self.rng = rng or random.Random()
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
-        # request_id -> (the prompt object hashed, its hashes); the identity check guards
-        # against two requests that share a client-chosen id.
-        self._recent: OrderedDict[str, tuple[str, tuple[int, ...]]] = OrderedDict()
+        # request_id -> (the prompt object picked, its block size in characters, its hashes
+        # if the profile computed them); the identity check guards against two requests that
+        # share a client-chosen id.
+        self._recent: OrderedDict[str, tuple[str, int, tuple[int, ...] | None]] = OrderedDict()
 
     @classmethod
     def from_config(
@@ -92,10 +96,12 @@ class WeightedScheduler:
         candidates = healthy(candidates)
         candidates, all_saturated = unsaturated(fresh(candidates, th.stale_after), th)
 
-        hashes: tuple[int, ...] = ()
+        block_chars = block_chars_for(candidates, self.prefix_index.block_chars)
+        hashes: tuple[int, ...] | None = None
         if profile.weights.get("prefix-cache", 0.0) > 0:
-            hashes = self._hashes(request, candidates)
-        ctx = ScoringContext(thresholds=th, prefix_hashes=hashes, prefix_index=self.prefix_index)
+            hashes = self._hashes(request, block_chars)
+        self._remember(request, block_chars, hashes)
+        ctx = ScoringContext(thresholds=th, prefix_hashes=hashes or (), prefix_index=self.prefix_index)
 
         n = len(candidates)
         totals = [0.0] * n
@@ -123,20 +129,20 @@ class WeightedScheduler:
 
     def on_routed(self, request: InferenceRequest, address: str) -> None:
         """Remember the request's prefix blocks on the pod it was sent to."""
+        block_chars, hashes = self.prefix_index.block_chars, None
         cached = self._recent.pop(request.request_id, None)
         if cached is not None and cached[0] is request.prompt:
-            hashes = cached[1]
-        else:
-            hashes = self.prefix_index.hashes(request.target_model, request.prompt)
+            _, block_chars, hashes = cached
+        if hashes is None:
+            hashes = self._hashes(request, block_chars)
         if hashes:
             self.prefix_index.add(address, hashes)
 
-    def _hashes(self, request: InferenceRequest, candidates: Sequence[EndpointState]) -> tuple[int, ...]:
-        hashes = self.prefix_index.hashes(
-            request.target_model, request.prompt, block_chars_for(candidates, self.prefix_index.block_chars)
-        )
+    def _hashes(self, request: InferenceRequest, block_chars: int) -> tuple[int, ...]:
+        return self.prefix_index.hashes(request.target_model, request.prompt, block_chars, request.adapter)
+
+    def _remember(self, request: InferenceRequest, block_chars: int, hashes: tuple[int, ...] | None) -> None:
         recent = self._recent
-        recent[request.request_id] = (request.prompt, hashes)
+        recent[request.request_id] = (request.prompt, block_chars, hashes)
         if len(recent) > _RECENT_HASHES:
             recent.popitem(last=False)
-        return hashes

@@ -133,6 +133,10 @@ def test_baseline_bootstrap_rejects_bad_input(tmp_path: Path) -> None:
         render_baseline_bootstrap(
             ["127.0.0.1:1"], "ROUND_ROBIN", 1, 2, cert, key, response_body_mode="BUFFERED"
         )
+    with pytest.raises(ValueError, match="response_trailer_mode"):
+        render_baseline_bootstrap(
+            ["127.0.0.1:1"], "ROUND_ROBIN", 1, 2, cert, key, response_trailer_mode="BUFFERED"
+        )
 
 
 def test_epp_config_options() -> None:

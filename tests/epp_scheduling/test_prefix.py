@@ -79,3 +79,14 @@ def test_retain_drops_departed_pods_and_memory_is_reported():
 def test_invalid_construction():
     with pytest.raises(ValueError):
         PrefixIndex(capacity_per_pod=0)
+
+
+def test_adapter_keys_the_hashes_like_vllm_does():
+    prompt = "shared system prompt " * 20
+    base = prompt_hashes("m", prompt)
+    sql, support = prompt_hashes("m", prompt, adapter="sql"), prompt_hashes("m", prompt, adapter="support")
+    assert len({base[0], sql[0], support[0]}) == 3  # not a single block in common
+    assert set(base).isdisjoint(sql) and set(sql).isdisjoint(support)
+    assert sql == PrefixIndex().hashes("m", prompt, adapter="sql")
+    h0 = xxhash.xxh64_intdigest(b"sql", xxhash.xxh64_intdigest(b"m"))
+    assert sql[0] == xxhash.xxh64_intdigest(prompt[:64].encode(), h0)

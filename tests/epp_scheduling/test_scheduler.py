@@ -268,3 +268,29 @@ def test_on_routed_uses_the_right_prompt_when_request_ids_collide():
     sched.on_routed(b, "p")
     assert sched.prefix_index.match(sched.prefix_index.hashes("m", b.prompt), "p") == 10
     assert sched.prefix_index.match(sched.prefix_index.hashes("m", a.prompt), "p") == 0
+
+
+def test_prefix_hit_needs_the_same_adapter():
+    """vLLM keys cached blocks by adapter: a prompt cached under one adapter is a miss under
+    another adapter or the base model."""
+    sched = scheduler()
+    pods = snap(state("cached", adapters=("sql", "support")), state("other", adapters=("sql", "support")))
+    doc = "x" * 64 * 40
+    sched.on_routed(req(doc, adapter="sql"), "cached")
+    assert sched.pick(req(doc, adapter="sql"), pods).scores["cached"]["prefix-cache"] == 1.0
+    assert sched.pick(req(doc, adapter="support"), pods).scores["cached"]["prefix-cache"] == 0.0
+    assert sched.pick(req(doc), pods).scores["cached"]["prefix-cache"] == 0.0
+
+
+def test_on_routed_learns_with_the_block_size_pick_chose():
+    """A profile without a prefix weight skips hashing in `pick`, yet `on_routed` must hash with
+    the servers' block size (32 tokens here), not the default, or later lookups never hit."""
+    profiles = {"default": Profile("default", {"queue": 1}), "prefix": Profile("prefix", {"prefix-cache": 1})}
+    sched = scheduler(profiles=profiles)
+    pods = snap(state("a", block_size=32), state("b", block_size=32))
+    doc = "k" * 1024
+    r = req(doc)
+    sched.on_routed(r, sched.pick(r, pods).ranked[0])
+    assert sched.prefix_index.memory_entries() == 1024 // (32 * 4)
+    d = sched.pick(req(doc + "more", objective="prefix"), pods)
+    assert max(row["prefix-cache"] for row in d.scores.values()) > 0

@@ -110,3 +110,40 @@ def test_original_dst_rendering_refuses_what_it_cannot_do(tmp_path: Path) -> Non
                 topo, original_dst_pools=frozenset({"llama"}), epps={"llama": ("127.0.0.1", 1)}
             ),
         )
+
+
+def epp_processing_modes(boot: dict) -> tuple[dict, dict[str, dict]]:
+    """The EPP filter's default processing mode and each pool route's override of it."""
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    default = next(f for f in hcm["http_filters"] if f["name"] == "gateway.epp")["typed_config"]
+    routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+    picks = {
+        r["name"]: r["typed_per_filter_config"]["gateway.epp"]["overrides"]["processing_mode"]
+        for r in routes
+        if r["name"].endswith("-pick")
+    }
+    return default["processing_mode"], picks
+
+
+def test_pool_routes_keep_the_epp_stream_until_the_response_ends(tmp_path: Path) -> None:
+    """Response trailers asked for: Envoy keeps the stream (the EPP's in-flight slot) until the
+    HTTP stream ends, on every pool kind. tests/integration/test_inflight.py shows the effect."""
+    kube = {"name": "kube", "models": [{"name": "kube"}], "kubernetes": {"poolName": "kube"}}
+    config = parse_config({"pools": [*CONFIG["pools"], kube]})
+    topo = _topology(tmp_path, False)
+    topo = dataclasses.replace(topo, epps={**topo.epps, "kube": ("127.0.0.1", 19005)})
+    boot = render_bootstrap(config, topo)
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    assert (
+        clusters["pool-kube"]["type"] == "ORIGINAL_DST" and "load_balancing_policy" in clusters["pool-llama"]
+    )
+    default, picks = epp_processing_modes(boot)
+    assert set(picks) == {"llama-pick", "qwen-pick", "kube-pick"}  # static, FailOpen (BUFFERED), ORIGINAL_DST
+    for mode in picks.values():
+        assert mode["response_header_mode"] == mode["response_trailer_mode"] == "SEND", mode
+        assert mode["response_body_mode"] == "NONE"  # a message per SSE chunk would cost ~2.5x the CPU
+    # Outside pool routes nothing is accounted and Envoy's own replies are not held.
+    assert default["response_header_mode"] == default["response_trailer_mode"] == "SKIP"
+    # One held stream per in-flight request: Envoy's default cap of 1,024 must not apply.
+    for pool in ("llama", "qwen", "kube"):
+        assert clusters[f"epp-{pool}"]["circuit_breakers"]["thresholds"][0]["max_requests"] >= 100_000

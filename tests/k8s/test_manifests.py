@@ -25,6 +25,7 @@ from gateway.certs import make_certs
 from gateway.config import parse_config
 from gateway.envoy_config import validate_bootstrap
 from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
+from tests.integration.test_envoy_config import epp_processing_modes
 from tests.k8s.kustomize_lite import build
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -404,6 +405,37 @@ def test_plaintext_bootstrap_differs_from_base_only_by_tls() -> None:
     assert plain == _without_transport_sockets(plain)
     assert _without_transport_sockets(mtls) == plain
     assert _bootstrap("overlays/eks-hyperpod") == mtls
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_envoy_bootstrap_holds_the_epp_stream_until_the_response_ends(target: str) -> None:
+    """The ORIGINAL_DST rendering keeps the in-flight slot for the whole response, like the local
+    static one (tests/integration/test_inflight.py runs both through Envoy)."""
+    bootstrap = _bootstrap(target)
+    default, picks = epp_processing_modes(bootstrap)
+    assert picks, "no pool route"
+    for mode in picks.values():
+        assert mode["response_header_mode"] == mode["response_trailer_mode"] == "SEND", mode
+        assert mode["response_body_mode"] == "NONE"
+    assert default["response_trailer_mode"] == "SKIP"
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    assert clusters["epp-llama-3-8b"]["circuit_breakers"]["thresholds"][0]["max_requests"] >= 100_000
+
+
+def test_mtls_bootstrap_files_are_mounted() -> None:
+    mtls = _bootstrap("base")
+    mounts = find(render("base"), "Deployment", "envoy")["spec"]["template"]["spec"]["containers"][0][
+        "volumeMounts"
+    ]
+    tls_dirs = {m["mountPath"] for m in mounts}
+    for cluster in mtls["static_resources"]["clusters"]:
+        if "transport_socket" in cluster:
+            ctx = cluster["transport_socket"]["typed_config"]["common_tls_context"]
+            files = [
+                ctx["tls_certificates"][0]["certificate_chain"]["filename"],
+                ctx["validation_context"]["trusted_ca"]["filename"],
+            ]
+            assert all(str(Path(f).parent) in tls_dirs for f in files)
 
 
 @pytest.mark.parametrize(("out", "argv"), DEPLOY_BOOTSTRAPS, ids=[o for o, _ in DEPLOY_BOOTSTRAPS])

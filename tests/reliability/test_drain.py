@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.launch import LocalGateway, start_local_gateway
+from gateway.launch import LocalGateway, grpc_serving, start_local_gateway, wait_until
 from tests.integration.conftest import FAST_FLEET, chat
 from tests.reliability.conftest import record_figures
 from tests.reliability.gateway_helpers import debug_pool, pod_fault, wait_for
@@ -63,4 +63,35 @@ async def test_sigterm_lets_the_in_flight_request_finish(gw: LocalGateway) -> No
     record_figures(
         "sigterm_drain",
         {"in_flight": first.status_code, "new_during_drain": late.status_code, "exit_s": round(exited, 3)},
+    )
+
+
+async def test_sigterm_releases_held_streams_and_their_answers_carry_on(gw: LocalGateway) -> None:
+    """A streamed answer holds its EPP stream until it ends. On SIGTERM the EPP ends such
+    streams with an OK status (Envoy then stops processing and the answer carries on) instead
+    of letting the drain grace period (5 s) cancel them, which Envoy would answer with a reset:
+    the EPP exits while the answer is still streaming, and the answer completes."""
+    name = f"epp-{POOL}"
+    if gw.procs[name].popen.poll() is not None:  # drained by the test above
+        gw.restart(name)
+    wait_until(lambda: grpc_serving(gw.epp_ports[POOL]), 20, "EPP serving again", gw.procs[name].popen)
+    wait_for(lambda: all(e["metrics"] for e in debug_pool(gw, POOL).values()), 20, "pods scraped")
+    epp = gw.procs[name].popen
+    lines: list[str] = []
+    exited_at_line = 0
+    async with gw.client() as client:
+        body = chat(LLAMA, "drain me", stream=True, max_tokens=10_000)  # ~3.5 s at time_scale 20
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                lines.append(line)
+                if len(lines) == 20:
+                    epp.send_signal(signal.SIGTERM)
+                elif len(lines) > 20 and not exited_at_line and epp.poll() is not None:
+                    exited_at_line = len(lines)
+    assert lines[-2:] == ["data: [DONE]", ""] or lines[-1] == "data: [DONE]", lines[-3:]
+    assert exited_at_line, "the EPP waited for the answer instead of releasing its stream"
+    record_figures(
+        "sigterm_held_stream",
+        {"lines": len(lines), "epp_exited_at_line": exited_at_line, "exit_code": epp.returncode},
     )

@@ -231,3 +231,29 @@ async def test_buffered_mode_answers_headers_at_once_and_decides_on_the_body() -
     assert common.clear_route_cache and not common.HasField("body_mutation")
     assert at_body[0].dynamic_metadata.fields["envoy.lb"].struct_value.fields["k"].string_value == "v"
     assert rec.requests == [(POST, body)]
+
+
+async def test_over_real_grpc_drain_ends_held_streams_with_ok_and_closes_once(grpc_recorders) -> None:
+    """A forwarded request's stream is held open (Envoy keeps it to the response's end);
+    `release_held` ends it cleanly, so Envoy would carry on with the response, not reset it."""
+    import asyncio
+
+    stub, recorders, servicer = grpc_recorders
+    call = stub.Process()
+    for msg in [headers_msg(POST), *body_msgs(b'{"model":"m"}'), response_headers_msg(200)]:
+        await call.write(msg)
+    kinds = [(await call.read()).WhichOneof("response") for _ in range(3)]
+    assert kinds == ["request_headers", "request_body", "response_headers"]
+    for _ in range(500):  # the servicer now waits for the next response event
+        if servicer.held_streams == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert servicer.release_held() == 1
+    assert await call.read() == grpc.aio.EOF
+    assert await call.code() == grpc.StatusCode.OK
+    assert recorders[0].closed == [False]
+    # Draining: a stream that gets forwarded from now on is released right away.
+    late = stub.Process(iter([headers_msg(POST), *body_msgs(b'{"model":"m"}')]))
+    assert [r.WhichOneof("response") async for r in late] == ["request_headers", "request_body"]
+    assert await late.code() == grpc.StatusCode.OK
+    assert recorders[1].closed == [False] and servicer.active_streams == 0
