@@ -34,10 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
 from epp.trust import CLAIM_HEADER
 from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig
+from gateway.envoy_blocks import (
+    TYPES,
+    bootstrap,
+    https_listener,
+    json_error_response,
+    socket,
+    split_host_port,
+)
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 MODEL_HEADER = "x-gateway-model-name"
@@ -45,22 +51,6 @@ ERROR_DETAILS_PREFIX = "gateway_"  # ImmediateResponse details set by our ext_pr
 EPP_FILTER = "gateway.epp"
 BBR_FILTER = "gateway.bbr"
 
-_TYPES = {
-    "hcm": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-    "ext_proc": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-    "ext_proc_route": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
-    "filter_config": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
-    "router": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
-    "header_mutation": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-    "tls_down": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
-    "tls_up": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-    "http_opts": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-    "cel": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
-    "jwt_authn": "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
-    "override_host": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
-    "least_request": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
-    "previous_hosts": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
-}
 
 # A refused or reset connection to the picked pod moves to the next pod of the EPP's ranked list.
 RETRY_ON = "connect-failure,refused-stream,reset-before-request"
@@ -95,10 +85,6 @@ class Topology:
     original_dst_pools: frozenset[str] = frozenset()
 
 
-def _socket(host: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": host, "port_value": port}}
-
-
 def _duration(seconds: float) -> str:
     return f"{seconds:.3f}s"
 
@@ -119,11 +105,11 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
         "connect_timeout": "1s",
         "load_assignment": {
             "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket(host, port)}}]}],
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(host, port)}}]}],
         },
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": _TYPES["http_opts"],
+                "@type": TYPES["http_opts"],
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
@@ -140,7 +126,7 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
         cluster["transport_socket"] = {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
-                "@type": _TYPES["tls_up"],
+                "@type": TYPES["tls_up"],
                 "sni": "localhost" if _is_ip(host) else host,
                 "common_tls_context": {
                     "tls_certificates": [
@@ -184,7 +170,7 @@ def _ext_proc_filter(
     name: str, cluster: str, topo: Topology, *, response_headers: bool, disabled: bool
 ) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "@type": _TYPES["ext_proc"],
+        "@type": TYPES["ext_proc"],
         "grpc_service": {
             "envoy_grpc": {"cluster_name": cluster},
             "timeout": _duration(topo.ext_proc_timeout_s),
@@ -204,12 +190,10 @@ def _ext_proc_filter(
 def _json_error_route(
     name: str, status: int, message: str, code: str, match: dict[str, Any]
 ) -> dict[str, Any]:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}})
     return {
         "name": name,
         "match": match,
-        "direct_response": {"status": status, "body": {"inline_string": body}},
-        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
+        **json_error_response(status, message, "invalid_request_error", code),
     }
 
 
@@ -258,9 +242,7 @@ def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
         "not_found",
         {"prefix": "/"},
     )
-    not_served["typed_per_filter_config"] = {
-        BBR_FILTER: {"@type": _TYPES["ext_proc_route"], "disabled": True}
-    }
+    not_served["typed_per_filter_config"] = {BBR_FILTER: {"@type": TYPES["ext_proc_route"], "disabled": True}}
     return [*routes, not_served]
 
 
@@ -292,7 +274,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
         )
         # 2) Before the EPP chose: run this pool's EPP. If it fails open, the fallback cluster serves.
         epp_override: dict[str, Any] = {
-            "@type": _TYPES["ext_proc_route"],
+            "@type": TYPES["ext_proc_route"],
             "overrides": {
                 "grpc_service": {
                     "envoy_grpc": {"cluster_name": f"epp-{pool.name}"},
@@ -327,7 +309,7 @@ def _retry_policy() -> dict[str, Any]:
         "retry_host_predicate": [
             {
                 "name": "envoy.retry_host_predicates.previous_hosts",
-                "typed_config": {"@type": _TYPES["previous_hosts"]},
+                "typed_config": {"@type": TYPES["previous_hosts"]},
             }
         ],
         "host_selection_retry_max_attempts": 3,
@@ -339,7 +321,7 @@ def _regex_escape(name: str) -> str:
 
 
 def _static_lb_endpoints(addresses: list[str]) -> list[dict[str, Any]]:
-    return [{"lb_endpoints": [{"endpoint": {"address": _socket(*_split_address(a))}} for a in addresses]}]
+    return [{"lb_endpoints": [{"endpoint": {"address": socket(*split_host_port(a))}} for a in addresses]}]
 
 
 def _override_host_policy() -> dict[str, Any]:
@@ -354,7 +336,7 @@ def _override_host_policy() -> dict[str, Any]:
                 "typed_extension_config": {
                     "name": "envoy.load_balancing_policies.override_host",
                     "typed_config": {
-                        "@type": _TYPES["override_host"],
+                        "@type": TYPES["override_host"],
                         "override_host_sources": [
                             {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}}
                         ],
@@ -363,7 +345,7 @@ def _override_host_policy() -> dict[str, Any]:
                                 {
                                     "typed_extension_config": {
                                         "name": "envoy.load_balancing_policies.least_request",
-                                        "typed_config": {"@type": _TYPES["least_request"]},
+                                        "typed_config": {"@type": TYPES["least_request"]},
                                     }
                                 }
                             ]
@@ -461,11 +443,6 @@ def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
     return clusters
 
 
-def _split_address(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 # Envoy's own refusals by status: (OpenAI error type, stable code, message prefix).
 _LOCAL_ERRORS: dict[int, tuple[str, str, str]] = {
     401: ("authentication_error", "invalid_api_key", "authentication failed"),
@@ -480,7 +457,7 @@ def _mapper(expression: str, error_type: str, code: str, message: str) -> dict[s
         "filter": {
             "extension_filter": {
                 "name": "envoy.access_loggers.extension_filters.cel",
-                "typed_config": {"@type": _TYPES["cel"], "expression": expression},
+                "typed_config": {"@type": TYPES["cel"], "expression": expression},
             }
         },
         "body_format_override": {
@@ -540,7 +517,7 @@ def _jwt_filter(config: GatewayConfig) -> list[dict[str, Any]]:
         {
             "name": "envoy.filters.http.jwt_authn",
             "typed_config": {
-                "@type": _TYPES["jwt_authn"],
+                "@type": TYPES["jwt_authn"],
                 "providers": {"gateway": provider},
                 "rules": [{"match": {"prefix": "/"}, "requires": {"provider_name": "gateway"}}],
             },
@@ -570,11 +547,11 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
     for route in routes:
         if "direct_response" in route:
             route.setdefault("typed_per_filter_config", {})[EPP_FILTER] = {
-                "@type": _TYPES["ext_proc_route"],
+                "@type": TYPES["ext_proc_route"],
                 "disabled": True,
             }
     hcm = {
-        "@type": _TYPES["hcm"],
+        "@type": TYPES["hcm"],
         "stat_prefix": "gateway",
         "codec_type": "AUTO",
         "stream_idle_timeout": "300s",
@@ -593,7 +570,7 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
             {
                 "name": "gateway.strip_routing_headers",
                 "typed_config": {
-                    "@type": _TYPES["header_mutation"],
+                    "@type": TYPES["header_mutation"],
                     "mutations": {
                         "request_mutations": [
                             {"remove": h}
@@ -616,7 +593,7 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
             _ext_proc_filter(
                 EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=False, disabled=False
             ),
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}},
         ],
         "local_reply_config": _local_reply_config(),
     }
@@ -625,61 +602,15 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         _grpc_cluster(f"epp-{pool}", host, port, topo.extproc_tls) for pool, (host, port) in topo.epps.items()
     ]
     clusters += _pool_clusters(config, topo)
-    bootstrap = {
-        "admin": {"address": _socket("127.0.0.1", topo.admin_port)},
-        "static_resources": {
-            "listeners": [
-                https_listener(
-                    topo.listen_host,
-                    topo.listen_port,
-                    topo.server_cert,
-                    topo.server_key,
-                    topo.connection_buffer_bytes,
-                    hcm,
-                )
-            ],
-            "clusters": clusters,
-        },
-    }
-    validate_bootstrap(bootstrap)
-    return bootstrap
-
-
-def https_listener(
-    host: str,
-    port: int,
-    server_cert: Path | None,
-    server_key: Path | None,
-    buffer_bytes: int,
-    hcm: dict[str, Any],
-) -> dict[str, Any]:
-    """The TLS listener (h2 + http/1.1 by ALPN) in front of an HTTP connection manager; plain
-    HTTP when no certificate is given (TLS terminated in front of Envoy)."""
-    chain: dict[str, Any] = {
-        "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]
-    }
-    if server_cert is not None and server_key is not None:
-        chain["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": _TYPES["tls_down"],
-                "common_tls_context": {
-                    "alpn_protocols": ["h2", "http/1.1"],
-                    "tls_certificates": [
-                        {
-                            "certificate_chain": {"filename": str(server_cert)},
-                            "private_key": {"filename": str(server_key)},
-                        }
-                    ],
-                },
-            },
-        }
-    return {
-        "name": "https" if "transport_socket" in chain else "http",
-        "address": _socket(host, port),
-        "per_connection_buffer_limit_bytes": buffer_bytes,
-        "filter_chains": [chain],
-    }
+    listener = https_listener(
+        topo.listen_host,
+        topo.listen_port,
+        topo.server_cert,
+        topo.server_key,
+        topo.connection_buffer_bytes,
+        hcm,
+    )
+    return bootstrap(topo.admin_port, [listener], clusters)
 
 
 BASELINE_LB_POLICIES = ("ROUND_ROBIN", "LEAST_REQUEST", "RANDOM")
@@ -724,7 +655,7 @@ def render_baseline_bootstrap(
             {
                 "name": "bench.ext_proc",
                 "typed_config": {
-                    "@type": _TYPES["ext_proc"],
+                    "@type": TYPES["ext_proc"],
                     "grpc_service": {"envoy_grpc": {"cluster_name": "ext_proc"}, "timeout": "10s"},
                     "processing_mode": mode,
                     "message_timeout": "10s",
@@ -742,7 +673,7 @@ def render_baseline_bootstrap(
         }
     )
     hcm = {
-        "@type": _TYPES["hcm"],
+        "@type": TYPES["hcm"],
         "stat_prefix": "baseline",
         "codec_type": "AUTO",
         "stream_idle_timeout": "300s",
@@ -764,43 +695,11 @@ def render_baseline_bootstrap(
         },
         "http_filters": [
             *filters,
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}},
         ],
     }
-    bootstrap = {
-        "admin": {"address": _socket("127.0.0.1", admin_port)},
-        "static_resources": {
-            "listeners": [
-                https_listener(listen_host, listen_port, server_cert, server_key, 4 * 1024 * 1024, hcm)
-            ],
-            "clusters": clusters,
-        },
-    }
-    validate_bootstrap(bootstrap)
-    return bootstrap
-
-
-def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
-    """Parse into the real Bootstrap message: unknown fields or wrong types raise ParseError."""
-    from envoy.config.bootstrap.v3 import bootstrap_pb2
-
-    # Register every typed_config type used above with the descriptor pool.
-    from envoy.config.route.v3 import route_components_pb2  # noqa: F401
-    from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2  # noqa: F401
-    from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
-    from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2  # noqa: F401
-    from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt_config_pb2  # noqa: F401
-    from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
-    from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
-        http_connection_manager_pb2,
-    )
-    from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2  # noqa: F401
-    from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2  # noqa: F401
-    from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2  # noqa: F401
-    from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
-    from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
-
-    json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())
+    listener = https_listener(listen_host, listen_port, server_cert, server_key, 4 * 1024 * 1024, hcm)
+    return bootstrap(admin_port, [listener], clusters)
 
 
 def write_bootstrap(config: GatewayConfig, topo: Topology, path: Path) -> Path:

@@ -29,9 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-
-from gateway.envoy_config import https_listener
+from gateway.envoy_blocks import (
+    TYPES,
+    bootstrap,
+    https_listener,
+    json_error_response,
+    socket,
+    split_host_port,
+)
 from globalrouter.config import ConfigError, RouterConfig, load_config
 from globalrouter.processor import (
     CLUSTER_HEADER,
@@ -44,18 +49,6 @@ from globalrouter.service import ROLE_METADATA
 
 ROUTER_FILTER = "global.router"
 OBSERVER_FILTER = "global.observer"
-_T = "type.googleapis.com/envoy."
-_TYPES = {
-    "hcm": _T + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-    "ext_proc": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
-    "router": _T + "extensions.filters.http.router.v3.Router",
-    "header_mutation": _T + "extensions.filters.http.header_mutation.v3.HeaderMutation",
-    "tls_down": _T + "extensions.transport_sockets.tls.v3.DownstreamTlsContext",
-    "tls_up": _T + "extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-    "http_opts": _T + "extensions.upstreams.http.v3.HttpProtocolOptions",
-    "prev_prio": _T + "extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
-    "ext_proc_route": _T + "extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +64,6 @@ class GlobalTopology:
     upstream_sni: str = "localhost"
     ext_proc_timeout_s: float = 10.0
     connection_buffer_bytes: int = 4 * 1024 * 1024
-
-
-def _socket(host: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": host, "port_value": port}}
-
-
-def _json_error(status: int, message: str, code: str) -> dict[str, Any]:
-    body = json.dumps({"error": {"message": message, "type": "server_error", "code": code}})
-    return {
-        "direct_response": {"status": status, "body": {"inline_string": body}},
-        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
-    }
 
 
 def _member_route(name: str, retries: int, *, metered: bool) -> dict[str, Any]:
@@ -104,7 +85,7 @@ def _member_route(name: str, retries: int, *, metered: bool) -> dict[str, Any]:
     if metered:  # read by the observer after the router filter chose this route
         route["typed_per_filter_config"] = {
             OBSERVER_FILTER: {
-                "@type": _TYPES["ext_proc_route"],
+                "@type": TYPES["ext_proc_route"],
                 "overrides": {"processing_mode": _observer_mode(response_body="STREAMED")},
             }
         }
@@ -116,7 +97,7 @@ def _member_route(name: str, retries: int, *, metered: bool) -> dict[str, Any]:
             "per_try_timeout": "0s",
             "retry_priority": {
                 "name": "envoy.retry_priorities.previous_priorities",
-                "typed_config": {"@type": _TYPES["prev_prio"], "update_frequency": 1},
+                "typed_config": {"@type": TYPES["prev_prio"], "update_frequency": 1},
             },
             "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"},
         }
@@ -127,7 +108,7 @@ def _upstream_tls(ca: Path, sni: str) -> dict[str, Any]:
     return {
         "name": "envoy.transport_sockets.tls",
         "typed_config": {
-            "@type": _TYPES["tls_up"],
+            "@type": TYPES["tls_up"],
             "sni": sni,
             "common_tls_context": {"validation_context": {"trusted_ca": {"filename": str(ca)}}},
         },
@@ -147,7 +128,7 @@ def _member_cluster(config: RouterConfig, index: int, topo: GlobalTopology) -> d
             "priority": prio,
             "lb_endpoints": [
                 {
-                    "endpoint": {"address": _socket(*m.host_port)},
+                    "endpoint": {"address": socket(*m.host_port)},
                     "metadata": {"filter_metadata": {"envoy.transport_socket_match": {"member": m.name}}},
                 }
             ],
@@ -181,12 +162,12 @@ def _router_cluster(topo: GlobalTopology) -> dict[str, Any]:
         "load_assignment": {
             "cluster_name": "global-router",
             "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": _socket(h, p)}} for h, p in topo.routers]}
+                {"lb_endpoints": [{"endpoint": {"address": socket(h, p)}} for h, p in topo.routers]}
             ],
         },
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": _TYPES["http_opts"],
+                "@type": TYPES["http_opts"],
                 "explicit_http_config": {"http2_protocol_options": {}},
             }
         },
@@ -208,7 +189,7 @@ def _ext_proc_filter(topo: GlobalTopology) -> dict[str, Any]:
     return {
         "name": ROUTER_FILTER,
         "typed_config": {
-            "@type": _TYPES["ext_proc"],
+            "@type": TYPES["ext_proc"],
             "grpc_service": {"envoy_grpc": {"cluster_name": "global-router"}, "timeout": timeout},
             "failure_mode_allow": False,
             "processing_mode": {
@@ -243,7 +224,7 @@ def _observer_filter(topo: GlobalTopology) -> dict[str, Any]:
     return {
         "name": OBSERVER_FILTER,
         "typed_config": {
-            "@type": _TYPES["ext_proc"],
+            "@type": TYPES["ext_proc"],
             "grpc_service": {
                 "envoy_grpc": {"cluster_name": "global-router"},
                 "timeout": timeout,
@@ -267,11 +248,13 @@ def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, An
         {
             "name": "no-member",
             "match": {"prefix": "/"},
-            **_json_error(503, "the global router chose no member cluster", "no_cluster_selected"),
+            **json_error_response(
+                503, "the global router chose no member cluster", "server_error", "no_cluster_selected"
+            ),
         }
     )
     hcm = {
-        "@type": _TYPES["hcm"],
+        "@type": TYPES["hcm"],
         "stat_prefix": "global",
         "codec_type": "AUTO",
         "stream_idle_timeout": "300s",
@@ -285,7 +268,7 @@ def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, An
             {
                 "name": "global.strip_routing_headers",
                 "typed_config": {
-                    "@type": _TYPES["header_mutation"],
+                    "@type": TYPES["header_mutation"],
                     "mutations": {
                         "request_mutations": [{"remove": CLUSTER_HEADER}, {"remove": METER_HEADER}]
                     },
@@ -293,7 +276,7 @@ def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, An
             },
             _ext_proc_filter(topo),
             _observer_filter(topo),
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": _TYPES["router"]}},
+            {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}},
         ],
     }
     listener = https_listener(
@@ -307,31 +290,7 @@ def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, An
     clusters = [_router_cluster(topo)] + [
         _member_cluster(config, i, topo) for i in range(len(config.members))
     ]
-    bootstrap = {
-        "admin": {"address": _socket("127.0.0.1", topo.admin_port)},
-        "static_resources": {"listeners": [listener], "clusters": clusters},
-    }
-    validate_bootstrap(bootstrap)
-    return bootstrap
-
-
-def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
-    """Parse into the real Bootstrap message: unknown fields or wrong types raise ParseError."""
-    from envoy.config.bootstrap.v3 import bootstrap_pb2
-    from envoy.config.route.v3 import route_components_pb2  # noqa: F401
-    from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
-    from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2  # noqa: F401
-    from envoy.extensions.filters.http.router.v3 import router_pb2  # noqa: F401
-    from envoy.extensions.filters.network.http_connection_manager.v3 import (  # noqa: F401
-        http_connection_manager_pb2,
-    )
-    from envoy.extensions.retry.priority.previous_priorities.v3 import (  # noqa: F401
-        previous_priorities_config_pb2,
-    )
-    from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
-    from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
-
-    json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())
+    return bootstrap(topo.admin_port, [listener], clusters)
 
 
 def write_bootstrap(config: RouterConfig, topo: GlobalTopology, path: Path) -> Path:
@@ -340,10 +299,10 @@ def write_bootstrap(config: RouterConfig, topo: GlobalTopology, path: Path) -> P
 
 
 def _host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"{value!r} is not host:port")
-    return host.strip("[]"), int(port)
+    try:
+        return split_host_port(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main() -> None:

@@ -53,6 +53,7 @@ def tier(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[G
             "rate_limits": {
                 "redis_url": redis_url,
                 "window_s": 60,
+                "timeout_s": 5.0,  # a loaded machine must not turn Redis round trips into fail-open
                 "tenants": {"limited": {"requests": REQUEST_LIMIT}, "metered": {"tokens": TOKEN_LIMIT}},
             },
         }

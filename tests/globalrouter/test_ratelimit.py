@@ -18,6 +18,7 @@ def limits(redis_url: str, prefix: str, **extra: object) -> RateLimits:
             "window_s": 60,
             "key_prefix": prefix,
             "tenants": {"t": {"requests": 50, "tokens": 100}},
+            "timeout_s": 5.0,  # a loaded machine must not turn Redis round trips into fail-open
             **extra,
         }
     )

@@ -72,7 +72,7 @@ def test_destination_comes_from_metadata_never_the_header(tmp_path: Path) -> Non
 
 
 def test_misspelt_field_is_rejected_at_render_time() -> None:
-    from gateway.envoy_config import validate_bootstrap
+    from gateway.envoy_blocks import validate_bootstrap
 
     with pytest.raises(json_format.ParseError):
         validate_bootstrap({"static_resources": {"clusterz": []}})

@@ -23,7 +23,7 @@ import yaml
 
 from gateway.certs import make_certs
 from gateway.config import parse_config
-from gateway.envoy_config import validate_bootstrap
+from gateway.envoy_blocks import validate_bootstrap
 from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
 from tests.integration.test_envoy_config import epp_processing_modes
 from tests.k8s.kustomize_lite import build

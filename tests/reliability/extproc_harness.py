@@ -114,7 +114,7 @@ def exchange(
     messages: list[pb.ProcessingRequest],
     *,
     cancel_after: int | None = None,
-    timeout_s: float = 5.0,
+    timeout_s: float = 30.0,  # a hang guard, generous for a loaded machine
 ) -> tuple[list[pb.ProcessingResponse], grpc.StatusCode]:
     """Send `messages` on one stream; collect responses and the final status.
 

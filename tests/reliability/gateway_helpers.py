@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import httpx
 
 from gateway.launch import LocalGateway
@@ -35,7 +36,7 @@ def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> float:
         try:
             if check():
                 return time.monotonic() - started
-        except (httpx.HTTPError, OSError, KeyError):
+        except (httpx.HTTPError, OSError, KeyError, grpc.RpcError):  # not up yet
             pass
         time.sleep(0.02)
     raise AssertionError(f"{what}: not within {timeout_s} s")

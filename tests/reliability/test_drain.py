@@ -59,7 +59,7 @@ async def test_sigterm_lets_the_in_flight_request_finish(gw: LocalGateway) -> No
         pod_fault(gw, name, stall_s=0.0)
     assert first.status_code == 200, first.text  # drained, not cut
     assert late.status_code == 503 and late.json()["error"]["type"] == "server_error"
-    exited = wait_for(lambda: epp.poll() is not None, 10, "EPP exits after the drain")
+    exited = wait_for(lambda: epp.poll() is not None, 30, "EPP exits after the drain")
     record_figures(
         "sigterm_drain",
         {"in_flight": first.status_code, "new_during_drain": late.status_code, "exit_s": round(exited, 3)},
@@ -74,8 +74,8 @@ async def test_sigterm_releases_held_streams_and_their_answers_carry_on(gw: Loca
     name = f"epp-{POOL}"
     if gw.procs[name].popen.poll() is not None:  # drained by the test above
         gw.restart(name)
-    wait_until(lambda: grpc_serving(gw.epp_ports[POOL]), 20, "EPP serving again", gw.procs[name].popen)
-    wait_for(lambda: all(e["metrics"] for e in debug_pool(gw, POOL).values()), 20, "pods scraped")
+    wait_until(lambda: grpc_serving(gw.epp_ports[POOL]), 60, "EPP serving again", gw.procs[name].popen)
+    wait_for(lambda: all(e["metrics"] for e in debug_pool(gw, POOL).values()), 60, "pods scraped")
     epp = gw.procs[name].popen
     lines: list[str] = []
     exited_at_line = 0

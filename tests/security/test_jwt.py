@@ -41,7 +41,14 @@ def jwks(key: rsa.RSAPrivateKey) -> str:
 
 def token(key: rsa.RSAPrivateKey = GOOD_KEY, **claims: Any) -> str:
     now = int(time.time())
-    payload = {"iss": ISSUER, "aud": AUDIENCE, "sub": "tester", "iat": now, "exp": now + 300, **claims}
+    payload = {
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "sub": "tester",
+        "iat": now,
+        "exp": now + 86_400,
+        **claims,
+    }  # minted at collection: outlive a slow run
     return jwt.encode(payload, key, algorithm="RS256", headers={"kid": "test"})
 
 
