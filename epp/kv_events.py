@@ -335,6 +335,7 @@ class KVEventSubscriber:
             return None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IPV6, 1)  # pods may have IPv6 addresses
         first: int | None = None
         try:
             sock.connect(self.replay_endpoint)
@@ -378,6 +379,7 @@ class KVEventSubscriber:
         """Subscribe until cancelled; supervised by the owner (a crash restarts it)."""
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.IPV6, 1)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.RECONNECT_IVL, 100)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)

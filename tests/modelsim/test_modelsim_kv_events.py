@@ -10,12 +10,15 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 import zmq
 import zmq.asyncio
 
+from epp.app import EppApp
 from epp.kv_events import KVEventMetrics, KVEventSubscribers
 from epp.kv_index import KVIndex
 from epp.pool import Endpoint
@@ -180,3 +183,52 @@ async def test_publisher_frames_match_vllm(kv_fleet: Fleet) -> None:
     finally:
         dealer.close(linger=0)
         ctx.destroy(linger=0)
+
+
+async def test_epp_app_subscribes_discovered_pods(kv_fleet: Fleet, tmp_path: Path) -> None:
+    """The EPP wires a subscriber to every pod with an events port, reports it in /debug/pool
+    and /metrics, and drops it when the pod leaves the configuration."""
+    pod, plain = kv_fleet.pod("llama-0"), kv_fleet.pod("plain")
+
+    def write(endpoints: list[dict]) -> None:
+        config = {
+            "pools": [
+                {
+                    "name": "p",
+                    "models": [{"name": "llama", "adapters": ["llama-sql"]}],
+                    "endpoints": endpoints,
+                    "kvEvents": {"maxBlocks": 5000},
+                }
+            ]
+        }
+        tmp = tmp_path / "gw.yaml.tmp"
+        tmp.write_text(yaml.safe_dump(config))
+        tmp.replace(tmp_path / "gw.yaml")
+
+    with_events = {
+        "address": pod.address,
+        "kvEventsPort": pod.kv_events_port,
+        "kvReplayPort": pod.kv_replay_port,
+    }
+    write([with_events, {"address": plain.address}])
+    app = EppApp(tmp_path / "gw.yaml", "p")
+    await app.start()
+    try:
+        assert app.kv_index.max_blocks == 5000
+        async with httpx.AsyncClient(base_url=pod.url, timeout=10) as client:
+            ids = await _tokens(client, prompt=PROMPT)
+            await _complete(client)
+        await _until(lambda: app.kv_index.lookup(ids, "llama").get(pod.address, 0) > 0, "indexed via the app")
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{app.metrics_port}", timeout=10) as admin:
+            debug = (await admin.get("/debug/pool")).json()["kv_events"]
+            assert debug["precise"] == [pod.address] and plain.address not in debug["pods"]
+            assert debug["index_max_blocks"] == 5000 and debug["index_blocks"] > 0
+            metrics = (await admin.get("/metrics")).text
+            assert "gateway_kv_index_blocks " in metrics
+            assert f'gateway_kv_event_lag_seconds{{pod="{pod.address}"}}' in metrics
+        write([{"address": plain.address}])
+        assert app._watcher.check()  # the file watcher's reload, without waiting for its poll
+        await _until(lambda: app.kv_events.subscriber(pod.address) is None, "pod removed", within=30)
+        assert app.kv_index.size() == 0
+    finally:
+        await app.stop()
