@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from array import array
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -132,8 +133,10 @@ def decode_event(raw: Any) -> Event | None:
             raise KVEventError("block_size must be a positive integer")
         if len(tokens) < size * len(hashes):
             raise KVEventError("token_ids shorter than block_hashes x block_size")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63 for t in tokens):
-            raise KVEventError("token_ids must be non-negative integers")
+        try:
+            array("Q", tokens)  # C-speed check: unsigned 64-bit integers, like block_keys packs them
+        except (OverflowError, TypeError):
+            raise KVEventError("token_ids must be non-negative 64-bit integers") from None
         lora = f.get("lora_name")
         return BlockStored(
             hashes,
@@ -304,7 +307,7 @@ class KVEventSubscriber:
         try:
             batch = decode_batch(payload)
             used = apply_batch(self.index, self.pod, batch)
-        except (KVEventError, OverflowError) as exc:
+        except (KVEventError, OverflowError, TypeError) as exc:
             if self.metrics:
                 self.metrics.errors.labels(self.pod).inc()
             log.warning("KV events from %s: bad batch seq %d: %s", self.pod, seq, exc)

@@ -37,7 +37,7 @@ def block_keys(
     """Own keys of every full block of ``token_ids`` (chained from ``parent`` or the root)."""
     key = root_key(model, adapter) if parent is None else parent
     out: list[int] = []
-    buf = array("q", token_ids).tobytes()
+    buf = array("Q", token_ids).tobytes()
     step = 8 * block_size
     for end in range(step, len(buf) + 1, step):
         key = _xxh64(buf[end - step : end], key)
