@@ -239,7 +239,7 @@ class KVEventMetrics:
         for metric in (self.batches, self.events, self.gaps, self.errors, self.lag, self.precise):
             with contextlib.suppress(KeyError):
                 metric.remove(pod)
-        for reason in ("start", "gap", "restart", "disconnect"):
+        for reason in ("start", "gap", "restart", "disconnect", "bad_batch"):
             with contextlib.suppress(KeyError):
                 self.resyncs.remove(pod, reason)
 
@@ -312,6 +312,9 @@ class KVEventSubscriber:
                 self.metrics.errors.labels(self.pod).inc()
             log.warning("KV events from %s: bad batch seq %d: %s", self.pod, seq, exc)
             used, batch = 0, None
+            # Whatever it held (removals too) is lost: resync rather than keep stale blocks.
+            self._drop("bad_batch")
+            self._fresh_after_drop = True
         self.last_seq = seq
         self.batches += 1
         if batch is not None:
@@ -341,25 +344,27 @@ class KVEventSubscriber:
         sock.setsockopt(zmq.IPV6, 1)  # pods may have IPv6 addresses
         first: int | None = None
         try:
-            sock.connect(self.replay_endpoint)
-            await sock.send_multipart((b"", start.to_bytes(8, "big")))
-            deadline = asyncio.get_running_loop().time() + self.replay_timeout_s
-            while True:
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0 or not await sock.poll(left * 1000):
-                    return None
-                frames = await sock.recv_multipart()
-                if len(frames) != 3:
-                    continue
-                seq = int.from_bytes(frames[1], "big", signed=True)
-                if seq == END_SEQ:
-                    return first if first is not None else start
-                if first is None:
-                    first = seq
-                    if seq > start:
-                        return seq  # the buffer no longer reaches back to start
-                if self.last_seq is None or seq > self.last_seq:
-                    self._apply(seq, frames[2])
+            # One deadline for the whole exchange: a DEALER send waits for a peer, so a pod
+            # whose replay port is closed must not stall the subscriber.
+            async with asyncio.timeout(self.replay_timeout_s):
+                sock.connect(self.replay_endpoint)
+                await sock.send_multipart((b"", start.to_bytes(8, "big")))
+                while True:
+                    frames = await sock.recv_multipart()
+                    if len(frames) != 3 or len(frames[1]) != 8:
+                        continue
+                    seq = int.from_bytes(frames[1], "big", signed=True)
+                    if seq == END_SEQ:
+                        return first if first is not None else start
+                    if first is None:
+                        first = seq
+                        if seq > start:
+                            return seq  # the buffer no longer reaches back to start
+                    if self.last_seq is None or seq > self.last_seq:
+                        self._apply(seq, frames[2])
+        except TimeoutError:
+            log.warning("KV event replay from %s timed out", self.replay_endpoint)
+            return None
         finally:
             sock.close(linger=0)
 

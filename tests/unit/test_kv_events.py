@@ -417,3 +417,39 @@ def test_bench_runs_and_respects_the_bound() -> None:
 
     r = run(pods=2, batches=40, blocks=4, engine_blocks=1000, max_blocks=50)
     assert r["index_entries"] == 50 and r["events_per_s"] > 0 and r["lookup_us"] > 0
+
+
+async def test_dead_replay_port_times_out_into_a_resync(ctx: zmq.asyncio.Context) -> None:
+    vllm = FakeVllm(ctx)
+    vllm.router.close(linger=0)  # nothing answers (or even listens) on the replay port
+    index, sub, task = await _start(ctx, vllm)
+    sub.replay_timeout_s = 0.3
+    try:
+        seq = await _connected(vllm, sub, 0)
+        await vllm.publish(seq + 3, [_stored(300, None, 7)])
+        await _until(lambda: sub.last_seq == seq + 3, "resync after the replay timeout")
+        assert index.lookup(_tokens(1, 7 * BS), "m") == {"127.0.0.1:8000": 1}
+        assert not task.done()
+    finally:
+        task.cancel()
+        vllm.close()
+
+
+async def test_a_bad_batch_resyncs_the_pod(ctx: zmq.asyncio.Context) -> None:
+    vllm = FakeVllm(ctx)
+    index, sub, task = await _start(ctx, vllm)
+    pod = "127.0.0.1:8000"
+    try:
+        seq = await _connected(vllm, sub, 0)
+        await vllm.publish(seq, [_stored(100, None, 0)])
+        await _until(lambda: index.size() == 1, "block stored")
+        resyncs = sub.resyncs
+        await vllm.pub.send_multipart((b"t", (seq + 1).to_bytes(8, "big"), b"\xc1 not msgpack"))
+        await _until(lambda: sub.last_seq == seq + 1, "bad batch seen")
+        assert index.size() == 0 and sub.resyncs == resyncs + 1 and not index.pod(pod).precise
+        await vllm.publish(seq + 2, [_stored(200, None, 5)])
+        await _until(lambda: index.pod(pod).precise, "fresh events after the bad batch")
+        assert index.size() == 1 and not task.done()
+    finally:
+        task.cancel()
+        vllm.close()
