@@ -471,6 +471,7 @@ class KVEventSubscribers:
         self._ctx = context
         self._replay_timeout_s = replay_timeout_s
         self._subs: dict[str, tuple[_Target, KVEventSubscriber, asyncio.Task[None]]] = {}
+        self._without: list[str] = []  # pods of the pool that publish no events
 
     @staticmethod
     def targets(endpoints: Iterable[Endpoint], pool: KvEventsConfig | None) -> dict[str, _Target]:
@@ -488,7 +489,9 @@ class KVEventSubscribers:
         """Start subscribers for new pods, stop (and forget) those of removed ones.
 
         RuntimeError without a running loop (the owner syncs again once started)."""
+        endpoints = list(endpoints)
         wanted = self.targets(endpoints, pool)
+        self._without = sorted(ep.address for ep in endpoints if ep.address not in wanted)
         for address in [a for a, (t, _, _) in self._subs.items() if wanted.get(a) != t]:
             self._remove(address)
         if any(a not in self._subs for a in wanted):
@@ -556,5 +559,6 @@ class KVEventSubscribers:
             "index_max_blocks": self.index.max_blocks,
             "precise": sorted(a for a, p in pods.items() if p["precise"]),
             "approximate": sorted(a for a, p in pods.items() if not p["precise"]),
+            "no_events": list(self._without),  # these use the routing-history prefix index only
             "pods": pods,
         }

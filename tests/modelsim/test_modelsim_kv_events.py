@@ -222,6 +222,7 @@ async def test_epp_app_subscribes_discovered_pods(kv_fleet: Fleet, tmp_path: Pat
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{app.metrics_port}", timeout=10) as admin:
             debug = (await admin.get("/debug/pool")).json()["kv_events"]
             assert debug["precise"] == [pod.address] and plain.address not in debug["pods"]
+            assert debug["no_events"] == [plain.address] and debug["approximate"] == []
             assert debug["index_max_blocks"] == 5000 and debug["index_blocks"] > 0
             metrics = (await admin.get("/metrics")).text
             assert "gateway_kv_index_blocks " in metrics
