@@ -233,3 +233,23 @@ async def test_epp_app_subscribes_discovered_pods(kv_fleet: Fleet, tmp_path: Pat
         assert app.kv_index.size() == 0
     finally:
         await app.stop()
+
+
+def test_launcher_passes_event_ports_through() -> None:
+    from gateway.config import parse_config
+    from gateway.launch import gateway_config_for
+
+    pods = [
+        {
+            "name": "a",
+            "model": "llama",
+            "address": "127.0.0.1:9001",
+            "kv_events_port": 9101,
+            "kv_replay_port": 9102,
+        },
+        {"name": "b", "model": "llama", "address": "127.0.0.1:9002"},
+    ]
+    config = parse_config(gateway_config_for(pods, {}))
+    a, b = config.pool("llama").endpoints
+    assert (a.kv_events_port, a.kv_replay_port) == (9101, 9102)
+    assert (b.kv_events_port, b.kv_replay_port) == (None, None)
