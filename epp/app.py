@@ -14,6 +14,8 @@ from typing import Any
 from epp.admin import start_admin_server
 from epp.context import EppContext
 from epp.discovery.static import static_endpoints
+from epp.kv_events import KVEventMetrics, KVEventSubscribers
+from epp.kv_index import KVIndex
 from epp.pool import Endpoint, Pool
 from epp.processor import EppProcessor
 from epp.scheduling.weighted import WeightedScheduler
@@ -65,6 +67,11 @@ class EppApp:
             timeout_s=config.scrape.timeout_ms / 1000,
             telemetry=self.telemetry,
         )
+        # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
+        kv = pool_config.kv_events
+        self.kv_index = KVIndex(kv.max_blocks if kv else KVIndex().max_blocks)
+        kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
+        self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics)
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
         self._kubernetes = pool_config.kubernetes
         self._discovery: Any = None
@@ -82,6 +89,8 @@ class EppApp:
         self.ctx.header_policy = HeaderPolicy.from_config(config)
         pool = config.pool(self.pool_name)
         self.ctx.fallback_endpoints = pool.fallback_endpoints
+        if pool.kv_events is not None:
+            self.kv_index.set_max_blocks(pool.kv_events.max_blocks)
         self.pool.speed_half_life_s = config.scrape.speed_half_life_ms / 1000
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
@@ -102,8 +111,12 @@ class EppApp:
         self.scheduler.prefix_index.retain(ep.address for ep in endpoints)
         try:
             self.scraper.sync()
+            self._sync_kv_events()
         except RuntimeError:  # no running loop yet: start() syncs
             pass
+
+    def _sync_kv_events(self) -> None:
+        self.kv_events.sync(self.pool.endpoints(), self.store.current().pool(self.pool_name).kv_events)
 
     async def start(self) -> None:
         if self._kubernetes is not None:
@@ -120,10 +133,15 @@ class EppApp:
             )
             await self._discovery.start()
         self.scraper.sync()
+        self._sync_kv_events()
         self.grpc = await start_grpc_service(self.servicer, host=self._host, port=self._port, tls=self._tls)
         self.port = self.grpc.port
         self._admin, self.metrics_port = await start_admin_server(
-            self._host, self._metrics_port, self.telemetry, self.pool.snapshot
+            self._host,
+            self._metrics_port,
+            self.telemetry,
+            self.pool.snapshot,
+            extra=lambda: {"kv_events": self.kv_events.debug()},
         )
         self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
@@ -135,4 +153,5 @@ class EppApp:
         if self._discovery is not None:
             await self._discovery.stop()
         await self.scraper.stop()
+        await self.kv_events.stop()
         await self._admin.cleanup()

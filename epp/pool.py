@@ -83,6 +83,8 @@ class Endpoint:
     engine: str = "vllm"  # metric dialect: vllm | sglang | tgi | trtllm
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics_url: str | None = None  # defaults to http://{address}/metrics
+    kv_events_port: int | None = None  # vLLM KV-event PUB port (over the pool's kvEvents.port)
+    kv_replay_port: int | None = None
 
     def serves(self, model: str, adapter: str | None) -> bool:
         if model not in self.models:

@@ -56,6 +56,9 @@ def validate_ip_port(v: str) -> str:
     return v
 
 
+Port = Annotated[int, Field(ge=1, lt=65536)]
+
+
 class EndpointConfig(_Model):
     """A statically configured model-server pod."""
 
@@ -63,6 +66,9 @@ class EndpointConfig(_Model):
     models: list[str] | None = None  # defaults to every model of the pool
     adapters: list[str] | None = None  # defaults to every adapter of those models
     engine: Engine | None = None  # defaults to the pool's engine
+    # This pod's vLLM KV-event PUB / replay ports, over the pool's kvEvents ports.
+    kv_events_port: Port | None = Field(default=None, alias="kvEventsPort")
+    kv_replay_port: Port | None = Field(default=None, alias="kvReplayPort")
 
     @field_validator("address")
     @classmethod
@@ -73,6 +79,16 @@ class EndpointConfig(_Model):
 class KubernetesDiscovery(_Model):
     namespace: str = "default"
     pool_name: str = Field(alias="poolName", min_length=1)
+
+
+class KvEventsConfig(_Model):
+    """Subscribe to every pod's vLLM KV-cache events (`--kv-events-config`, zmq publisher):
+    `port` is the PUB port (vLLM's `endpoint`), `replayPort` its `replay_endpoint` port."""
+
+    port: Port | None = None  # None: only pods that name their own port (annotation, endpoint)
+    replay_port: Port | None = Field(default=None, alias="replayPort")
+    # Bound of the precise index: (pod, block) entries kept, least recently stored dropped.
+    max_blocks: int = Field(default=1_000_000, ge=1, le=100_000_000, alias="maxBlocks")
 
 
 class EppAddress(_Model):
@@ -91,6 +107,7 @@ class PoolConfig(_Model):
     epp: EppAddress = Field(default_factory=EppAddress)
     # Extra endpoints, ranked after the chosen one, that Envoy may retry on (0 = none).
     fallback_endpoints: int = Field(default=0, ge=0, le=8, alias="fallbackEndpoints")
+    kv_events: KvEventsConfig | None = Field(default=None, alias="kvEvents")
 
 
 class Thresholds(_Model):

@@ -214,6 +214,9 @@ def gateway_config_for(
                         "address": p["address"],
                         "engine": p.get("dialect", "vllm"),
                         "adapters": p.get("adapters", []),
+                        # pods started with `kv_events` (bound to 127.0.0.1) feed the precise KV index
+                        **({"kvEventsPort": p["kv_events_port"]} if p.get("kv_events_port") else {}),
+                        **({"kvReplayPort": p["kv_replay_port"]} if p.get("kv_replay_port") else {}),
                     }
                     for p in members
                 ],

@@ -34,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dialect", default="vllm")
     serve.add_argument("--time-scale", type=float, default=1.0)
     serve.add_argument("--ready-file", type=Path)
+    serve.add_argument(
+        "--kv-events-config",
+        help='vLLM\'s KV-event JSON, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}\' (off by default)',
+    )
     cap = sub.add_parser("capacity", help="measure how many pods / req/s one process holds accurately")
     cap.add_argument("--pods", type=int, nargs="+", default=[1, 4, 8])
     cap.add_argument("--rates", type=float, nargs="+", default=[10, 40, 80])
@@ -76,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             adapters = [a for a in args.adapters.split(",") if a]
             pod = {"name": args.name or f"{args.model}-0", "model": args.model, "adapters": adapters,
                    "profile": args.profile, "dialect": args.dialect, "port": args.port}  # fmt: skip
+            if args.kv_events_config:
+                pod["kv_events"] = args.kv_events_config
             spec, host = FleetSpec.from_dict({"time_scale": args.time_scale, "pods": [pod]}), args.host
         if spec.time_scale <= 0:
             raise SpecError("time_scale must be > 0")

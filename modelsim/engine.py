@@ -21,11 +21,12 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import xxhash
 
 from modelsim.clock import SimClock
+from modelsim.kv_events import block_stored
 from modelsim.kvcache import KVCache, block_hash
 from modelsim.lora import LoraSlots
 from modelsim.profiles import GpuProfile
@@ -124,6 +125,24 @@ class Engine:
         self.max_lag_seen_s = 0.0
         self.lag_sum_s = 0.0
         self.on_step: Callable[[StepPlan, float, float], None] | None = None
+        self._publish_kv: Callable[[list[dict[str, Any]]], None] | None = None
+
+    def enable_kv_events(self, publish: Callable[[list[dict[str, Any]]], None]) -> None:
+        """Collect vLLM KV-cache events and hand each step's batch to ``publish``."""
+        self.kv.events = []
+        self._publish_kv = publish
+
+    def _flush_kv_events(self) -> None:
+        events = self.kv.events
+        if events and self._publish_kv is not None:
+            self.kv.events = []
+            self._publish_kv(events)
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: False (nothing done) while requests hold blocks."""
+        done = self.kv.reset_prefix_cache()
+        self._flush_kv_events()
+        return done
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -329,6 +348,7 @@ class Engine:
             self._busy_until = end
             await self.clock.sleep_until(end)
             self._complete(plan, end)
+            self._flush_kv_events()
             if self.on_step is not None:
                 self.on_step(plan, start, end)
 
@@ -342,12 +362,26 @@ class Engine:
             full = seq.num_computed // bs
             if full > seq.num_registered:
                 hashes = self._hashes(seq, seq.num_computed)
+                run = seq.num_registered  # first block of the current run of newly cached ones
                 for j in range(seq.num_registered, full):
-                    self.kv.register(seq.blocks[j], hashes[j])
+                    if not self.kv.register(seq.blocks[j], hashes[j]):
+                        self._stored(seq, run, j)
+                        run = j + 1
+                self._stored(seq, run, full)
                 seq.num_registered = full
             if seq.num_computed < seq.num_tokens:
                 continue  # prefill chunk, no token yet
             self._emit(seq, now)
+
+    def _stored(self, seq: Seq, first: int, end: int) -> None:
+        """One ``BlockStored`` for blocks ``first..end-1`` of ``seq`` (KV events on only)."""
+        if self.kv.events is None or end <= first:
+            return
+        bs = self.block_size
+        parent = seq.hashes[first - 1] if first > 0 else None
+        self.kv.events.append(
+            block_stored(seq.hashes[first:end], parent, seq.token_ids[first * bs : end * bs], bs, seq.adapter)
+        )
 
     def _emit(self, seq: Seq, now: float) -> None:
         word = filler_piece(seq.num_output)

@@ -19,6 +19,7 @@ import yaml
 
 from modelsim.clock import SimClock
 from modelsim.engine import Engine
+from modelsim.kv_events import KVEventsConfig, KVEventsConfigError
 from modelsim.metrics import DIALECTS
 from modelsim.profiles import GpuProfile, ProfileError, builtin_profiles, load_profiles_file, parse_profiles
 from modelsim.server import Faults, Pod, PodConfig
@@ -35,6 +36,7 @@ _POD_KEYS = {
     "replicas",
     "seed",
     "enable_prefix_caching",
+    "kv_events",
 }
 
 
@@ -55,6 +57,7 @@ class PodSpec:
     seed: int = 0
     enable_prefix_caching: bool = True
     overrides: dict[str, Any] = field(default_factory=dict)
+    kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config (replica r: ports + r)
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class FleetSpec:
             dialect=pod.dialect,
             seed=pod.seed,
             enable_prefix_caching=pod.enable_prefix_caching,
+            kv_events=pod.kv_events,
         )
 
 
@@ -156,6 +160,10 @@ def _expand(raw: Any, index: int, profiles: dict[str, GpuProfile]) -> list[PodSp
         profiles[profile].with_overrides(**overrides)
     except (ProfileError, TypeError) as exc:
         raise SpecError(f"{where}: {exc}") from None
+    try:
+        kv_events = KVEventsConfig.parse(raw.get("kv_events"))
+    except KVEventsConfigError as exc:
+        raise SpecError(f"{where}: {exc}") from None
     out = []
     for r in range(replicas):
         out.append(
@@ -169,6 +177,7 @@ def _expand(raw: Any, index: int, profiles: dict[str, GpuProfile]) -> list[PodSp
                 seed=seed * 1000 + r,
                 enable_prefix_caching=bool(raw.get("enable_prefix_caching", True)),
                 overrides=overrides,
+                kv_events=kv_events.offset(r) if kv_events else None,
             )
         )
     return out
@@ -220,6 +229,17 @@ class PodHandle:
             self._pod._close_listener()
         return asyncio.ensure_future(self._pod.set_fault(error_rate, stall_s, refuse, crash))
 
+    @property
+    def kv_events_port(self) -> int | None:
+        """Bound KV-event PUB port (None when events are off)."""
+        pub = self._pod.kv_publisher
+        return pub.port if pub else None
+
+    @property
+    def kv_replay_port(self) -> int | None:
+        pub = self._pod.kv_publisher
+        return pub.replay_port or None if pub else None
+
     def crash(self) -> Awaitable[None]:
         """Kill the pod: listener closed and connections aborted before this returns."""
         self._pod.crash_now()
@@ -239,6 +259,11 @@ class PodHandle:
             "adapters": list(self.adapters),
             "dialect": self.dialect,
             "address": self.address,
+            **(
+                {"kv_events_port": self.kv_events_port, "kv_replay_port": self.kv_replay_port}
+                if self.kv_events_port
+                else {}
+            ),
         }
 
 

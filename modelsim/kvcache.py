@@ -4,6 +4,10 @@ A full block's hash chains its parent's hash with the block's token ids (and the
 equal hashes mean equal prefixes. Blocks whose last user finished keep their hash and sit in a
 free queue in LRU order; allocation takes from the front of that queue and evicts the hash.
 Partially filled blocks are never cached.
+
+When ``events`` is a list (KV events on), evictions append a vLLM ``BlockRemoved`` each and
+a prefix-cache reset an ``AllBlocksCleared``; the engine adds ``BlockStored`` (it knows the
+tokens) and publishes the list once per step.
 """
 
 from __future__ import annotations
@@ -11,8 +15,11 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import xxhash
+
+from modelsim.kv_events import all_blocks_cleared, block_removed
 
 
 def block_hash(parent: int, tokens: Sequence[int], extra: str = "") -> int:
@@ -45,6 +52,7 @@ class KVCache:
         self._hash: list[int | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self._cached: dict[int, int] = {}
+        self.events: list[dict[str, Any]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -88,6 +96,8 @@ class KVCache:
             if h is not None:
                 if self._cached.get(h) == b:
                     del self._cached[h]
+                    if self.events is not None:
+                        self.events.append(block_removed([h]))
                 self._hash[b] = None
             self._ref[b] = 1
             out.append(b)
@@ -102,10 +112,24 @@ class KVCache:
                 if self._hash[b] is None:
                     self._free.move_to_end(b, last=False)
 
-    def register(self, block: int, h: int) -> None:
-        """Mark a now-full, computed block as holding the prefix with hash ``h``."""
+    def register(self, block: int, h: int) -> bool:
+        """Mark a now-full, computed block as holding the prefix with hash ``h``; True when
+        the hash is newly cached (a duplicate of a cached block is not)."""
         if not self.enable_prefix_caching or self._hash[block] is not None:
-            return
-        if h not in self._cached:
-            self._cached[h] = block
-            self._hash[block] = h
+            return False
+        if h in self._cached:
+            return False
+        self._cached[h] = block
+        self._hash[block] = h
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash, as vLLM's ``reset_prefix_cache``: refused (False) while
+        any block is in use."""
+        if len(self._free) != self.num_blocks:
+            return False
+        self._cached.clear()
+        self._hash = [None] * self.num_blocks
+        if self.events is not None:
+            self.events.append(all_blocks_cleared())
+        return True

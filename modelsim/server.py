@@ -18,6 +18,7 @@ from aiohttp import web
 
 from modelsim.clock import SimClock
 from modelsim.engine import Engine, Seq
+from modelsim.kv_events import KVEventPublisher, KVEventsConfig
 from modelsim.metrics import DIALECTS, make_registry, render
 from modelsim.openai_api import (
     ApiError,
@@ -72,6 +73,7 @@ class PodConfig:
     dialect: str = "vllm"
     seed: int = 0
     enable_prefix_caching: bool = True
+    kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config; None = off
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -99,6 +101,7 @@ class Pod:
         self.host = "127.0.0.1"
         self.port = 0
         self._rng = random.Random(config.seed)
+        self.kv_publisher = KVEventPublisher(config.kv_events) if config.kv_events else None
         self.engine = self._new_engine()
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
@@ -118,6 +121,8 @@ class Pod:
             c.profile, self.clock, model=c.model, seed=c.seed, enable_prefix_caching=c.enable_prefix_caching
         )
         self.registry = make_registry(engine, c.model, c.dialect)
+        if self.kv_publisher is not None:
+            engine.enable_kv_events(self.kv_publisher.publish)
         return engine
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -136,10 +141,13 @@ class Pod:
                 web.post("/sim/fault", self._fault),
                 web.get("/sim/fault", self._fault_get),
                 web.get("/sim/state", self._state),
+                web.post("/reset_prefix_cache", self._reset_prefix_cache),
             ]
         )
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
+        if self.kv_publisher is not None:
+            await self.kv_publisher.start()
         self.engine.start()
         await self._listen(port)
 
@@ -157,6 +165,8 @@ class Pod:
     async def stop(self) -> None:
         self._close_listener()
         await self.engine.stop()
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -215,6 +225,8 @@ class Pod:
                 if handler.transport is not None:
                     handler.transport.abort()
         self.engine.halt()
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
 
     async def restart(self) -> None:
         """Come back after a crash on the same port with an empty engine (a restarted pod)."""
@@ -222,6 +234,9 @@ class Pod:
             return
         await self.engine.stop()
         self.engine = self._new_engine()
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
+            await self.kv_publisher.start()  # a new process: same ports, seq from 0, empty buffer
         self.engine.start()
         self.faults = Faults(error_rate=self.faults.error_rate, stall_s=self.faults.stall_s)
         await self._listen(self.port)
@@ -339,6 +354,12 @@ class Pod:
             "lora_gpu": e.lora.gpu_adapters(),
         }
         return _json(200, body, self.name)
+
+    async def _reset_prefix_cache(self, _: web.Request) -> web.Response:
+        """vLLM's dev-mode endpoint: 200 when reset, 400 while requests hold blocks."""
+        if self.engine.reset_prefix_cache():
+            return web.Response(status=200, headers={POD_HEADER: self.name})
+        return _json(400, error_body(400, "cannot reset the prefix cache while requests run"), self.name)
 
     async def _fault_get(self, _: web.Request) -> web.Response:
         return _json(200, self.faults.as_dict(), self.name)

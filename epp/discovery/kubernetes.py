@@ -14,6 +14,8 @@ Pod metadata the discovery reads (keys documented in deploy/README.md):
   the pool-wide `engine`.
 - annotation `gateway.inference.dev/metrics-port`: scrape `/metrics` there instead of the
   serving port.
+- annotations `gateway.inference.dev/kv-events-port` and `.../kv-events-replay-port`: the
+  pod's vLLM KV-event PUB and replay ports (over the pool's `kvEvents` ports).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ MODEL_KEY = "gateway.inference.dev/model"
 ADAPTERS_ANNOTATION = "gateway.inference.dev/adapters"
 ENGINE_LABEL = "gateway.inference.dev/engine"
 METRICS_PORT_ANNOTATION = "gateway.inference.dev/metrics-port"
+KV_EVENTS_PORT_ANNOTATION = "gateway.inference.dev/kv-events-port"
+KV_REPLAY_PORT_ANNOTATION = "gateway.inference.dev/kv-events-replay-port"
 ENGINES = frozenset({"vllm", "sglang", "tgi", "trtllm"})
 
 POOL_GROUP = "inference.networking.k8s.io"
@@ -106,6 +110,17 @@ def _csv(value: str | None) -> list[str]:
     return [part.strip() for part in (value or "").split(",") if part.strip()]
 
 
+def _port_annotation(annotations: Mapping[str, str], key: str, pod: object) -> int | None:
+    """A port number from an annotation; None (with a warning) for anything else."""
+    value = str(annotations.get(key, "")).strip()
+    if not value:
+        return None
+    if value.isascii() and value.isdigit() and 0 < int(value) < 65536:
+        return int(value)
+    log.warning("pod %s: ignoring %s=%r (not a port)", pod, key, value)
+    return None
+
+
 def _host_port(ip: str, port: int) -> str:
     try:
         is_v6 = ipaddress.ip_address(ip).version == 6
@@ -142,6 +157,8 @@ def pod_endpoints(
         )
         pod_engine = engine
     ip = pod["status"]["podIP"]
+    kv_port = _port_annotation(annotations, KV_EVENTS_PORT_ANNOTATION, meta.get("name"))
+    kv_replay = _port_annotation(annotations, KV_REPLAY_PORT_ANNOTATION, meta.get("name"))
     metrics_url = None
     metrics_port = str(annotations.get(METRICS_PORT_ANNOTATION, "")).strip()
     if metrics_port:
@@ -159,6 +176,8 @@ def pod_endpoints(
             engine=pod_engine,
             labels=labels,
             metrics_url=metrics_url,
+            kv_events_port=kv_port,
+            kv_replay_port=kv_replay,
         )
         for port in spec.ports
     ]

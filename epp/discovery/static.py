@@ -22,6 +22,8 @@ def static_endpoints(config: GatewayConfig, pool_name: str) -> list[Endpoint]:
                 models=frozenset(models),
                 adapters=frozenset(adapters),
                 engine=ep.engine or pool.engine,
+                kv_events_port=ep.kv_events_port,
+                kv_replay_port=ep.kv_replay_port,
             )
         )
     return out

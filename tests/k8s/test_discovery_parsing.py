@@ -7,6 +7,8 @@ import pytest
 from epp.discovery.kubernetes import (
     ADAPTERS_ANNOTATION,
     ENGINE_LABEL,
+    KV_EVENTS_PORT_ANNOTATION,
+    KV_REPLAY_PORT_ANNOTATION,
     METRICS_PORT_ANNOTATION,
     MODEL_KEY,
     PoolSpec,
@@ -115,3 +117,16 @@ def test_a_metrics_port_annotation_that_is_no_port_is_ignored(port: str) -> None
     pod = make_pod("a", labels={"app": "x"}, ip="10.1.2.3", annotations={METRICS_PORT_ANNOTATION: port})
     (ep,) = pod_endpoints(pod, SPEC, pool_name="pool")
     assert ep.metrics_url is None  # scrape the serving port instead
+
+
+def test_kv_event_ports_from_annotations() -> None:
+    pod = make_pod(
+        "a",
+        labels={"app": "x"},
+        ip="10.1.2.3",
+        annotations={KV_EVENTS_PORT_ANNOTATION: "5557", KV_REPLAY_PORT_ANNOTATION: "nope"},
+    )
+    (ep,) = pod_endpoints(pod, SPEC, pool_name="pool")
+    assert (ep.kv_events_port, ep.kv_replay_port) == (5557, None)  # a bad one is ignored
+    (plain,) = pod_endpoints(make_pod("b", labels={"app": "x"}), SPEC, pool_name="pool")
+    assert (plain.kv_events_port, plain.kv_replay_port) == (None, None)

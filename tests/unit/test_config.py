@@ -42,6 +42,20 @@ def rejected_total() -> float:
         ),
         ({"profiles": {"x": {"weights": {"qeue": 1}}}}, "profiles.x.weights.qeue: unknown scorer"),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
+        ({"pools": [{"name": "p", "models": [{"name": "m"}], "kvEvents": {"port": 0}}]}, "kvEvents.port"),
+        ({"pools": [{"name": "p", "models": [{"name": "m"}], "kvEvents": {"maxBlocks": 0}}]}, "maxBlocks"),
+        (
+            {
+                "pools": [
+                    {
+                        "name": "p",
+                        "models": [{"name": "m"}],
+                        "endpoints": [{"address": "10.0.0.1:80", "kvEventsPort": 70000}],
+                    }
+                ]
+            },
+            "kvEventsPort",
+        ),
         (
             {
                 "pools": [
