@@ -58,12 +58,7 @@ class EppApp:
         self.scheduler = build_scheduler(config)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
-        self.scraper = Scraper(
-            self.pool,
-            interval_s=config.scrape.interval_ms / 1000,
-            timeout_s=config.scrape.timeout_ms / 1000,
-            telemetry=self.telemetry,
-        )
+        self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
         self._kubernetes = pool_config.kubernetes
         self._discovery: Any = None
@@ -84,6 +79,10 @@ class EppApp:
         self.ctx.model_profiles = {m.name: m.profile for m in pool.models if m.profile}
         self.ctx.fallback_endpoints = pool.fallback_endpoints
         self.pool.speed_half_life_s = config.scrape.speed_half_life_ms / 1000
+        scrape = config.scrape
+        self.scraper.configure(
+            scrape.interval_ms / 1000, scrape.max_interval() / 1000, scrape.jitter, scrape.timeout_ms / 1000
+        )
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
 
