@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from epp.pool import Metrics, count_problem, fraction_problem, integer_problem
 
@@ -111,23 +112,25 @@ def get_dialect(name: str) -> Dialect:
         raise ValueError(f"unknown metrics dialect {name!r}; known: {', '.join(sorted(DIALECTS))}") from None
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One series line: its raw label block (without braces) and value."""
+class Sample(NamedTuple):
+    """One series line: its raw label block (without braces) and value. A tuple: one is
+    built per matching line per scrape, and a frozen dataclass costs several times more."""
 
     labels: str
     value: float
 
 
-_SCANNERS: dict[tuple[str, ...], tuple[re.Pattern[bytes], bytes]] = {}
+_SCANNERS: dict[tuple[str, ...], tuple[re.Pattern[bytes], dict[bytes, str]]] = {}
 
 
-def _scanner(names: tuple[str, ...]) -> tuple[re.Pattern[bytes], bytes]:
+def _scanner(names: tuple[str, ...]) -> tuple[re.Pattern[bytes], dict[bytes, str]]:
+    """The names' line pattern and the name for each matched tail (no per-line decoding)."""
     scanner = _SCANNERS.get(names)
     if scanner is None:
         if len(_SCANNERS) > 256:  # names come from code, but never grow without bound
             _SCANNERS.clear()
-        scanner = _SCANNERS[names] = (_line_pattern(names), _common_prefix(names).encode())
+        common = len(_common_prefix(names))
+        scanner = _SCANNERS[names] = (_line_pattern(names), {n[common:].encode(): n for n in names})
     return scanner
 
 
@@ -148,10 +151,9 @@ def collect_samples(
     if not page.startswith(b"\n"):
         page = b"\n" + page
     out: dict[str, list[Sample] | None] = {}
-    pattern, common = _scanner(names)
-    for match in pattern.finditer(page):
-        tail, rest = match.group(1, 2)
-        name = (common + tail).decode()
+    pattern, by_tail = _scanner(names)
+    for tail, rest in pattern.findall(page):
+        name = by_tail[tail]
         bucket = out.get(name, [])
         if bucket is None:
             continue
@@ -173,13 +175,19 @@ def find_samples(text: str | bytes, name: str) -> list[Sample]:
 def _parse_rest(rest: bytes, name: str) -> Sample:
     """Parse what follows the metric name: optional {labels}, value, optional timestamp."""
     labels = ""
+    after = rest
     if rest.startswith(b"{"):
         close = rest.rfind(b"}")  # values and timestamps never contain '}', so the last one closes
         if close < 0:
             raise MetricsParseError(f"unterminated label set: {_line(name, rest)!r}")
         labels = rest[1:close].decode("utf-8", errors="replace")
-        rest = rest[close + 1 :]
-    parts = rest.split()
+        after = rest[close + 1 :]
+    if after[:1] in _BLANKS:  # fast path: `<space>value` without a timestamp
+        try:
+            return Sample(labels, float(after))
+        except ValueError:
+            pass
+    parts = after.split()
     if not parts or len(parts) > 2:
         raise MetricsParseError(f"malformed sample line: {_line(name, rest)!r}")
     try:
@@ -187,6 +195,9 @@ def _parse_rest(rest: bytes, name: str) -> Sample:
     except ValueError:
         raise MetricsParseError(f"bad sample value in line: {_line(name, rest)!r}") from None
     return Sample(labels, value)
+
+
+_BLANKS = (b" ", b"\t")
 
 
 def _line(name: str, rest: bytes) -> str:
