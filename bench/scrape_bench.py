@@ -65,53 +65,66 @@ async def _per_call_cpu_us(call: Callable[[], Awaitable[object]], requests: int)
     return (cpu_s() - start) / requests * 1e6
 
 
-async def _clients_round(port: int, requests: int) -> dict[str, float]:
+CLIENTS = ("httpx", "aiohttp", "metrics_http", "scrape_once")
+LABELS = {
+    "httpx": "httpx GET",
+    "aiohttp": "aiohttp GET",
+    "metrics_http": "metrics_http GET",
+    "scrape_once": "scrape_once (GET + parse + record)",
+}
+
+
+async def _clients_round(port: int, requests: int, only: tuple[str, ...] = CLIENTS) -> dict[str, float]:
+    """us of CPU per call for each client in `only`, each over its own kept-alive connection."""
     import aiohttp
     import httpx
 
-    from epp.metrics_http import MetricsHttpClient
-
     url = f"http://127.0.0.1:{port}/metrics"
     out: dict[str, float] = {}
-    async with httpx.AsyncClient() as hx:
+    if "httpx" in only:
+        async with httpx.AsyncClient() as hx:
 
-        async def httpx_get() -> object:
-            r = await hx.get(url)
-            return r.content
+            async def httpx_get() -> object:
+                return (await hx.get(url)).content
 
-        out["httpx GET"] = await _per_call_cpu_us(httpx_get, requests)
-    async with aiohttp.ClientSession() as session:
+            out["httpx"] = await _per_call_cpu_us(httpx_get, requests)
+    if "aiohttp" in only:
+        async with aiohttp.ClientSession() as session:
 
-        async def aiohttp_get() -> object:
-            async with session.get(url) as r:
-                return await r.read()
+            async def aiohttp_get() -> object:
+                async with session.get(url) as r:
+                    return await r.read()
 
-        out["aiohttp GET"] = await _per_call_cpu_us(aiohttp_get, requests)
-    raw = MetricsHttpClient(timeout_s=5)
+            out["aiohttp"] = await _per_call_cpu_us(aiohttp_get, requests)
+    if "metrics_http" in only:
+        from epp.metrics_http import MetricsHttpClient  # absent before the hand-written client
 
-    async def raw_get() -> object:
-        return await raw.get("127.0.0.1", port, "/metrics")
+        raw = MetricsHttpClient(timeout_s=5)
 
-    out["metrics_http GET"] = await _per_call_cpu_us(raw_get, requests)
-    await raw.aclose()
-    pool = Pool([Endpoint(f"127.0.0.1:{port}", frozenset({"m"}))])
-    scraper = Scraper(pool, timeout_s=5)
-    ep, speed = pool.endpoints()[0], SpeedTracker()
+        async def raw_get() -> object:
+            return await raw.get("127.0.0.1", port, "/metrics")
 
-    async def scrape() -> object:
-        return await scraper.scrape_once(ep, speed)
+        out["metrics_http"] = await _per_call_cpu_us(raw_get, requests)
+        await raw.aclose()
+    if "scrape_once" in only:
+        pool = Pool([Endpoint(f"127.0.0.1:{port}", frozenset({"m"}))])
+        scraper = Scraper(pool, timeout_s=5)
+        ep, speed = pool.endpoints()[0], SpeedTracker()
 
-    out["scrape_once (GET + parse + record)"] = await _per_call_cpu_us(scrape, requests)
-    await scraper.stop()
+        async def scrape() -> object:
+            return await scraper.scrape_once(ep, speed)
+
+        out["scrape_once"] = await _per_call_cpu_us(scrape, requests)
+        await scraper.stop()
     return out
 
 
-def run_clients(requests: int, repeat: int) -> dict[str, Spread]:
+def run_clients(requests: int, repeat: int, only: tuple[str, ...] = CLIENTS) -> dict[str, Spread]:
     rounds: list[dict[str, float]] = []
     with stub_fleet(1) as (ports, page_bytes):
         print(f"page: {page_bytes} bytes; {requests} sequential GETs per client per round, {repeat} rounds")
         for _ in range(repeat):
-            rounds.append(asyncio.run(_clients_round(ports[0], requests)))
+            rounds.append(asyncio.run(_clients_round(ports[0], requests, only)))
     return {k: Spread.of([r[k] for r in rounds]) for k in rounds[0]}
 
 
@@ -180,6 +193,7 @@ def main() -> None:
     c = sub.add_parser("clients")
     c.add_argument("--requests", type=int, default=2000)
     c.add_argument("--repeat", type=int, default=5)
+    c.add_argument("--only", default=",".join(CLIENTS), help=f"comma-separated subset of {','.join(CLIENTS)}")
     f = sub.add_parser("fleet")
     f.add_argument("--pods", type=int, default=100)
     f.add_argument("--hz", type=float, default=20.0)
@@ -194,8 +208,8 @@ def main() -> None:
     load = os.getloadavg()
     print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs")
     if args.mode == "clients":
-        for name, spread in run_clients(args.requests, args.repeat).items():
-            print(f"{name:>36}: {spread} us CPU per call (median, min-max)")
+        for name, spread in run_clients(args.requests, args.repeat, tuple(args.only.split(","))).items():
+            print(f"{LABELS[name]:>36}: {spread} us CPU per call (median, min-max)")
         return
     rounds = run_fleet(args.pods, args.hz, args.seconds, args.repeat, args.idle, args.max_interval_ms)
     if args.json:
