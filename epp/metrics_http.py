@@ -35,22 +35,12 @@ def split_http_url(url: str) -> tuple[str, int, str]:
 
 
 class _Response:
-    """Incremental parser of one response; `feed` returns True once the body is complete."""
+    """Incremental parser of one response in its connection's receive buffer;
+    `feed` returns True once the body is complete."""
 
-    __slots__ = (
-        "_cursor",
-        "body",
-        "body_start",
-        "buf",
-        "chunked",
-        "keep_alive",
-        "length",
-        "status",
-        "until_close",
-    )
+    __slots__ = ("_cursor", "body", "body_start", "chunked", "keep_alive", "length", "status", "until_close")
 
     def __init__(self) -> None:
-        self.buf = bytearray()
         self.status = 0
         self.body_start = -1
         self.length = -1
@@ -60,31 +50,31 @@ class _Response:
         self.body: bytes | None = None
         self._cursor = 0  # chunked: where the next chunk-size line starts
 
-    def feed(self, data: bytes) -> bool:
-        self.buf += data
+    def feed(self, buf: bytearray, filled: int) -> bool:
+        """`buf[:filled]` is everything received so far for this response."""
         if self.body_start < 0:
-            end = self.buf.find(b"\r\n\r\n")
+            end = buf.find(b"\r\n\r\n", 0, filled)
             if end < 0:
-                if len(self.buf) > MAX_HEADER_BYTES:
+                if filled > MAX_HEADER_BYTES:
                     raise HttpError("response headers too large")
                 return False
-            self._headers(bytes(self.buf[:end]))
+            self._headers(bytes(buf[:end]))
             self.body_start = self._cursor = end + 4
         if self.chunked:
-            return self._chunks()
+            return self._chunks(buf, filled)
         if self.until_close:
-            if len(self.buf) - self.body_start > MAX_BODY_BYTES:
+            if filled - self.body_start > MAX_BODY_BYTES:
                 raise HttpError("response body too large")
             return False
-        if len(self.buf) - self.body_start >= self.length:
-            self.body = bytes(self.buf[self.body_start : self.body_start + self.length])
+        if filled - self.body_start >= self.length:
+            self.body = bytes(buf[self.body_start : self.body_start + self.length])
             return True
         return False
 
-    def eof(self) -> bool:
+    def eof(self, buf: bytearray, filled: int) -> bool:
         """The server closed the connection: complete only for a close-delimited body."""
         if self.until_close and self.body_start >= 0:
-            self.body = bytes(self.buf[self.body_start :])
+            self.body = bytes(buf[self.body_start : filled])
             return True
         return False
 
@@ -120,24 +110,18 @@ class _Response:
         elif self.length < 0:
             self.until_close, self.keep_alive = True, False
 
-    def _chunks(self) -> bool:
-        buf = self.buf
+    def _chunks(self, buf: bytearray, filled: int) -> bool:
         while True:
-            eol = buf.find(b"\r\n", self._cursor)
+            eol = buf.find(b"\r\n", self._cursor, filled)
             if eol < 0:
                 return False
-            size_text = bytes(buf[self._cursor : eol]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise HttpError(f"bad chunk size {size_text[:20]!r}") from None
+            size = _chunk_size(buf, self._cursor, eol)
             if size == 0:
-                end = buf.find(b"\r\n\r\n", eol)  # optional trailers end with an empty line
-                if end < 0:
+                if buf.find(b"\r\n\r\n", eol, filled) < 0:  # optional trailers end with an empty line
                     return False
-                self._assemble(eol)
+                self._assemble(buf, eol)
                 return True
-            if eol + 2 + size + 2 > len(buf):
+            if eol + 2 + size + 2 > filled:
                 return False
             if buf[eol + 2 + size : eol + 4 + size] != b"\r\n":
                 raise HttpError("chunk not terminated by CRLF")
@@ -145,39 +129,68 @@ class _Response:
             if self._cursor - self.body_start > MAX_BODY_BYTES:
                 raise HttpError("response body too large")
 
-    def _assemble(self, last_eol: int) -> None:
+    def _assemble(self, buf: bytearray, last_eol: int) -> None:
         out = bytearray()
-        pos, buf = self.body_start, self.buf
+        pos = self.body_start
         while pos < last_eol:
             eol = buf.find(b"\r\n", pos)
-            size = int(bytes(buf[pos:eol]).split(b";", 1)[0].strip(), 16)
+            size = _chunk_size(buf, pos, eol)
             out += buf[eol + 2 : eol + 2 + size]
             pos = eol + 4 + size
         self.body = bytes(out)
+
+
+def _chunk_size(buf: bytearray, start: int, eol: int) -> int:
+    text = bytes(buf[start:eol]).split(b";", 1)[0].strip()
+    try:
+        return int(text, 16)
+    except ValueError:
+        raise HttpError(f"bad chunk size {text[:20]!r}") from None
 
 
 class _StaleConnection(Exception):
     """A reused connection was closed by the server before it sent a byte of the response."""
 
 
-class _Connection(asyncio.Protocol):
+RECEIVE_BUFFER_BYTES = 64 * 1024  # per connection, grown by doubling for larger pages
+
+
+class _Connection(asyncio.BufferedProtocol):
+    """One kept-alive connection. The transport reads straight into a receive buffer that
+    lives as long as the connection: no allocation per read or per scrape beyond the body."""
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.response: _Response | None = None
         self.waiter: asyncio.Future[_Response] | None = None
         self.closed = False
         self.lost_by_peer = False  # the server closed it (not a timeout or our own close)
+        self.rx = bytearray(RECEIVE_BUFFER_BYTES)
+        self.filled = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
+    def start(self, response: _Response, waiter: asyncio.Future[_Response]) -> None:
+        self.response, self.waiter, self.filled = response, waiter, 0
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.filled >= len(self.rx):
+            if len(self.rx) > MAX_HEADER_BYTES + MAX_BODY_BYTES:
+                self._fail(HttpError("response too large"))
+                self.filled = 0  # discard: the connection is being aborted
+            else:
+                self.rx.extend(bytes(len(self.rx)))  # double; the response so far is kept
+        return memoryview(self.rx)[self.filled :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.filled += nbytes
         response, waiter = self.response, self.waiter
         if response is None or waiter is None or waiter.done():
             self._fail(HttpError("unsolicited data from the server"))
             return
         try:
-            complete = response.feed(data)
+            complete = response.feed(self.rx, self.filled)
         except HttpError as exc:
             self._fail(exc)
             return
@@ -191,7 +204,7 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         response, waiter = self.response, self.waiter
         if waiter is not None and not waiter.done():
-            if response is not None and response.eof():
+            if response is not None and response.eof(self.rx, self.filled):
                 waiter.set_result(response)
             else:
                 waiter.set_exception(HttpError(f"connection closed by the server{f': {exc}' if exc else ''}"))
@@ -201,8 +214,8 @@ class _Connection(asyncio.Protocol):
             self.waiter.set_exception(exc)
         self.close()
 
-    def closed_silently(self, response: _Response) -> bool:
-        return self.lost_by_peer and not response.buf
+    def closed_silently(self) -> bool:
+        return self.lost_by_peer and self.filled == 0
 
     def close(self) -> None:
         self.closed = True
@@ -274,14 +287,14 @@ class MetricsHttpClient:
                 self._requests[(*key, path)] = request
         waiter: asyncio.Future[_Response] = loop.create_future()
         response = _Response()
-        conn.response, conn.waiter = response, waiter
+        conn.start(response, waiter)
         conn.transport.write(request)  # type: ignore[union-attr]
         timer = loop.call_at(deadline, _expire, waiter)
         try:
             await waiter
         except HttpError:
             conn.close()  # a half-read response leaves the connection unusable
-            if conn.closed_silently(response):
+            if conn.closed_silently():
                 raise _StaleConnection from None
             raise
         except BaseException:
