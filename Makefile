@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint proto bench bench-full soak clean system-deps
+.PHONY: run test lint proto bench bench-full bench-smoke soak clean system-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench-full: $(STAMP)
 	done
 	$(BIN)/python -m bench report --mode full --results bench/results
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.overhead_gateway --doc docs/benchmarks.md
+
+# Regression guard, seconds long: fails when scrape CPU or the 100-pod decision p99 gets 2x
+# worse than bench/baseline-smoke.json (refresh: $(BIN)/python -m bench.smoke --update).
+bench-smoke: $(STAMP)
+	$(BIN)/python -m bench.smoke
 
 soak: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.soak --minutes $(or $(MINUTES),30) $(ARGS)

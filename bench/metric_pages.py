@@ -2,7 +2,8 @@
 
 Used by the parser tests and `bench/parse_metrics_bench.py`: each page carries a dialect's
 scheduling gauges (several label sets, awkward label values) buried among many histogram
-and counter series, as a real vLLM page is (~50 KB with the defaults).
+and counter series, as a real vLLM page is (~38 KB with the defaults, the size of a real
+vLLM page; `histogram_models` scales it).
 """
 
 from __future__ import annotations

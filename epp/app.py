@@ -61,12 +61,7 @@ class EppApp:
         self.scheduler = build_scheduler(config)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
-        self.scraper = Scraper(
-            self.pool,
-            interval_s=config.scrape.interval_ms / 1000,
-            timeout_s=config.scrape.timeout_ms / 1000,
-            telemetry=self.telemetry,
-        )
+        self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
         kv = pool_config.kv_events
         self.kv_index = KVIndex(kv.max_blocks if kv else KVIndex().max_blocks)
@@ -92,6 +87,10 @@ class EppApp:
         if pool.kv_events is not None:
             self.kv_index.set_max_blocks(pool.kv_events.max_blocks)
         self.pool.speed_half_life_s = config.scrape.speed_half_life_ms / 1000
+        scrape = config.scrape
+        self.scraper.configure(
+            scrape.interval_ms / 1000, scrape.max_interval() / 1000, scrape.jitter, scrape.timeout_ms / 1000
+        )
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
 

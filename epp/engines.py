@@ -1,9 +1,9 @@
 """Model-server metric dialects as data, and a fast parser for the few lines the EPP needs.
 
 A vLLM /metrics page is tens of kilobytes of histogram buckets; the scheduler needs five or
-six series. Instead of tokenising every line (what a general Prometheus parser does), the
-parser searches the page for each wanted metric name at a line start (`str.find`, C speed)
-and parses only those lines. Label blocks are parsed only for the info-style series whose
+six series. Instead of decoding and tokenising every line (what a general Prometheus parser
+does), one compiled bytes pattern skips over the raw page to the lines that start with a
+wanted name (exact names, longest first) and only those lines are parsed. Label blocks are parsed only for the info-style series whose
 labels carry the data (LoRA adapters, cache config), with a tokenizer that honours escaped
 quotes and commas inside values.
 
@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from epp.pool import Metrics, count_problem, fraction_problem, integer_problem
 
@@ -60,14 +61,14 @@ def _common_prefix(names: tuple[str, ...] | list[str]) -> str:
     return first[:n]
 
 
-def _line_pattern(d: Dialect) -> re.Pattern[str]:
-    """`\n(name)(rest of line)` for the dialect's names, longest first so that an exact name
-    wins over a prefix of it; the rest must start with a label block or whitespace."""
-    names = sorted(d.wanted_names(), key=len, reverse=True)
+def _line_pattern(names: tuple[str, ...]) -> re.Pattern[bytes]:
+    """`\n(name)(rest of line)` over bytes, longest name first so that an exact name wins
+    over a prefix of it; the rest must start with a label block or whitespace."""
+    ordered = sorted(set(names), key=len, reverse=True)
     # A literal prefix outside the group lets the engine skip ahead with a fast search.
-    common = _common_prefix(names)
-    tails = "|".join(re.escape(n[len(common) :]) for n in names)
-    return re.compile(r"\n" + re.escape(common) + r"(" + tails + r")([{ \t][^\n]*)")
+    common = _common_prefix(ordered)
+    tails = "|".join(re.escape(n[len(common) :]) for n in ordered)
+    return re.compile((r"\n" + re.escape(common) + r"(" + tails + r")([{ \t][^\n]*)").encode())
 
 
 DIALECTS: dict[str, Dialect] = {
@@ -111,80 +112,96 @@ def get_dialect(name: str) -> Dialect:
         raise ValueError(f"unknown metrics dialect {name!r}; known: {', '.join(sorted(DIALECTS))}") from None
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One series line: its raw label block (without braces) and value."""
+class Sample(NamedTuple):
+    """One series line: its raw label block (without braces) and value. A tuple: one is
+    built per matching line per scrape, and a frozen dataclass costs several times more."""
 
     labels: str
     value: float
 
 
-def find_samples(text: str, name: str) -> Iterator[Sample]:
-    """Yield every sample of metric `name` (exact name, not a longer one sharing the prefix)."""
-    nlen = len(name)
-    needle = "\n" + name
-    if text.startswith(name):
-        pos = 0
-    else:
-        pos = text.find(needle)
-        pos = pos + 1 if pos >= 0 else -1
-    while pos >= 0:
-        end = text.find("\n", pos)
-        line = text[pos:] if end < 0 else text[pos:end]
-        sep = line[nlen : nlen + 1]
-        if sep == "{" or sep == " " or sep == "\t":
-            yield _parse_rest(line[nlen:], line)
-        if end < 0:
-            return
-        pos = text.find(needle, end)
-        pos = pos + 1 if pos >= 0 else -1
+_SCANNERS: dict[tuple[str, ...], tuple[re.Pattern[bytes], dict[bytes, str]]] = {}
 
 
-_SCANNERS: dict[Dialect, tuple[re.Pattern[str], str]] = {}
-
-
-def _scanner(d: Dialect) -> tuple[re.Pattern[str], str]:
-    scanner = _SCANNERS.get(d)
+def _scanner(names: tuple[str, ...]) -> tuple[re.Pattern[bytes], dict[bytes, str]]:
+    """The names' line pattern and the name for each matched tail (no per-line decoding)."""
+    scanner = _SCANNERS.get(names)
     if scanner is None:
-        scanner = _SCANNERS[d] = (_line_pattern(d), _common_prefix(d.wanted_names()))
+        if len(_SCANNERS) > 256:  # names come from code, but never grow without bound
+            _SCANNERS.clear()
+        common = len(_common_prefix(names))
+        scanner = _SCANNERS[names] = (_line_pattern(names), {n[common:].encode(): n for n in names})
     return scanner
 
 
-def collect_samples(text: str, d: Dialect) -> dict[str, list[Sample]]:
-    """All samples of the dialect's wanted metrics, by name, in one pass over the page."""
-    if not text.startswith("\n"):
-        text = "\n" + text
-    out: dict[str, list[Sample]] = {}
-    pattern, common = _scanner(d)
-    for match in pattern.finditer(text):
-        tail, rest = match.group(1, 2)
-        name = common + tail
-        sample = _parse_rest(rest, name + rest)
-        bucket = out.get(name)
+def collect_samples(
+    page: bytes | str, names: tuple[str, ...], lenient: tuple[str, ...] = ()
+) -> dict[str, list[Sample] | None]:
+    """All samples of the metrics `names`, by name, in one regex pass over the raw bytes.
+
+    The page is never decoded or split into lines: the compiled pattern skips to each line
+    starting with the names' common prefix, and only matching lines become Python objects.
+    A malformed line raises MetricsParseError, except for a name in `lenient`, which then
+    maps to None (that metric is unusable, the rest of the page still is).
+    """
+    if isinstance(page, str):
+        page = page.encode("utf-8", errors="replace")
+    elif not isinstance(page, bytes):
+        page = bytes(page)
+    if not page.startswith(b"\n"):
+        page = b"\n" + page
+    out: dict[str, list[Sample] | None] = {}
+    pattern, by_tail = _scanner(names)
+    for tail, rest in pattern.findall(page):
+        name = by_tail[tail]
+        bucket = out.get(name, [])
         if bucket is None:
-            out[name] = [sample]
-        else:
-            bucket.append(sample)
+            continue
+        try:
+            bucket.append(_parse_rest(rest, name))
+        except MetricsParseError:
+            if name not in lenient:
+                raise
+            bucket = None
+        out[name] = bucket
     return out
 
 
-def _parse_rest(rest: str, line: str) -> Sample:
+def find_samples(text: str | bytes, name: str) -> list[Sample]:
+    """Every sample of metric `name` (exact name, not a longer one sharing the prefix)."""
+    return collect_samples(text, (name,)).get(name) or []
+
+
+def _parse_rest(rest: bytes, name: str) -> Sample:
     """Parse what follows the metric name: optional {labels}, value, optional timestamp."""
     labels = ""
-    if rest.startswith("{"):
-        close = rest.rfind("}")  # values and timestamps never contain '}', so the last one closes
+    after = rest
+    if rest.startswith(b"{"):
+        close = rest.rfind(b"}")  # values and timestamps never contain '}', so the last one closes
         if close < 0:
-            raise MetricsParseError(f"unterminated label set: {line[:200]!r}")
-        labels = rest[1:close]
-        rest = rest[close + 1 :]
-    parts = rest.split()
+            raise MetricsParseError(f"unterminated label set: {_line(name, rest)!r}")
+        labels = rest[1:close].decode("utf-8", errors="replace")
+        after = rest[close + 1 :]
+    if after[:1] in _BLANKS:  # fast path: `<space>value` without a timestamp
+        try:
+            return Sample(labels, float(after))
+        except ValueError:
+            pass
+    parts = after.split()
     if not parts or len(parts) > 2:
-        raise MetricsParseError(f"malformed sample line: {line[:200]!r}")
+        raise MetricsParseError(f"malformed sample line: {_line(name, rest)!r}")
     try:
         value = float(parts[0])
     except ValueError:
-        raise MetricsParseError(f"bad sample value in line: {line[:200]!r}") from None
+        raise MetricsParseError(f"bad sample value in line: {_line(name, rest)!r}") from None
     return Sample(labels, value)
+
+
+_BLANKS = (b" ", b"\t")
+
+
+def _line(name: str, rest: bytes) -> str:
+    return (name + rest.decode("utf-8", errors="replace"))[:200]
 
 
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
@@ -250,7 +267,7 @@ def _reject(rejected: list[Rejection] | None, field: str, reason: str, value: ob
 
 
 def _first_sane(
-    samples: dict[str, list[Sample]],
+    samples: Mapping[str, list[Sample] | None],
     names: tuple[str, ...],
     field: str,
     rejected: list[Rejection] | None,
@@ -271,7 +288,10 @@ def _first_sane(
 
 
 def _sum_of(
-    samples: dict[str, list[Sample]], names: tuple[str, ...], field: str, rejected: list[Rejection] | None
+    samples: Mapping[str, list[Sample] | None],
+    names: tuple[str, ...],
+    field: str,
+    rejected: list[Rejection] | None,
 ) -> float | None:
     """Sum of all series of the first alias present; None when absent or not a sane count."""
     found = _first_sane(samples, names, field, rejected, count_problem)
@@ -286,7 +306,10 @@ def _sum_of(
 
 
 def _mean_fraction(
-    samples: dict[str, list[Sample]], names: tuple[str, ...], field: str, rejected: list[Rejection] | None
+    samples: Mapping[str, list[Sample] | None],
+    names: tuple[str, ...],
+    field: str,
+    rejected: list[Rejection] | None,
 ) -> float | None:
     """Mean of the first alias's series, each a 0..1 fraction (clamped within KV_TOLERANCE)."""
     found = _first_sane(samples, names, field, rejected, fraction_problem)
@@ -327,6 +350,8 @@ def parse_metrics(
     *,
     kv_capacity_tokens: int | None = None,
     rejected: list[Rejection] | None = None,
+    also: tuple[str, ...] = (),
+    also_found: dict[str, list[Sample] | None] | None = None,
 ) -> Metrics:
     """Parse one /metrics page of engine `dialect` into `Metrics`.
 
@@ -336,15 +361,18 @@ def parse_metrics(
     [0, 1] or a non-integer label leaves its field unknown (`None`, or 0 for `max_lora`) and
     is appended to `rejected`. Raises ValueError for an unknown dialect and
     MetricsParseError when the page carries no usable core metric or a wanted line is
-    malformed.
+    malformed. The samples of the metrics named in `also` (e.g. histogram `_sum` lines)
+    are collected in the same pass and stored into `also_found` (None for a name with a
+    malformed line: that one is unusable, the page is not).
     """
     d = get_dialect(dialect)
-    if isinstance(text, bytes | bytearray | memoryview):
-        text = bytes(text).decode("utf-8", errors="replace")
-    if not isinstance(text, str):
+    if not isinstance(text, str | bytes | bytearray | memoryview):
         raise MetricsParseError(f"metrics page must be text, got {type(text).__name__}")
 
-    samples = collect_samples(text, d)
+    samples = collect_samples(text, d.wanted_names() + also, lenient=also)
+    if also_found is not None:
+        for name in also:
+            also_found[name] = samples.get(name, [])
     waiting = _sum_of(samples, d.waiting, "waiting", rejected)
     running = _sum_of(samples, d.running, "running", rejected)
     kv = _mean_fraction(samples, d.kv_usage, "kv_usage", rejected) if d.kv_usage else None
@@ -366,7 +394,7 @@ def parse_metrics(
     fields: dict[str, object] = {}
     if d.lora_info is not None:
         newest: Sample | None = None
-        for sample in samples.get(d.lora_info, ()):
+        for sample in samples.get(d.lora_info) or ():
             if newest is None or sample.value >= newest.value:
                 newest = sample
         if newest is not None:
@@ -375,7 +403,7 @@ def parse_metrics(
             fields["waiting_adapters"] = _adapters(labels.get("waiting_lora_adapters", ""))
             fields["max_lora"] = _int_label(labels, "max_lora", rejected) or 0
     if d.cache_info is not None:
-        for sample in samples.get(d.cache_info, ()):
+        for sample in samples.get(d.cache_info) or ():
             labels = parse_labels(sample.labels)
             block_size = _int_label(labels, "block_size", rejected)
             if block_size == 0:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 # Weight of the newest sample in the smoothed per-pod speed figures.
@@ -217,6 +217,8 @@ class Pool:
         self._live: dict[str, _Live] = {}
         self._unhealthy_after = unhealthy_after
         self.speed_half_life_s = speed_half_life_s  # set again on every config reload
+        # Called with the address of every routed request (the scraper wakes an idle pod's loop).
+        self.routed_hook: Callable[[str], None] | None = None
         self.set_endpoints(endpoints)
 
     # -- discovery edge -------------------------------------------------------------
@@ -262,6 +264,8 @@ class Pool:
         if live is not None:
             live.inflight_requests += 1
             live.inflight_tokens += tokens
+            if self.routed_hook is not None:
+                self.routed_hook(address)
 
     def on_finished(self, address: str, tokens: int) -> None:
         """Undo `on_routed`; callers guarantee exactly one call per routed request."""
@@ -289,6 +293,10 @@ class Pool:
             live.ttft.observe(ttft, now, self.speed_half_life_s)
         if tpot is not None:
             live.tpot.observe(tpot, now, self.speed_half_life_s)
+
+    def inflight(self, address: str) -> int:
+        live = self._live.get(address)
+        return live.inflight_requests if live is not None else 0
 
     def inflight_total(self) -> int:
         return sum(live.inflight_requests for live in self._live.values())

@@ -1,9 +1,15 @@
 """The scrape loop: one asyncio task per pod polling its Prometheus `/metrics`.
 
-Each pod has its own cadence (default 50 ms) so a slow pod never delays the others. A
-failed scrape (timeout, refused, garbage) counts against the pod; after a few in a row it is
-reported unhealthy and the scheduler stops choosing it until a scrape succeeds again. The
-interval backs off on failure so a dead pod costs little.
+Each pod has its own loop so a slow pod never delays the others, and its own `Cadence`:
+every `scrape.intervalMs` (50 ms) while it is busy or its metrics change, doubling up to
+`scrape.maxIntervalMs` (200 ms) while it is idle and unchanged, each sleep jittered (+-10 %)
+and the loops started at random phases so a thousand pods are not scraped in lock-step; a
+request routed to an idle pod ends its sleep at once. The GET goes over a kept-alive
+connection of `epp/metrics_http.py` (httpx cost ~20x more CPU per scrape, see
+docs/benchmarks.md) and the page is parsed in one pass over its raw bytes, histogram
+`_sum`/`_count` lines included. A failed scrape (timeout, refused, garbage) counts against
+the pod; after a few in a row it is reported unhealthy and the scheduler stops choosing it
+until a scrape succeeds again. The interval backs off on failure so a dead pod costs little.
 
 Observed speed comes for free from the server's own latency histograms: the change of
 `_sum / _count` between scrapes is the mean TTFT and inter-token latency of the requests that
@@ -25,13 +31,14 @@ import contextlib
 import functools
 import logging
 import math
+import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
-
-from epp.engines import MetricsParseError, Rejection, find_samples, parse_metrics
-from epp.pool import Endpoint, Pool, count_problem
+from epp.engines import MetricsParseError, Rejection, Sample, collect_samples, parse_metrics
+from epp.metrics_http import HttpError, MetricsHttpClient, split_http_url
+from epp.pool import Endpoint, Metrics, Pool, count_problem
 from epp.telemetry import Telemetry
 from gateway.supervise import Backoff, spawn
 
@@ -54,23 +61,61 @@ class _Totals:
     count: float
 
 
-def _histogram_totals(text: str, name: str, field: str, rejected: list[Rejection]) -> _Totals | None:
-    """Cumulative sum and count over the histogram's series; None when absent or not sane."""
-    try:
-        sums = [s.value for s in find_samples(text, name + "_sum")]
-        counts = [s.value for s in find_samples(text, name + "_count")]
-    except MetricsParseError as exc:
-        rejected.append(Rejection(field, "malformed", str(exc)[:64]))
+def _histogram_totals(
+    source: Mapping[str, list[Sample] | None] | str | bytes, name: str, field: str, rejected: list[Rejection]
+) -> _Totals | None:
+    """Cumulative sum and count over the histogram's series (from collected samples or a
+    page); None when absent or not sane."""
+    keys = (name + "_sum", name + "_count")
+    if isinstance(source, str | bytes):
+        source = collect_samples(source, keys, lenient=keys)
+    sums, counts = source.get(keys[0], []), source.get(keys[1], [])
+    if sums is None or counts is None:
+        rejected.append(Rejection(field, "malformed", name))
         return None
-    for value in (*sums, *counts):
-        problem = count_problem(value)
+    for s in (*sums, *counts):
+        problem = count_problem(s.value)
         if problem:
-            rejected.append(Rejection(field, problem, str(value)))
+            rejected.append(Rejection(field, problem, str(s.value)))
             return None
-    total_sum, total_count = math.fsum(sums), math.fsum(counts)  # each <= MAX_COUNT: no overflow
+    # each <= MAX_COUNT: no overflow
+    total_sum, total_count = math.fsum(s.value for s in sums), math.fsum(s.value for s in counts)
     if total_count == 0 and total_sum == 0:
         return None
     return _Totals(total_sum, total_count)
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """When to scrape a pod next: `fast_s` while it is busy or its metrics change, doubling
+    up to `max_s` (the staleness bound) while it is idle and unchanged; every sleep is
+    spread by +-`jitter` so that a thousand pods started together drift apart."""
+
+    fast_s: float = 0.05
+    max_s: float = 0.2
+    jitter: float = 0.1
+
+    def next_interval(self, previous_s: float, busy: bool) -> float:
+        """The un-jittered interval after a successful scrape."""
+        if busy:
+            return self.fast_s
+        return min(self.max_s, max(self.fast_s, previous_s * 2.0))
+
+    def jittered(self, interval_s: float, rng: random.Random) -> float:
+        return interval_s * (1.0 + self.jitter * (2.0 * rng.random() - 1.0))
+
+
+def _busy(previous: Metrics | None, metrics: Metrics, inflight: int) -> bool:
+    """Work on the pod, or anything the scheduler reads changed since the last scrape."""
+    if inflight or metrics.waiting or metrics.running or previous is None:
+        return True
+    return (
+        metrics.waiting != previous.waiting
+        or metrics.running != previous.running
+        or metrics.kv_usage != previous.kv_usage
+        or metrics.running_adapters != previous.running_adapters
+        or metrics.waiting_adapters != previous.waiting_adapters
+    )
 
 
 class RejectionReporter:
@@ -132,22 +177,41 @@ class Scraper:
         pool: Pool,
         *,
         interval_s: float = 0.05,
+        max_interval_s: float | None = None,
+        jitter: float = 0.1,
         timeout_s: float = 0.5,
-        client: httpx.AsyncClient | None = None,
+        client: MetricsHttpClient | None = None,
         telemetry: Telemetry | None = None,
         restart_backoff: Backoff = RESTART_BACKOFF,
+        rng: random.Random | None = None,
     ) -> None:
         self.pool = pool
-        self.interval_s = interval_s
+        self.cadence = Cadence(interval_s, max(interval_s, max_interval_s or interval_s * 4), jitter)
         self.timeout_s = timeout_s
-        self._client = client or httpx.AsyncClient(
-            timeout=timeout_s, limits=httpx.Limits(max_connections=256, max_keepalive_connections=256)
-        )
+        self._client = client or MetricsHttpClient(timeout_s)
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._wakers: dict[str, asyncio.Future[None]] = {}
         self._restart_backoff = restart_backoff
+        self._rng = rng or random.Random()
         self.rejections = RejectionReporter(telemetry)
         self.scrapes = 0
         self.failures = 0
+        pool.routed_hook = self.wake
+
+    @property
+    def interval_s(self) -> float:
+        return self.cadence.fast_s
+
+    def configure(self, interval_s: float, max_interval_s: float, jitter: float, timeout_s: float) -> None:
+        """New cadence from a reloaded config; running loops pick it up at their next sleep."""
+        self.cadence = Cadence(interval_s, max(interval_s, max_interval_s), jitter)
+        self.timeout_s = timeout_s
+
+    def wake(self, address: str) -> None:
+        """A request was just routed to `address`: end its idle sleep, scrape it now."""
+        waker = self._wakers.get(address)
+        if waker is not None and not waker.done():
+            waker.set_result(None)
 
     def sync(self) -> None:
         """Start a loop for every endpoint in the pool, stop loops of endpoints that left."""
@@ -179,41 +243,90 @@ class Scraper:
         self._tasks.clear()
         await self._client.aclose()
 
-    async def scrape_once(self, ep: Endpoint, speed: SpeedTracker) -> bool:
-        url = ep.metrics_url or f"http://{ep.address}/metrics"
+    async def scrape_once(self, ep: Endpoint, speed: SpeedTracker) -> Metrics | None:
+        """Scrape and record one pod; its new metrics, or None when the scrape failed."""
+        names = SPEED_HISTOGRAMS.get(ep.engine, ())
+        also = _histogram_names(names)
+        found: dict[str, list[Sample] | None] = {}
         try:
-            response = await self._client.get(url, timeout=self.timeout_s)
-            response.raise_for_status()
-            text = response.text
+            host, port, path = _target(ep.address, ep.metrics_url)
+            page = await self._client.get(host, port, path, self.timeout_s)
             rejected: list[Rejection] = []
             try:
-                metrics = parse_metrics(text, ep.engine, time.monotonic(), rejected=rejected)
+                metrics = parse_metrics(
+                    page, ep.engine, time.monotonic(), rejected=rejected, also=also, also_found=found
+                )
             finally:
                 if rejected:
                     self.rejections.report(ep.address, rejected)
-        except (httpx.HTTPError, httpx.InvalidURL, MetricsParseError, ValueError) as exc:
+        except (HttpError, MetricsParseError, ValueError) as exc:
             self.failures += 1
             self.pool.record_scrape_failure(ep.address)
             log.debug("scrape of %s failed: %s", ep.address, exc)
-            return False
+            return None
         self.scrapes += 1
         self.pool.record_metrics(ep.address, metrics)
-        names = SPEED_HISTOGRAMS.get(ep.engine)
         if names:
             rejected = []
-            ttft = speed.mean_since_last("ttft", _histogram_totals(text, names[0], "ttft", rejected))
-            tpot = speed.mean_since_last("tpot", _histogram_totals(text, names[1], "tpot", rejected))
+            ttft = speed.mean_since_last("ttft", _histogram_totals(found, names[0], "ttft", rejected))
+            tpot = speed.mean_since_last("tpot", _histogram_totals(found, names[1], "tpot", rejected))
             if rejected:
                 self.rejections.report(ep.address, rejected)
             if ttft is not None or tpot is not None:
                 self.pool.observe_speed(ep.address, ttft=ttft, tpot=tpot)
-        return True
+        return metrics
 
     async def _loop(self, ep: Endpoint) -> None:
         speed = SpeedTracker()
-        delay = self.interval_s
+        loop = asyncio.get_running_loop()
+        # Start at a random phase: pods synced together must not be scraped in lock-step.
+        await self._sleep(ep.address, self._rng.random() * self.cadence.fast_s, loop)
+        interval = self.cadence.fast_s
+        previous: Metrics | None = None
+        failure_delay = 0.0
         while True:
-            started = time.monotonic()
-            ok = await self.scrape_once(ep, speed)
-            delay = self.interval_s if ok else min(MAX_BACKOFF_S, max(delay * 2, self.interval_s))
-            await asyncio.sleep(max(0.0, delay - (time.monotonic() - started)))
+            started = loop.time()
+            metrics = await self.scrape_once(ep, speed)
+            cadence = self.cadence
+            if metrics is None:
+                failure_delay = min(MAX_BACKOFF_S, max(failure_delay * 2, cadence.fast_s))
+                delay, interval = failure_delay, cadence.fast_s
+            else:
+                failure_delay = 0.0
+                busy = _busy(previous, metrics, self.pool.inflight(ep.address))
+                interval = cadence.next_interval(interval, busy)
+                delay = cadence.jittered(interval, self._rng)
+                previous = metrics
+            await self._sleep(ep.address, delay - (loop.time() - started), loop)
+
+    async def _sleep(self, address: str, delay: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Sleep `delay`; a sleep longer than the fast interval (an idle pod's) ends at once on
+        `wake(address)`."""
+        if delay <= 0:
+            return
+        waker: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(delay, _resolve, waker)
+        if delay > self.cadence.fast_s:
+            self._wakers[address] = waker
+        try:
+            await waker
+        finally:
+            timer.cancel()
+            if self._wakers.get(address) is waker:
+                del self._wakers[address]
+
+
+def _resolve(waker: asyncio.Future[None]) -> None:
+    if not waker.done():
+        waker.set_result(None)
+
+
+@functools.lru_cache(maxsize=16)
+def _histogram_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(f"{n}{suffix}" for n in names for suffix in ("_sum", "_count"))
+
+
+@functools.lru_cache(maxsize=65_536)
+def _target(address: str, metrics_url: str | None) -> tuple[str, int, str]:
+    """(host, port, path) to GET; ValueError (a failed scrape) for a URL that is not http://."""
+    return split_http_url(metrics_url or f"http://{address}/metrics")

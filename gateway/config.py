@@ -21,6 +21,9 @@ from epp.scheduling.profiles import Profile, ProfileError, profiles_from_dict
 Engine = Literal["vllm", "sglang", "tgi", "trtllm"]
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # the AWS gateway's BBR default (facts.md)
+# Idle pods are scraped at least this often (4 x the 50 ms default interval; below the
+# default 1 s stale threshold with room for a late scrape).
+DEFAULT_MAX_INTERVAL_MS = 200
 
 
 class _Model(BaseModel):
@@ -129,11 +132,24 @@ class ProfileConfig(_Model):
 
 
 class ScrapeConfig(_Model):
+    """Per-pod cadence (epp/scrape.py `Cadence`): every `intervalMs` while the pod is busy or
+    its metrics change, backing off to `maxIntervalMs` (the staleness bound) while it is idle
+    and unchanged; each interval is spread by +-`jitter` so pods are not scraped in lock-step."""
+
     interval_ms: int = Field(default=50, ge=5, alias="intervalMs")
+    # None: max(intervalMs, DEFAULT_MAX_INTERVAL_MS)
+    max_interval_ms: int | None = Field(default=None, ge=5, le=60_000, alias="maxIntervalMs")
+    jitter: float = Field(default=0.1, ge=0.0, le=0.5)
     timeout_ms: int = Field(default=500, ge=10, alias="timeoutMs")
     # Observed-speed EWMAs lose half their weight per half-life; after 4 without a new
     # observation the pod's speed is unknown again (epp/pool.py).
     speed_half_life_ms: int = Field(default=10_000, ge=100, le=86_400_000, alias="speedHalfLifeMs")
+
+    def max_interval(self) -> int:
+        """The idle interval in ms: `maxIntervalMs`, or the default but never below intervalMs."""
+        if self.max_interval_ms is not None:
+            return self.max_interval_ms
+        return max(self.interval_ms, DEFAULT_MAX_INTERVAL_MS)
 
 
 class AdmissionConfig(_Model):
@@ -259,6 +275,15 @@ class GatewayConfig(_Model):
                         )
                 if model.rewrites and sum(rw.weight for rw in model.rewrites) == 0:
                     raise ValueError(f"pools.{pool.name}.models.{model.name}.rewrites: weights sum to 0")
+        if self.scrape.max_interval() < self.scrape.interval_ms:
+            raise ValueError("scrape.maxIntervalMs: must be >= scrape.intervalMs")
+        if (
+            self.scrape.max_interval_ms is not None
+            and self.scrape.max_interval_ms >= self.thresholds.stale_after_ms
+        ):
+            raise ValueError(
+                "scrape.maxIntervalMs: must be below thresholds.staleAfterMs, or idle pods read as stale"
+            )
         for pool in self.pools:
             if pool.kubernetes is not None and pool.fallback_endpoints:
                 raise ValueError(

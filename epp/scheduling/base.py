@@ -3,11 +3,56 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from epp.pool import PoolSnapshot
 from epp.request import InferenceRequest
+
+
+class ScoreTable(Mapping[str, Mapping[str, float]]):
+    """address -> {scorer: value, ..., "total": value}, each row built only when read.
+
+    A decision at 1,000 pods would otherwise build 1,000 dicts per request that nobody reads
+    unless the client asked for the decision header; the servicer reads only the chosen
+    pod's row, which `first` finds without indexing the table.
+    """
+
+    __slots__ = ("_addresses", "_columns", "_first", "_index", "_totals")
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        columns: Sequence[tuple[str, Sequence[float]]],
+        totals: Sequence[float],
+        first: int = 0,
+    ) -> None:
+        self._addresses, self._columns, self._totals, self._first = addresses, columns, totals, first
+        self._index: dict[str, int] | None = None
+
+    def _position(self, address: str) -> int:
+        first = self._first
+        if first < len(self._addresses) and self._addresses[first] == address:
+            return first
+        if self._index is None:
+            self._index = {a: i for i, a in enumerate(self._addresses)}
+        return self._index[address]  # KeyError for an unknown address, as a dict would
+
+    def __getitem__(self, address: str) -> dict[str, float]:
+        i = self._position(address)
+        row = {name: values[i] for name, values in self._columns}
+        row["total"] = self._totals[i]
+        return row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._addresses)
+
+    def __len__(self) -> int:
+        return len(self._addresses)
+
+    def __repr__(self) -> str:
+        return f"ScoreTable({dict(self)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +65,7 @@ class Decision:
     """
 
     ranked: tuple[str, ...]
-    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     profile: str = "default"
     reason: str = ""
     saturated: bool = False

@@ -13,6 +13,12 @@ huge prompts: a 200 KB prompt costs the same as a 16 KB one.
 Each pod has a bounded LRU of block hashes, filled after a request is routed there. A
 request's blocks are inserted last-block-first so the leading blocks are the most recently
 used and the last to be evicted, as in the server's own cache, which frees tail blocks first.
+
+A reverse map, block hash -> the pods holding it, kept in step with the LRUs, lets
+`match_counts` do one lookup per block and shrink the set of still-matching pods with C set
+operations, instead of walking every pod's LRU: at 1,000 pods that is what keeps a decision
+within milliseconds. A hash held by one pod maps to its address alone (no set), which is
+most of them.
 """
 
 from __future__ import annotations
@@ -27,8 +33,11 @@ DEFAULT_BLOCK_CHARS = 64
 DEFAULT_MAX_BLOCKS = 256
 DEFAULT_CAPACITY_PER_POD = 31_250
 # Measured with tracemalloc on CPython 3.11: an OrderedDict entry costs ~91 bytes (dict slot
-# and ordering node) plus 32 for the 64-bit int key: ~3.7 MB for a full 31,250-entry pod.
-APPROX_BYTES_PER_ENTRY = 120
+# and ordering node) plus 32 for the 64-bit int key, and its reverse-map entry (hash ->
+# address, the key object shared) ~42 more when pods do not share it (measured at 31,250
+# entries; a dict's table doubles in steps, so allow some slack): ~5 MB for a full pod.
+REVERSE_BYTES_PER_ENTRY = 50
+APPROX_BYTES_PER_ENTRY = 120 + REVERSE_BYTES_PER_ENTRY
 
 _xxh64 = xxhash.xxh64_intdigest
 
@@ -71,6 +80,7 @@ class PrefixIndex:
         self.block_chars = block_chars
         self.max_blocks = max_blocks
         self._pods: dict[str, OrderedDict[int, None]] = {}
+        self._holders: dict[int, str | set[str]] = {}  # hash -> the pod, or pods, holding it
 
     def hashes(
         self, model: str, prompt: str, block_chars: int | None = None, adapter: str | None = None
@@ -78,19 +88,48 @@ class PrefixIndex:
         return prompt_hashes(model, prompt, block_chars or self.block_chars, self.max_blocks, adapter)
 
     def add(self, address: str, hashes: Sequence[int]) -> None:
-        """Remember that `address` now caches these blocks (leading blocks most recent)."""
+        """Remember that `address` now caches these blocks (leading blocks most recent).
+
+        `hashes` are a prompt's leading blocks from the first (what `hashes()` returns, or a
+        prefix of it): that keeps every pod's holdings prefix-closed, which `match_counts`
+        relies on for speed (and detects, falling back to a slower walk, when broken).
+        """
         lru = self._pods.get(address)
         if lru is None:
             lru = self._pods[address] = OrderedDict()
         move = lru.move_to_end
+        holders = self._holders
         for h in reversed(hashes):
             if h in lru:
                 move(h)
+                continue
+            lru[h] = None
+            held = holders.get(h)
+            if held is None:
+                holders[h] = address
+            elif isinstance(held, str):
+                if held != address:
+                    holders[h] = {held, address}
             else:
-                lru[h] = None
+                held.add(address)
         overflow = len(lru) - self.capacity_per_pod
         for _ in range(overflow):
-            lru.popitem(last=False)
+            self._release(lru.popitem(last=False)[0], address)
+
+    def _release(self, h: int, address: str) -> None:
+        """`address` no longer holds block `h`: update the reverse map."""
+        held = self._holders.get(h)
+        if held is None:
+            return
+        if isinstance(held, str):
+            if held == address:
+                del self._holders[h]
+            return
+        held.discard(address)
+        if len(held) == 1:
+            self._holders[h] = next(iter(held))
+        elif not held:
+            del self._holders[h]
 
     def match(self, hashes: Sequence[int], address: str) -> int:
         """Number of leading blocks of `hashes` that `address` probably caches."""
@@ -100,7 +139,38 @@ class PrefixIndex:
         return len(list(takewhile(lru.__contains__, hashes)))  # the scan runs in C
 
     def match_counts(self, hashes: Sequence[int], addresses: Iterable[str]) -> list[int]:
-        """`match` for many pods at once (one call per request, not per pod)."""
+        """`match` for many pods at once: one reverse-map lookup per block, not per pod.
+
+        A pod's holdings are prefix-closed (`add` gets a prompt's leading blocks, and the LRU
+        evicts a prefix's tail before its head), so the pods matching d leading blocks are
+        exactly the holders of block d-1: consecutive holder sets are compared (C set
+        operations), and the pods leaving between two depths get their count. Holdings that
+        are not nested (blocks added with gaps) are detected there and fall back to walking
+        each pod's LRU, so the answer is always exact.
+        """
+        holders = self._holders
+        levels: list[set[str] | tuple[str]] = []
+        for h in hashes:
+            held = holders.get(h)
+            if held is None:
+                break
+            levels.append((held,) if isinstance(held, str) else held)
+        counts: dict[str, int] = {}
+        last = len(levels) - 1
+        for depth, level in enumerate(levels, start=1):
+            deeper = levels[depth] if depth <= last else ()
+            if len(deeper) == len(level):
+                if deeper is level or deeper == level:  # set == set in C; a tuple is one address
+                    continue
+                return self._walk_counts(hashes, addresses)
+            dropped = (level if isinstance(level, set) else set(level)).difference(deeper)
+            if len(level) - len(dropped) != len(deeper):  # a deeper holder lacks this block
+                return self._walk_counts(hashes, addresses)
+            counts.update(dict.fromkeys(dropped, depth))
+        get = counts.get
+        return [get(address, 0) for address in addresses]
+
+    def _walk_counts(self, hashes: Sequence[int], addresses: Iterable[str]) -> list[int]:
         pods = self._pods
         out: list[int] = []
         for address in addresses:
@@ -116,10 +186,12 @@ class PrefixIndex:
         """Forget pods that left the pool."""
         keep = set(addresses)
         for address in [a for a in self._pods if a not in keep]:
-            del self._pods[address]
+            self.drop(address)
 
     def drop(self, address: str) -> None:
-        self._pods.pop(address, None)
+        lru = self._pods.pop(address, None)
+        for h in lru or ():
+            self._release(h, address)
 
     def memory_entries(self) -> int:
         return sum(len(lru) for lru in self._pods.values())

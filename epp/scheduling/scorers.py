@@ -31,6 +31,7 @@ class ScoringContext:
     thresholds: Thresholds = DEFAULT_THRESHOLDS
     prefix_hashes: tuple[int, ...] = ()
     prefix_index: PrefixIndex | None = None
+    addresses: Sequence[str] | None = None  # of the candidates, in order, when the caller has them
 
 
 Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]
@@ -126,7 +127,8 @@ def prefix_cache(
     if not hashes or index is None:
         return [0.0] * len(candidates)
     denom = float(max(len(hashes), ctx.thresholds.prefix_min_blocks))
-    return [n / denom for n in index.match_counts(hashes, [s.address for s in candidates])]
+    addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
+    return [n / denom for n in index.match_counts(hashes, addresses)]
 
 
 def inflight(

@@ -17,7 +17,7 @@ from typing import Any
 
 from epp.pool import EndpointState, PoolSnapshot
 from epp.request import InferenceRequest
-from epp.scheduling.base import Decision
+from epp.scheduling.base import Decision, ScoreTable
 from epp.scheduling.filters import fresh, healthy, serving, unsaturated
 from epp.scheduling.picker import PICKERS
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
@@ -101,28 +101,28 @@ class WeightedScheduler:
         if profile.weights.get("prefix-cache", 0.0) > 0:
             hashes = self._hashes(request, block_chars)
         self._remember(request, block_chars, hashes)
-        ctx = ScoringContext(thresholds=th, prefix_hashes=hashes or (), prefix_index=self.prefix_index)
+        addresses = [s.endpoint.address for s in candidates]
+        ctx = ScoringContext(
+            thresholds=th, prefix_hashes=hashes or (), prefix_index=self.prefix_index, addresses=addresses
+        )
 
-        n = len(candidates)
-        totals = [0.0] * n
-        per_scorer: list[tuple[str, list[float]]] = []
+        totals = [0.0] * len(candidates)
+        columns: list[tuple[str, list[float]]] = []
         for name, weight in profile.weights.items():
             if weight <= 0:
                 continue
             values = SCORERS[name](request, candidates, ctx)
-            per_scorer.append((name, values))
-            for i, v in enumerate(values):
-                totals[i] += weight * (v if 0.0 <= v <= 1.0 else 1.0 if v > 1.0 else 0.0)  # NaN -> 0
+            columns.append((name, values))
+            # clamped to [0, 1], NaN -> 0
+            totals = [
+                t + weight * ((v if v <= 1.0 else 1.0) if v >= 0.0 else 0.0)
+                for t, v in zip(totals, values, strict=True)
+            ]
 
         order = PICKERS[profile.picker](totals, self.rng)
-        scores: dict[str, dict[str, float]] = {}
-        for i, s in enumerate(candidates):
-            row = {name: values[i] for name, values in per_scorer}
-            row["total"] = totals[i]
-            scores[s.address] = row
         return Decision(
-            ranked=tuple(candidates[i].address for i in order),
-            scores=scores,
+            ranked=tuple([addresses[i] for i in order]),
+            scores=ScoreTable(addresses, columns, totals, order[0] if order else 0),
             profile=profile.name,
             saturated=all_saturated,
         )

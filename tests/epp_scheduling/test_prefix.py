@@ -1,5 +1,7 @@
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from epp.scheduling.prefix import APPROX_BYTES_PER_ENTRY, PrefixIndex, prompt_hashes
 
@@ -90,3 +92,37 @@ def test_adapter_keys_the_hashes_like_vllm_does():
     assert sql == PrefixIndex().hashes("m", prompt, adapter="sql")
     h0 = xxhash.xxh64_intdigest(b"sql", xxhash.xxh64_intdigest(b"m"))
     assert sql[0] == xxhash.xxh64_intdigest(prompt[:64].encode(), h0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 5), st.integers(1, 12), st.booleans()
+        ),
+        max_size=30,
+    ),
+    capacity=st.integers(1, 40),
+    query=st.tuples(st.integers(0, 5), st.integers(1, 12)),
+)
+def test_match_counts_equals_walking_each_pods_lru(ops, capacity, query):  # type: ignore[no-untyped-def]
+    """The reverse map stays in step with the LRUs through adds, evictions and departures,
+    and answers exactly what a per-pod walk does; also with gaps (the slow fallback)."""
+    index = PrefixIndex(capacity_per_pod=capacity)
+
+    def chain(topic: int, blocks: int) -> tuple[int, ...]:
+        # topics share their first 3 blocks: prefixes overlap across prompts and pods
+        return prompt_hashes("m", ("s" * 64 * 3 + chr(97 + topic) * 64 * 20)[: 64 * blocks])
+
+    for pod, topic, blocks, gap in ops:
+        hashes = chain(topic, blocks)
+        if gap and len(hashes) > 2:
+            hashes = hashes[:1] + hashes[2:]  # not prefix-closed: must still be answered exactly
+        index.add(pod, hashes)
+        if topic == 5:
+            index.retain(["a", "b", "c"])
+    pods = ["a", "b", "c", "d", "gone"]
+    hashes = chain(*query)
+    assert index.match_counts(hashes, pods) == [index.match(hashes, p) for p in pods]
+    held = {h: {p for p, lru in index._pods.items() if h in lru} for lru in index._pods.values() for h in lru}
+    assert {h: ({v} if isinstance(v, str) else v) for h, v in index._holders.items()} == held

@@ -37,6 +37,12 @@ def rejected_total() -> float:
         ({"bbr": {"defaultModel": "ghost"}}, "bbr.defaultModel"),
         ({"thresholds": {"kvCache": 1.5}}, "thresholds.kvCache"),
         (
+            {"scrape": {"intervalMs": 100, "maxIntervalMs": 50}},
+            "scrape.maxIntervalMs: must be >= scrape.intervalMs",
+        ),
+        ({"scrape": {"maxIntervalMs": 1000}}, "scrape.maxIntervalMs: must be below thresholds.staleAfterMs"),
+        ({"scrape": {"jitter": 0.9}}, "scrape.jitter"),
+        (
             {"profiles": {"x": {"weights": {"queue": -1}}}},
             "profiles.x.weights.queue: Input should be greater than or equal to 0",
         ),
@@ -117,3 +123,9 @@ def test_startup_with_an_invalid_file_fails_loudly(tmp_path: Path) -> None:
     path.write_text("pools: []")
     with pytest.raises(ConfigError):
         ConfigStore.from_file(path)
+
+
+def test_the_idle_scrape_interval_defaults_to_200_ms_but_never_below_the_fast_one() -> None:
+    assert parse_config(GOOD).scrape.max_interval() == 200
+    assert parse_config({**GOOD, "scrape": {"intervalMs": 500}}).scrape.max_interval() == 500
+    assert parse_config({**GOOD, "scrape": {"maxIntervalMs": 80}}).scrape.max_interval() == 80

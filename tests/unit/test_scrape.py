@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 
 import pytest
 from prometheus_client import generate_latest
 
 from epp import scrape as scrape_module
 from epp.engines import Rejection
-from epp.pool import Endpoint, Pool
-from epp.scrape import RejectionReporter, Scraper, SpeedTracker, _Totals
+from epp.pool import Endpoint, Metrics, Pool
+from epp.scrape import Cadence, RejectionReporter, Scraper, SpeedTracker, _busy, _Totals
 from epp.telemetry import Telemetry
 from gateway.supervise import TASK_FAILURES, Backoff
 from modelsim.fleet import FleetSpec, run_fleet
@@ -147,3 +148,35 @@ async def test_rejected_values_are_counted_per_pod_and_logged_at_a_bounded_rate(
     assert "99 more since the last report" in messages[-1]
     reporter.forget("10.0.0.1:8000")
     assert b"10.0.0.1" not in generate_latest(telemetry.registry)
+
+
+def test_cadence_is_fast_while_busy_and_backs_off_to_the_bound_while_idle() -> None:
+    c = Cadence(fast_s=0.05, max_s=0.2, jitter=0.1)
+    assert c.next_interval(0.2, busy=True) == 0.05
+    assert [c.next_interval(x, busy=False) for x in (0.05, 0.1, 0.2, 0.2)] == [0.1, 0.2, 0.2, 0.2]
+    rng = random.Random(0)
+    spread = [c.jittered(0.1, rng) for _ in range(1000)]
+    assert 0.09 <= min(spread) < 0.092 and 0.108 < max(spread) <= 0.11  # +-10 %, both ends reached
+    assert Cadence(0.05, 0.2, jitter=0.0).jittered(0.1, rng) == 0.1
+
+
+def test_a_pod_is_busy_when_it_has_work_or_its_metrics_changed() -> None:
+    idle = Metrics(waiting=0, running=0, kv_usage=0.1)
+    assert _busy(None, idle, 0)  # first sight
+    assert not _busy(idle, Metrics(waiting=0, running=0, kv_usage=0.1), 0)
+    assert _busy(idle, idle, 1)  # this EPP routed a request there
+    assert _busy(idle, Metrics(waiting=0, running=1, kv_usage=0.1), 0)
+    assert _busy(idle, Metrics(waiting=0, running=0, kv_usage=0.2), 0)  # KV changed
+    assert _busy(idle, Metrics(waiting=0, running=0, kv_usage=0.1, running_adapters=frozenset({"a"})), 0)
+
+
+async def test_routing_a_request_ends_an_idle_pods_long_sleep() -> None:
+    pool = Pool([Endpoint("10.0.0.1:8000", frozenset({"m"}))])
+    scraper = Scraper(pool, interval_s=0.01, max_interval_s=60.0)
+    loop = asyncio.get_running_loop()
+    sleeper = asyncio.ensure_future(scraper._sleep("10.0.0.1:8000", 60.0, loop))
+    await wait_until(lambda: "10.0.0.1:8000" in scraper._wakers)
+    pool.on_routed("10.0.0.1:8000", 10)
+    await asyncio.wait_for(sleeper, timeout=10)  # not the 60 s
+    assert scraper._wakers == {}
+    await scraper.stop()
