@@ -2,7 +2,13 @@
 
 `python -m bench.soak --minutes 30` (`make soak`). Reports unexpected errors, the EPPs'
 in-flight counts after the load stops (must be 0), and each process's RSS and open file
-descriptors after warm-up and at the end (Linux /proc).
+descriptors after warm-up, every `--sample-s` and at the end (Linux /proc).
+
+`--tracemalloc` runs BBR and the EPPs with `gateway.heaptrace` on (a snapshot every
+`--sample-s`, baseline just after the warm-up) and adds each one's traced-heap series and top
+growing allocation sites to the summary: traced bytes flat while RSS grows means allocator
+growth, not a Python leak. Set `MALLOC_ARENA_MAX` in the environment to compare arenas; the
+summary records it.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import tempfile
 import time
@@ -19,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from gateway import heaptrace
 from gateway.launch import LocalGateway, start_local_gateway
 
 FLEET: dict[str, Any] = {
@@ -89,6 +97,55 @@ async def drive(gw: LocalGateway, seconds: float, rps: float, seed: int) -> Coun
     return outcomes
 
 
+async def sample_every(gw: LocalGateway, every_s: float, series: dict[str, list[list[float]]]) -> None:
+    """Append [minutes since start, RSS KiB, fds] per process every `every_s` until cancelled."""
+    start = time.monotonic()
+    while True:
+        minutes = round((time.monotonic() - start) / 60, 2)
+        for name, res in snapshot(gw).items():
+            series.setdefault(name, []).append([minutes, res["rss_kib"], res["fds"]])
+        await asyncio.sleep(every_s)
+
+
+async def main_phase(
+    gw: LocalGateway, seconds: float, rps: float, seed: int, every_s: float
+) -> tuple[Counter[str], dict[str, list[list[float]]]]:
+    series: dict[str, list[list[float]]] = {}
+    sampler = asyncio.create_task(sample_every(gw, every_s, series))
+    try:
+        outcomes = await drive(gw, seconds, rps, seed)
+    finally:
+        sampler.cancel()
+    return outcomes, series
+
+
+def trace_summary(trace_dir: Path, names: dict[int, str], started_at: float) -> dict[str, Any]:
+    """Per traced process: [minutes since the load began, RSS, traced, tracemalloc's own, threads]
+    (KiB) per sample, and the top growing allocation sites at the last sample."""
+    out: dict[str, Any] = {}
+    for path in sorted(trace_dir.glob("*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line]
+        if not records:
+            continue
+        name = names.get(records[0]["pid"], path.stem)
+        last = records[-1]
+        out[name] = {
+            "columns": ["minutes", "rss_kib", "traced_kib", "tracemalloc_overhead_kib", "threads"],
+            "series": [
+                [
+                    round((r["unix_time"] - started_at) / 60, 2),
+                    r["rss_kib"],
+                    r["traced_kib"],
+                    r["tracemalloc_overhead_kib"],
+                    r["threads"],
+                ]
+                for r in records
+            ],
+            "top_growth_since_baseline": last["top"][:10] if last["kind"] != "baseline" else [],
+        }
+    return out
+
+
 def inflight(gw: LocalGateway) -> dict[str, int]:
     out = {}
     for pool, port in gw.epp_metrics_ports.items():
@@ -104,24 +161,39 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, help="write the JSON summary here too")
+    parser.add_argument("--sample-s", type=float, default=60.0, help="RSS (and heap) sampling period")
+    parser.add_argument(
+        "--tracemalloc", action="store_true", help="run BBR and the EPPs with tracemalloc snapshots"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+        trace_dir = Path(tmp) / "tracemalloc"
+        if args.tracemalloc:  # the services read these at start (gateway.heaptrace)
+            os.environ[heaptrace.ENV_DIR] = str(trace_dir)
+            os.environ[heaptrace.ENV_INTERVAL] = str(args.sample_s)
+            # Start-up takes a few seconds: the baseline lands just after the warm-up.
+            os.environ[heaptrace.ENV_WARMUP] = str(args.warmup_s + 15)
         gw = start_local_gateway(Path(tmp), fleet=FLEET)
         try:
             warm = asyncio.run(drive(gw, args.warmup_s, args.rps, args.seed))
             before = snapshot(gw)
-            started = time.monotonic()
-            outcomes = asyncio.run(drive(gw, args.minutes * 60, args.rps, args.seed + 1))
+            started, started_at = time.monotonic(), time.time()
+            outcomes, series = asyncio.run(
+                main_phase(gw, args.minutes * 60, args.rps, args.seed + 1, args.sample_s)
+            )
             elapsed = time.monotonic() - started
             time.sleep(1.0)
             after = snapshot(gw)
             left = inflight(gw)
+            names = {proc.popen.pid: name for name, proc in gw.procs.items()}
         finally:
             gw.stop()
+        traced = trace_summary(trace_dir, names, started_at) if args.tracemalloc else None
     total = sum(outcomes.values())
     summary = {
         "minutes": round(elapsed / 60, 2),
         "rps_target": args.rps,
+        "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
         "requests": total,
         "warmup_requests": sum(warm.values()),
         "outcomes": dict(outcomes),
@@ -134,7 +206,10 @@ def main() -> None:
             for name in before
             if name in after
         },
+        "rss_series": {"columns": ["minutes", "rss_kib", "fds"], **series},
     }
+    if traced is not None:
+        summary["tracemalloc"] = traced
     text = json.dumps(summary, indent=1)
     print(text)
     if args.out:
