@@ -4,7 +4,7 @@
 in-flight counts after the load stops (must be 0), and each process's RSS and open file
 descriptors after warm-up, every `--sample-s` and at the end (Linux /proc).
 
-`--tracemalloc` runs BBR and the EPPs with `gateway.heaptrace` on (a snapshot every
+`--tracemalloc bbr` (or `bbr,epp`) runs those services with `gateway.heaptrace` on (a snapshot every
 `--sample-s`, baseline just after the warm-up) and adds each one's traced-heap series and top
 growing allocation sites to the summary: traced bytes flat while RSS grows means allocator
 growth, not a Python leak. Set `MALLOC_ARENA_MAX` in the environment to compare arenas; the
@@ -163,13 +163,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the JSON summary here too")
     parser.add_argument("--sample-s", type=float, default=60.0, help="RSS (and heap) sampling period")
     parser.add_argument(
-        "--tracemalloc", action="store_true", help="run BBR and the EPPs with tracemalloc snapshots"
+        "--tracemalloc",
+        metavar="SERVICES",
+        help="run these services (comma-separated: bbr,epp) with tracemalloc snapshots",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         trace_dir = Path(tmp) / "tracemalloc"
         if args.tracemalloc:  # the services read these at start (gateway.heaptrace)
             os.environ[heaptrace.ENV_DIR] = str(trace_dir)
+            os.environ[heaptrace.ENV_PROGS] = args.tracemalloc
             os.environ[heaptrace.ENV_INTERVAL] = str(args.sample_s)
             # Start-up takes a few seconds: the baseline lands just after the warm-up.
             os.environ[heaptrace.ENV_WARMUP] = str(args.warmup_s + 15)
@@ -194,6 +197,7 @@ def main() -> None:
         "minutes": round(elapsed / 60, 2),
         "rps_target": args.rps,
         "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
+        "tracemalloc": args.tracemalloc,
         "requests": total,
         "warmup_requests": sum(warm.values()),
         "outcomes": dict(outcomes),
@@ -209,7 +213,7 @@ def main() -> None:
         "rss_series": {"columns": ["minutes", "rss_kib", "fds"], **series},
     }
     if traced is not None:
-        summary["tracemalloc"] = traced
+        summary["heap"] = traced
     text = json.dumps(summary, indent=1)
     print(text)
     if args.out:

@@ -27,17 +27,21 @@ if TYPE_CHECKING:
 ENV_DIR = "GATEWAY_TRACEMALLOC_DIR"
 ENV_INTERVAL = "GATEWAY_TRACEMALLOC_INTERVAL_S"
 ENV_WARMUP = "GATEWAY_TRACEMALLOC_WARMUP_S"
+ENV_PROGS = "GATEWAY_TRACEMALLOC_PROGS"  # comma-separated: which services the env turns on
 TOP_N = 15
 
 
 def add_tracemalloc_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(tracemalloc_prog=parser.prog)
+    progs = os.environ.get(ENV_PROGS)
+    wanted = progs is None or parser.prog in progs.split(",")
     group = parser.add_argument_group("heap tracing (diagnostics; off by default)")
     group.add_argument(
         "--tracemalloc-dir",
         type=Path,
-        default=os.environ.get(ENV_DIR) or None,
-        help=f"trace Python allocations and write snapshot statistics here (env {ENV_DIR})",
+        default=(os.environ.get(ENV_DIR) or None) if wanted else None,
+        help=f"trace Python allocations and write snapshot statistics here (env {ENV_DIR}, for the "
+        f"services named in {ENV_PROGS} if set)",
     )
     group.add_argument(
         "--tracemalloc-interval-s",

@@ -72,3 +72,13 @@ def test_on_writes_baseline_samples_and_final(tmp_path: Path, monkeypatch: pytes
     top = final["top"][0]
     assert top["where"].split(":")[0].endswith("test_heaptrace.py")  # the growth is found where it is
     assert top["size_diff_kib"] > 1500 and top["count_diff"] >= 2000
+
+
+def test_environment_turns_on_only_the_named_services(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(heaptrace.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(heaptrace.ENV_PROGS, "epp")
+    assert _parse().tracemalloc_dir is None
+    monkeypatch.setenv(heaptrace.ENV_PROGS, "epp,bbr")
+    assert _parse().tracemalloc_dir == tmp_path
