@@ -46,10 +46,8 @@ MODELS = ["llama-3.1-8b-instruct", "sql-lora", "qwen3-32b"]
 
 
 def resources(pid: int) -> dict[str, int]:
-    """RSS in KiB and open file descriptors of one process."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-    return {"rss_kib": rss, "fds": len(list(Path(f"/proc/{pid}/fd").iterdir()))}
+    """RSS (total, anonymous, file-backed) in KiB and open file descriptors of one process."""
+    return {**heaptrace.memory_kib(pid), "fds": len(list(Path(f"/proc/{pid}/fd").iterdir()))}
 
 
 def snapshot(gw: LocalGateway) -> dict[str, dict[str, int]]:
@@ -97,13 +95,16 @@ async def drive(gw: LocalGateway, seconds: float, rps: float, seed: int) -> Coun
     return outcomes
 
 
+SERIES_COLUMNS = ("rss_kib", "rss_anon_kib", "rss_file_kib", "fds")
+
+
 async def sample_every(gw: LocalGateway, every_s: float, series: dict[str, list[list[float]]]) -> None:
-    """Append [minutes since start, RSS KiB, fds] per process every `every_s` until cancelled."""
+    """Append [minutes since start, *SERIES_COLUMNS] per process every `every_s` until cancelled."""
     start = time.monotonic()
     while True:
         minutes = round((time.monotonic() - start) / 60, 2)
         for name, res in snapshot(gw).items():
-            series.setdefault(name, []).append([minutes, res["rss_kib"], res["fds"]])
+            series.setdefault(name, []).append([minutes, *(res[c] for c in SERIES_COLUMNS)])
         await asyncio.sleep(every_s)
 
 
@@ -119,9 +120,20 @@ async def main_phase(
     return outcomes, series
 
 
+HEAP_COLUMNS = (
+    "rss_kib",
+    "rss_anon_kib",
+    "traced_kib",
+    "tracemalloc_overhead_kib",
+    "malloc_in_use_kib",
+    "malloc_free_kib",
+    "threads",
+)
+
+
 def trace_summary(trace_dir: Path, names: dict[int, str], started_at: float) -> dict[str, Any]:
-    """Per traced process: [minutes since the load began, RSS, traced, tracemalloc's own, threads]
-    (KiB) per sample, and the top growing allocation sites at the last sample."""
+    """Per traced process: one row of HEAP_COLUMNS per sample (minutes since the load began),
+    and the top growing allocation sites at the last sample."""
     out: dict[str, Any] = {}
     for path in sorted(trace_dir.glob("*.jsonl")):
         records = [json.loads(line) for line in path.read_text().splitlines() if line]
@@ -130,15 +142,9 @@ def trace_summary(trace_dir: Path, names: dict[int, str], started_at: float) -> 
         name = names.get(records[0]["pid"], path.stem)
         last = records[-1]
         out[name] = {
-            "columns": ["minutes", "rss_kib", "traced_kib", "tracemalloc_overhead_kib", "threads"],
+            "columns": ["minutes", *HEAP_COLUMNS],
             "series": [
-                [
-                    round((r["unix_time"] - started_at) / 60, 2),
-                    r["rss_kib"],
-                    r["traced_kib"],
-                    r["tracemalloc_overhead_kib"],
-                    r["threads"],
-                ]
+                [round((r["unix_time"] - started_at) / 60, 2), *(r.get(c) for c in HEAP_COLUMNS)]
                 for r in records
             ],
             "top_growth_since_baseline": last["top"][:10] if last["kind"] != "baseline" else [],
@@ -210,7 +216,7 @@ def main() -> None:
             for name in before
             if name in after
         },
-        "rss_series": {"columns": ["minutes", "rss_kib", "fds"], **series},
+        "rss_series": {"columns": ["minutes", *SERIES_COLUMNS], **series},
     }
     if traced is not None:
         summary["heap"] = traced

@@ -6,13 +6,16 @@ Off unless `--tracemalloc-dir` (or `GATEWAY_TRACEMALLOC_DIR`, which launched chi
 inherit) is given; off, nothing is started and tracemalloc is not imported. On, tracing
 starts at once and a daemon thread appends one JSON line per sample to
 `<dir>/<prog>-<pid>.jsonl`: a baseline after `warmup_s`, then one every `interval_s`, and a
-final one at shutdown. Each line holds RSS, traced bytes, tracemalloc's own overhead and the
-top allocation sites by growth since the baseline (by size at the baseline itself).
+final one at shutdown. Each line holds RSS (anonymous / file-backed), traced bytes, tracemalloc's own overhead and the
+top allocation sites by growth since the baseline (by size at the baseline itself), plus
+glibc's malloc totals, which see what tracemalloc cannot (memory C extensions allocate).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import json
 import os
 import sysconfig
@@ -57,12 +60,48 @@ def add_tracemalloc_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def rss_kib() -> int:
-    """This process's resident set (Linux /proc)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+_STATUS_FIELDS = {"VmRSS:": "rss_kib", "RssAnon:": "rss_anon_kib", "RssFile:": "rss_file_kib"}
+
+
+def memory_kib(pid: int | str = "self") -> dict[str, int]:
+    """Resident set, split into anonymous (heap, arenas) and file-backed (mapped libraries:
+    grows as code pages are first touched, not a leak) pages, from Linux /proc."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key = _STATUS_FIELDS.get(line.split(maxsplit=1)[0]) if line else None
+        if key:
+            out[key] = int(line.split()[1])
+    return out
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+def malloc_kib() -> dict[str, int]:
+    """glibc malloc, all arenas: bytes handed out (C extensions too: gRPC core, protobuf) and
+    bytes freed but kept by the allocator. Empty off glibc (< 2.33)."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return {}
+    info = mallinfo2()
+    return {
+        "malloc_in_use_kib": (info.uordblks + info.hblkhd) // 1024,
+        "malloc_free_kib": info.fordblks // 1024,
+    }
 
 
 class HeapTracer:
@@ -125,7 +164,8 @@ class HeapTracer:
                 "pid": os.getpid(),
                 "unix_time": round(time.time(), 1),
                 "t_s": round(time.monotonic() - self._started, 1),
-                "rss_kib": rss_kib(),
+                **memory_kib(),
+                **malloc_kib(),
                 "traced_kib": round(current / 1024, 1),
                 "traced_peak_kib": round(peak / 1024, 1),
                 "tracemalloc_overhead_kib": round(self._tm.get_tracemalloc_memory() / 1024, 1),
