@@ -14,11 +14,9 @@ glibc's malloc totals, which see what tracemalloc cannot (memory C extensions al
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import json
 import os
-import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -74,20 +72,22 @@ def memory_kib(pid: int | str = "self") -> dict[str, int]:
     return out
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
-    ]
-
-
 @functools.cache
 def _mallinfo2() -> Any:
+    """glibc's mallinfo2(), loaded on first use (ctypes is not imported while tracing is off)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+        ]
+
     try:
         fn = ctypes.CDLL(None).mallinfo2
     except AttributeError:
         return None
-    fn.restype = _MallInfo2
+    fn.restype = MallInfo2
     return fn
 
 
@@ -191,20 +191,19 @@ def _where(tb: tracemalloc.Traceback) -> str:
     """`file:line`, relative to the installation (site-packages, stdlib, working directory)."""
     frame = tb[0]
     name = frame.filename
-    for prefix in _PREFIXES:
+    for prefix in _prefixes():
         if name.startswith(prefix):
             name = name[len(prefix) :]
             break
     return f"{name}:{frame.lineno}"
 
 
-_PREFIXES = tuple(
-    sorted(
-        {p.rstrip("/") + "/" for p in (*sysconfig.get_paths().values(), os.getcwd()) if p},
-        key=len,
-        reverse=True,
-    )
-)
+@functools.cache
+def _prefixes() -> tuple[str, ...]:
+    import sysconfig
+
+    paths = {p.rstrip("/") + "/" for p in (*sysconfig.get_paths().values(), os.getcwd()) if p}
+    return tuple(sorted(paths, key=len, reverse=True))
 
 
 def start_from_arguments(args: argparse.Namespace) -> HeapTracer | None:
