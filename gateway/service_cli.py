@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from extproc.server import add_tls_arguments
 from gateway.config_resource import add_config_resource_argument
+from gateway.heaptrace import add_tracemalloc_arguments, start_from_arguments
 
 # Libraries that log every scrape or connection at INFO: the EPP scrapes 20 times a second.
 _QUIET_LOGGERS = ("httpx", "httpcore", "kubernetes", "urllib3")
@@ -23,6 +24,7 @@ def service_parser(prog: str, description: str, *, default_port: int) -> argpars
     parser.add_argument("--drain-seconds", type=float, default=5.0, help="grace period on SIGTERM")
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
+    add_tracemalloc_arguments(parser)
     return parser
 
 
@@ -30,4 +32,9 @@ def run_service(serve: Callable[[argparse.Namespace], Awaitable[None]], args: ar
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
-    asyncio.run(serve(args))
+    tracer = start_from_arguments(args)  # None unless asked for: no cost by default
+    try:
+        asyncio.run(serve(args))
+    finally:
+        if tracer is not None:
+            tracer.stop()
