@@ -27,21 +27,9 @@ from typing import Any
 import httpx
 
 from gateway import heaptrace
+from gateway.launch import FAST_FLEET as FLEET
 from gateway.launch import LocalGateway, start_local_gateway
 
-FLEET: dict[str, Any] = {
-    "time_scale": 20.0,
-    "pods": [
-        {
-            "name": "llama",
-            "model": "llama-3.1-8b-instruct",
-            "adapters": ["sql-lora"],
-            "profile": "h100-llama3.1-8b",
-            "replicas": 2,
-        },
-        {"name": "qwen", "model": "qwen3-32b", "profile": "h100x2-qwen3-32b", "replicas": 2},
-    ],
-}
 MODELS = ["llama-3.1-8b-instruct", "sql-lora", "qwen3-32b"]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf import json_format
 
@@ -32,6 +32,30 @@ TYPES = {
     "previous_hosts": _T + "extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
     "prev_prio": _T + "extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
 }
+
+
+def processing_mode(
+    *,
+    request_headers: bool,
+    request_body: str,
+    request_trailers: bool,
+    response_headers: bool,
+    response_body: str,
+    response_trailers: bool,
+) -> dict[str, str]:
+    """An ext_proc ProcessingMode: which parts of the HTTP stream the service sees."""
+
+    def send(on: bool) -> str:
+        return "SEND" if on else "SKIP"
+
+    return {
+        "request_header_mode": send(request_headers),
+        "request_body_mode": request_body,
+        "request_trailer_mode": send(request_trailers),
+        "response_header_mode": send(response_headers),
+        "response_body_mode": response_body,
+        "response_trailer_mode": send(response_trailers),
+    }
 
 
 def socket(host: str, port: int) -> dict[str, Any]:
@@ -90,6 +114,27 @@ def https_listener(
         "per_connection_buffer_limit_bytes": buffer_bytes,
         "filter_chains": [chain],
     }
+
+
+class ListenerTopology(Protocol):
+    """What a renderer's topology says about its client-facing listener."""
+
+    listen_host: str
+    listen_port: int
+    server_cert: Path | None
+    server_key: Path | None
+    connection_buffer_bytes: int
+
+
+def topology_listener(topo: ListenerTopology, hcm: dict[str, Any]) -> dict[str, Any]:
+    return https_listener(
+        topo.listen_host,
+        topo.listen_port,
+        topo.server_cert,
+        topo.server_key,
+        topo.connection_buffer_bytes,
+        hcm,
+    )
 
 
 def bootstrap(

@@ -41,8 +41,10 @@ from gateway.envoy_blocks import (
     bootstrap,
     https_listener,
     json_error_response,
+    processing_mode,
     socket,
     split_host_port,
+    topology_listener,
 )
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
@@ -156,14 +158,14 @@ def _processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[
     ends (last byte, reset or abort). Measured with Envoy 1.40: an HTTP/1.1 answer without
     trailers costs no extra message (none is synthesized), only the stream held open.
     """
-    return {
-        "request_header_mode": "SEND",
-        "request_body_mode": "BUFFERED" if buffered else "FULL_DUPLEX_STREAMED",
-        "request_trailer_mode": "SKIP" if buffered else "SEND",
-        "response_header_mode": "SEND" if response_headers else "SKIP",
-        "response_body_mode": "NONE",
-        "response_trailer_mode": "SEND" if response_headers else "SKIP",
-    }
+    return processing_mode(
+        request_headers=True,
+        request_body="BUFFERED" if buffered else "FULL_DUPLEX_STREAMED",
+        request_trailers=not buffered,
+        response_headers=response_headers,
+        response_body="NONE",
+        response_trailers=response_headers,
+    )
 
 
 def _ext_proc_filter(
@@ -602,14 +604,7 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         _grpc_cluster(f"epp-{pool}", host, port, topo.extproc_tls) for pool, (host, port) in topo.epps.items()
     ]
     clusters += _pool_clusters(config, topo)
-    listener = https_listener(
-        topo.listen_host,
-        topo.listen_port,
-        topo.server_cert,
-        topo.server_key,
-        topo.connection_buffer_bytes,
-        hcm,
-    )
+    listener = topology_listener(topo, hcm)
     return bootstrap(topo.admin_port, [listener], clusters)
 
 

@@ -44,6 +44,15 @@ DEFAULT_FLEET: dict[str, Any] = {
         {"name": "qwen", "model": "qwen3-32b", "profile": "h100x2-qwen3-32b", "replicas": 2},
     ],
 }
+# The same two pools, 20x faster than the GPUs and one adapter: for tests and soaks that check
+# routing and accounting, not GPU timing.
+FAST_FLEET: dict[str, Any] = {
+    "time_scale": 20.0,
+    "pods": [
+        {**DEFAULT_FLEET["pods"][0], "adapters": ["sql-lora"]},
+        dict(DEFAULT_FLEET["pods"][1]),
+    ],
+}
 
 
 # How Envoy reaches a pool's pods: "static" lists them in a STATIC cluster (OverrideHost), as

@@ -32,10 +32,11 @@ from typing import Any
 from gateway.envoy_blocks import (
     TYPES,
     bootstrap,
-    https_listener,
     json_error_response,
+    processing_mode,
     socket,
     split_host_port,
+    topology_listener,
 )
 from globalrouter.config import ConfigError, RouterConfig, load_config
 from globalrouter.processor import (
@@ -192,14 +193,15 @@ def _ext_proc_filter(topo: GlobalTopology) -> dict[str, Any]:
             "@type": TYPES["ext_proc"],
             "grpc_service": {"envoy_grpc": {"cluster_name": "global-router"}, "timeout": timeout},
             "failure_mode_allow": False,
-            "processing_mode": {
-                "request_header_mode": "SEND",
-                "request_body_mode": "FULL_DUPLEX_STREAMED",
-                "request_trailer_mode": "SEND",
-                "response_header_mode": "SKIP",  # the observer filter watches responses
-                "response_body_mode": "NONE",
-                "response_trailer_mode": "SKIP",
-            },
+            # Requests only: the observer filter watches responses.
+            "processing_mode": processing_mode(
+                request_headers=True,
+                request_body="FULL_DUPLEX_STREAMED",
+                request_trailers=True,
+                response_headers=False,
+                response_body="NONE",
+                response_trailers=False,
+            ),
             "metadata_options": {"receiving_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
             "message_timeout": timeout,
             "status_on_error": {"code": "ServiceUnavailable"},
@@ -208,14 +210,10 @@ def _ext_proc_filter(topo: GlobalTopology) -> dict[str, Any]:
 
 
 def _observer_mode(*, response_body: str) -> dict[str, str]:
-    return {
-        "request_header_mode": "SKIP",
-        "request_body_mode": "NONE",
-        "request_trailer_mode": "SKIP",
-        "response_header_mode": "SEND",
-        "response_body_mode": response_body,
-        "response_trailer_mode": "SKIP",
-    }
+    return processing_mode(
+        request_headers=False, request_body="NONE", request_trailers=False,
+        response_headers=True, response_body=response_body, response_trailers=False,
+    )  # fmt: skip
 
 
 def _observer_filter(topo: GlobalTopology) -> dict[str, Any]:
@@ -279,14 +277,7 @@ def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, An
             {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}},
         ],
     }
-    listener = https_listener(
-        topo.listen_host,
-        topo.listen_port,
-        topo.server_cert,
-        topo.server_key,
-        topo.connection_buffer_bytes,
-        hcm,
-    )
+    listener = topology_listener(topo, hcm)
     clusters = [_router_cluster(topo)] + [
         _member_cluster(config, i, topo) for i in range(len(config.members))
     ]

@@ -6,22 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.launch import LocalGateway, start_local_gateway
-
-# Fast simulated pods: integration tests check routing, not GPU timing.
-FAST_FLEET = {
-    "time_scale": 20.0,
-    "pods": [
-        {
-            "name": "llama",
-            "model": "llama-3.1-8b-instruct",
-            "adapters": ["sql-lora"],
-            "profile": "h100-llama3.1-8b",
-            "replicas": 2,
-        },
-        {"name": "qwen", "model": "qwen3-32b", "profile": "h100x2-qwen3-32b", "replicas": 2},
-    ],
-}
+from gateway.launch import FAST_FLEET, LocalGateway, start_local_gateway
 
 
 def add_canary(config: dict) -> None:
