@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -28,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from gateway.launch import free_port
 
 PEER_POLICIES: dict[str, tuple[str, ...]] = {
     "sglang": ("cache_aware", "power_of_two", "round_robin", "random"),
@@ -39,12 +40,6 @@ _LOG_LEVEL = {"sglang": "warn", "vllm": "warning"}
 
 class PeerError(RuntimeError):
     """A peer router did not come up; the message carries the tail of its log."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def peer_command(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -76,8 +77,30 @@ def dev_trust(config: dict[str, Any]) -> None:
             model.setdefault("objectives", ["chat", "batch"])
 
 
+_PORT_RNG = random.SystemRandom()  # never the seeded global one: two workers would agree
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port free now, for a process started a moment later. Chosen below the kernel's
+    ephemeral range: a port the kernel hands out (bind to 0) is also what it gives the next
+    outgoing connection, and under load one of those took it before the service bound it."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _PORT_RNG.randint(max(1024, low - 12_000), low - 1)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: take the kernel's
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
