@@ -12,35 +12,16 @@ import logging
 import random
 from collections.abc import Callable
 
+from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, bad_request
+from extproc.headers import BASE_MODEL_HEADER, MODEL_HEADER, ROUTING_HEADERS
 from extproc.stream import RequestRoute
 from gateway.config import GatewayConfig
 
 log = logging.getLogger(__name__)
 
-MODEL_HEADER = "x-gateway-model-name"
-BASE_MODEL_HEADER = "x-gateway-base-model-name"
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
 # Headers that steer routing: only the gateway may set them. Other x-gateway-* headers
 # (inference objective, decision explain) are client requests and pass through.
-ROUTING_HEADERS = frozenset({MODEL_HEADER, BASE_MODEL_HEADER, DESTINATION_HEADER})
-
-
-def decode_json_object(body: bytes) -> dict | ErrorResponse:
-    """Strict decode: UTF-8, JSON, an object. Shared by BBR and the EPP."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return bad_request("request body is not valid UTF-8", "invalid_encoding")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return bad_request(f"request body is not valid JSON: {exc.msg} at position {exc.pos}", "invalid_json")
-    except RecursionError:
-        return bad_request("request body is nested too deeply", "invalid_json")
-    if not isinstance(data, dict):
-        return bad_request("request body must be a JSON object", "invalid_json")
-    return data
 
 
 def client_routing_headers(headers: dict[str, str]) -> tuple[str, ...]:

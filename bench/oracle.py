@@ -28,10 +28,11 @@ from dataclasses import dataclass
 
 import httpx
 
-from bbr.router import MODEL_HEADER, decode_json_object
 from bench.loadgen import PROBE_HEADER
-from epp.processor import DESTINATION_HEADER, METADATA_NAMESPACE
+from epp.processor import METADATA_NAMESPACE
+from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, unavailable
+from extproc.headers import DESTINATION_HEADER, MODEL_HEADER
 from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer, RequestOnlyProcessor, RequestRoute
 from gateway.config import GatewayConfig

@@ -11,18 +11,17 @@ import logging
 import time
 import uuid
 
-from bbr.router import MODEL_HEADER, decode_json_object
 from epp.admission import admit
 from epp.context import EppContext
 from epp.request import InferenceRequest, RequestError, parse_request
 from epp.scheduling.base import Decision
-from epp.trust import DECISION_HEADER
+from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, bad_request, unavailable
+from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER
 from extproc.stream import RequestRoute
 
 log = logging.getLogger(__name__)
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
 METADATA_NAMESPACE = "envoy.lb"
 
 

@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER
 from gateway.config import GatewayConfig
 
-CLAIM_HEADER = "x-gateway-trusted-claim"  # written by Envoy's jwt_authn only
-DECISION_HEADER = "x-gateway-decision"
-OBJECTIVE_HEADER = "x-gateway-inference-objective"
 _ASKED = ("1", "true", "yes")
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from epp.trust import CLAIM_HEADER
+from extproc.headers import CLAIM_HEADER, DESTINATION_HEADER, MODEL_HEADER
 from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig
 from gateway.envoy_blocks import (
     TYPES,
@@ -47,8 +47,6 @@ from gateway.envoy_blocks import (
     topology_listener,
 )
 
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-MODEL_HEADER = "x-gateway-model-name"
 ERROR_DETAILS_PREFIX = "gateway_"  # ImmediateResponse details set by our ext_proc services
 EPP_FILTER = "gateway.epp"
 BBR_FILTER = "gateway.bbr"

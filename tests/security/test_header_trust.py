@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from epp.trust import CLAIM_HEADER
+from extproc.headers import CLAIM_HEADER
 from gateway.launch import LocalGateway, start_local_gateway
 from tests.integration.busy_pods import busy
 from tests.integration.conftest import chat

@@ -6,8 +6,9 @@ import json
 import random
 from collections import Counter
 
-from bbr.router import BASE_MODEL_HEADER, MODEL_HEADER, BodyRouter
+from bbr.router import BodyRouter
 from extproc.errors import ErrorResponse
+from extproc.headers import BASE_MODEL_HEADER, MODEL_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import GatewayConfig, parse_config
 

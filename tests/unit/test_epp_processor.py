@@ -8,11 +8,12 @@ import pytest
 
 from epp.context import EppContext
 from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import DESTINATION_HEADER, EppProcessor
+from epp.processor import EppProcessor
 from epp.scheduling.weighted import WeightedScheduler
 from epp.telemetry import Telemetry
 from epp.trust import HeaderPolicy
 from extproc.errors import ErrorResponse
+from extproc.headers import DESTINATION_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import parse_config
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from epp.trust import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER, HeaderPolicy, Objective
+from epp.trust import HeaderPolicy, Objective
+from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER
 from gateway.config import ConfigError, parse_config
 
 JWT = {"issuer": "https://issuer.test", "jwks": '{"keys": [{"kty": "RSA", "n": "x", "e": "AQAB"}]}'}

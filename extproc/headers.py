@@ -1,0 +1,16 @@
+"""The gateway's own HTTP header names: one definition for Envoy's rendering, BBR and the EPP.
+
+Routing headers (`ROUTING_HEADERS`) are written by BBR/the EPP only; Envoy strips any a
+client sends. The claim header is written by Envoy's `jwt_authn` after verifying a token.
+"""
+
+from __future__ import annotations
+
+MODEL_HEADER = "x-gateway-model-name"  # BBR: the model whose pool routes the request
+BASE_MODEL_HEADER = "x-gateway-base-model-name"  # BBR: an adapter's base model
+DESTINATION_HEADER = "x-gateway-destination-endpoint"  # EPP: ip:port[,fallback...]
+ROUTING_HEADERS = frozenset({MODEL_HEADER, BASE_MODEL_HEADER, DESTINATION_HEADER})
+
+CLAIM_HEADER = "x-gateway-trusted-claim"  # Envoy's jwt_authn only
+DECISION_HEADER = "x-gateway-decision"  # a trusted client asks for the EPP's scores
+OBJECTIVE_HEADER = "x-gateway-inference-objective"  # a client names a scheduling profile
