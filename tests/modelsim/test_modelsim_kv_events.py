@@ -6,10 +6,8 @@ A real ZMQ round trip on loopback with free ports: modelsim's PUB + replay ROUTE
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -27,6 +25,7 @@ from modelsim.fleet import Fleet, FleetSpec, SpecError, run_fleet
 from modelsim.kv_events import KVEventsConfig as SimKVEventsConfig
 from modelsim.kv_events import KVEventsConfigError
 from tests.unit import kv_wire_structs as wire
+from tests.waiting import until
 
 KV = {
     "enable_kv_cache_events": True,
@@ -36,14 +35,6 @@ KV = {
     "topic": "kv@127.0.0.1@llama",
 }
 PROMPT = "the quick brown fox jumps over the lazy dog " * 12
-
-
-async def _until(cond: Callable[[], bool], what: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -120,7 +111,7 @@ async def test_round_trip_store_evict_reset_restart(
         full = len(ids) // 16
         assert full >= 4
         await _complete(client)
-        await _until(lambda: index.lookup(ids, "llama").get(pod.address) == full, "prompt blocks indexed")
+        await until(lambda: index.lookup(ids, "llama").get(pod.address) == full, "prompt blocks indexed")
         # the engine itself agrees on what it holds
         assert pod.probe(ids)["cached_prefix_tokens"] == (len(ids) - 1) // 16 * 16
         assert index.pod(pod.address).precise
@@ -128,30 +119,30 @@ async def test_round_trip_store_evict_reset_restart(
         # an adapter's blocks are keyed apart
         sql_ids = await _tokens(client, prompt=PROMPT)
         await _complete(client, model="llama-sql")
-        await _until(lambda: index.lookup(sql_ids, "llama", "llama-sql").get(pod.address) == full, "adapter")
+        await until(lambda: index.lookup(sql_ids, "llama", "llama-sql").get(pod.address) == full, "adapter")
 
         # 64 blocks of KV: other prompts evict the first one's blocks -> BlockRemoved
         for i in range(8):
             await _complete(client, prompt=f"request number {i} " + "lorem ipsum dolor sit amet " * 20)
-        await _until(lambda: index.lookup(ids, "llama").get(pod.address, 0) < full, "eviction seen")
+        await until(lambda: index.lookup(ids, "llama").get(pod.address, 0) < full, "eviction seen")
         assert index.size() <= 64  # never more entries than the engine has blocks
 
         # reset_prefix_cache -> AllBlocksCleared
         r = await client.post("/reset_prefix_cache")
         assert r.status_code == 200
-        await _until(lambda: index.size() == 0, "AllBlocksCleared")
+        await until(lambda: index.size() == 0, "AllBlocksCleared")
 
         # a crashed and restarted engine: seq from 0 on the same ports, state rebuilt
         await _complete(client)
-        await _until(lambda: index.lookup(ids, "llama").get(pod.address) == full, "indexed again")
+        await until(lambda: index.lookup(ids, "llama").get(pod.address) == full, "indexed again")
         resyncs = sub.resyncs
         await pod.crash()
         await pod.restart()
-        await _until(lambda: sub.resyncs > resyncs, "restart noticed")
+        await until(lambda: sub.resyncs > resyncs, "restart noticed")
         assert index.lookup(ids, "llama").get(pod.address, 0) == 0
         await _complete(client)
-        await _until(lambda: index.lookup(ids, "llama").get(pod.address) == full, "fresh engine indexed")
-        await _until(lambda: index.pod(pod.address).precise, "precise after restart")
+        await until(lambda: index.lookup(ids, "llama").get(pod.address) == full, "fresh engine indexed")
+        await until(lambda: index.pod(pod.address).precise, "precise after restart")
     debug = manager.debug()
     assert debug["precise"] == [pod.address] and debug["pods"][pod.address]["lag_s"] is not None
 
@@ -218,7 +209,7 @@ async def test_epp_app_subscribes_discovered_pods(kv_fleet: Fleet, tmp_path: Pat
         async with httpx.AsyncClient(base_url=pod.url, timeout=10) as client:
             ids = await _tokens(client, prompt=PROMPT)
             await _complete(client)
-        await _until(lambda: app.kv_index.lookup(ids, "llama").get(pod.address, 0) > 0, "indexed via the app")
+        await until(lambda: app.kv_index.lookup(ids, "llama").get(pod.address, 0) > 0, "indexed via the app")
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{app.metrics_port}", timeout=10) as admin:
             debug = (await admin.get("/debug/pool")).json()["kv_events"]
             assert debug["precise"] == [pod.address] and plain.address not in debug["pods"]
@@ -229,7 +220,7 @@ async def test_epp_app_subscribes_discovered_pods(kv_fleet: Fleet, tmp_path: Pat
             assert f'gateway_kv_event_lag_seconds{{pod="{pod.address}"}}' in metrics
         write([{"address": plain.address}])
         assert app._watcher.check()  # the file watcher's reload, without waiting for its poll
-        await _until(lambda: app.kv_events.subscriber(pod.address) is None, "pod removed", within=30)
+        await until(lambda: app.kv_events.subscriber(pod.address) is None, "pod removed", within=30)
         assert app.kv_index.size() == 0
     finally:
         await app.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import msgpack
 import pytest
@@ -28,6 +28,7 @@ from epp.pool import Endpoint
 from gateway.config import KvEventsConfig
 from modelsim.kv_events import all_blocks_cleared, block_removed, block_stored, encode_batch
 from tests.unit import kv_wire_structs as wire
+from tests.waiting import until
 
 FAMILIES = list(wire.FAMILIES)
 BS = 4
@@ -254,14 +255,6 @@ class FakeVllm:
         self.router.close(linger=0)
 
 
-async def _until(cond: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
     context = zmq.asyncio.Context()
@@ -298,7 +291,7 @@ async def _connected(vllm: FakeVllm, sub: KVEventSubscriber, next_seq: int) -> i
         seq += 1
         await asyncio.sleep(0.05)
         assert time.monotonic() < deadline, "subscriber never connected"
-    await _until(lambda: sub.last_seq == seq - 1, "heartbeats applied")
+    await until(lambda: sub.last_seq == seq - 1, "heartbeats applied")
     return seq
 
 
@@ -314,7 +307,7 @@ async def test_gap_is_filled_by_replay(ctx: zmq.asyncio.Context) -> None:
         await vllm.publish(seq, [_stored(101, 100, 1)], send=False)
         await vllm.publish(seq + 1, [_stored(102, 101, 2)], send=False)
         await vllm.publish(seq + 2, [_stored(103, 102, 3)])
-        await _until(lambda: sub.last_seq == seq + 2, "gap replayed")
+        await until(lambda: sub.last_seq == seq + 2, "gap replayed")
         assert seq in vllm.replay_requests
         assert index.lookup(_tokens(4), "m") == {"127.0.0.1:8000": 4}
         assert index.pod("127.0.0.1:8000").precise and sub.resyncs == 0
@@ -330,7 +323,7 @@ async def test_uncoverable_gap_resyncs_then_fresh_events_make_it_precise(ctx: zm
     try:
         seq = await _connected(vllm, sub, 0)
         await vllm.publish(seq, [_stored(100, None, 0)])
-        await _until(lambda: index.size() == 1, "block stored")
+        await until(lambda: index.size() == 1, "block stored")
         # the eviction of block 100 is lost and the replay buffer no longer has it
         await vllm.publish(seq + 1, [wire.removed("current", [100])], send=False, keep=False)
         states: list[bool] = []
@@ -342,7 +335,7 @@ async def test_uncoverable_gap_resyncs_then_fresh_events_make_it_precise(ctx: zm
 
         sub._drop = spy  # type: ignore[method-assign]
         await vllm.publish(seq + 2, [_stored(200, None, 5)])
-        await _until(lambda: sub.last_seq == seq + 2, "resync")
+        await until(lambda: sub.last_seq == seq + 2, "resync")
         assert states == [False]  # approximate between the drop and the fresh batch
         assert sub.resyncs == 1
         # the phantom block 100 is gone (its removal was lost), the fresh one is there
@@ -360,9 +353,9 @@ async def test_gap_without_replay_socket_resyncs(ctx: zmq.asyncio.Context) -> No
     try:
         seq = await _connected(vllm, sub, 0)
         await vllm.publish(seq, [_stored(100, None, 0)])
-        await _until(lambda: index.size() == 1, "block stored")
+        await until(lambda: index.size() == 1, "block stored")
         await vllm.publish(seq + 5, [_stored(300, None, 7)])
-        await _until(lambda: sub.last_seq == seq + 5, "resync")
+        await until(lambda: sub.last_seq == seq + 5, "resync")
         assert index.size() == 1 and index.lookup(_tokens(1, 7 * BS), "m") == {"127.0.0.1:8000": 1}
         assert sub.resyncs >= 1 and not vllm.replay_requests
     finally:
@@ -377,11 +370,11 @@ async def test_sequence_reset_is_a_restart(ctx: zmq.asyncio.Context) -> None:
     try:
         seq = await _connected(vllm, sub, 0)
         await vllm.publish(seq, [_stored(100, None, 0), _stored(101, 100, 1)])
-        await _until(lambda: index.size() == 2, "blocks stored")
+        await until(lambda: index.size() == 2, "blocks stored")
         # a new engine process: seq from 0, empty cache, new blocks
         vllm.buffer.clear()
         await vllm.publish(0, [_stored(500, None, 9)])
-        await _until(lambda: sub.last_seq == 0, "restart seen")
+        await until(lambda: sub.last_seq == 0, "restart seen")
         assert index.lookup(_tokens(2), "m") == {pod: 0}
         assert index.lookup(_tokens(1, 9 * BS), "m") == {pod: 1}
         assert index.pod(pod).precise and index.size() == 1
@@ -405,7 +398,7 @@ async def test_pod_removal_closes_and_forgets(ctx: zmq.asyncio.Context) -> None:
         assert subs.debug()["precise"] == [ep.address]
         (_, _, task) = subs._subs[ep.address]
         subs.sync([], None)
-        await _until(task.done, "subscriber task ended")
+        await until(task.done, "subscriber task ended")
         assert index.size() == 0 and index.pod(ep.address) is None and subs.debug()["pods"] == {}
     finally:
         await subs.stop()
@@ -427,7 +420,7 @@ async def test_dead_replay_port_times_out_into_a_resync(ctx: zmq.asyncio.Context
     try:
         seq = await _connected(vllm, sub, 0)
         await vllm.publish(seq + 3, [_stored(300, None, 7)])
-        await _until(lambda: sub.last_seq == seq + 3, "resync after the replay timeout")
+        await until(lambda: sub.last_seq == seq + 3, "resync after the replay timeout")
         assert index.lookup(_tokens(1, 7 * BS), "m") == {"127.0.0.1:8000": 1}
         assert not task.done()
     finally:
@@ -442,13 +435,13 @@ async def test_a_bad_batch_resyncs_the_pod(ctx: zmq.asyncio.Context) -> None:
     try:
         seq = await _connected(vllm, sub, 0)
         await vllm.publish(seq, [_stored(100, None, 0)])
-        await _until(lambda: index.size() == 1, "block stored")
+        await until(lambda: index.size() == 1, "block stored")
         resyncs = sub.resyncs
         await vllm.pub.send_multipart((b"t", (seq + 1).to_bytes(8, "big"), b"\xc1 not msgpack"))
-        await _until(lambda: sub.last_seq == seq + 1, "bad batch seen")
+        await until(lambda: sub.last_seq == seq + 1, "bad batch seen")
         assert index.size() == 0 and sub.resyncs == resyncs + 1 and not index.pod(pod).precise
         await vllm.publish(seq + 2, [_stored(200, None, 5)])
-        await _until(lambda: index.pod(pod).precise, "fresh events after the bad batch")
+        await until(lambda: index.pod(pod).precise, "fresh events after the bad batch")
         assert index.size() == 1 and not task.done()
     finally:
         task.cancel()
