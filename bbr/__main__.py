@@ -9,9 +9,8 @@ from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
 from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer
-from gateway.config_resource import start_resource_watcher
 from gateway.config_store import ConfigStore, FileWatcher
-from gateway.service_cli import run_service, service_parser
+from gateway.service_cli import follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
 
 log = logging.getLogger("bbr")
@@ -23,7 +22,7 @@ async def serve(args: argparse.Namespace) -> None:
     servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current), name="bbr")
     service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
     watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
-    resource = await start_resource_watcher(store, args.config_resource)
+    resource = await follow_config_resource(store, args.config_resource)
     log.info("bbr listening on %s:%d", args.host, service.port)
     await wait_for_shutdown_signal()
     watcher.cancel()

@@ -16,7 +16,6 @@ Target options (`--target-opt key=value`) for tuning without editing code:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import subprocess
@@ -30,8 +29,8 @@ import yaml
 
 from bench.oracle import PROBE_TIMEOUT_S
 from bench.targets import PolicyTarget, TargetContext, register_policy
+from epp.config import parse_epp_config
 from gateway.certs import CertSet, make_certs
-from gateway.config import parse_config
 from gateway.envoy_config import render_baseline_bootstrap
 from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from modelsim.fleet import FleetSpec
@@ -211,7 +210,7 @@ def effective_epp_config(config_path: Path) -> dict[str, Any]:
     """The scheduling configuration the EPP really ran with, read back from the gateway's own
     config file: the default profile resolved over the built-ins (so `epp-default` records the
     published weights too), thresholds, scrape and admission settings."""
-    config = parse_config(yaml.safe_load(config_path.read_text()))
+    config = parse_epp_config(yaml.safe_load(config_path.read_text()))
     profile = config.scheduler_profiles()[config.default_profile]
     return json.loads(
         json.dumps(
@@ -221,7 +220,7 @@ def effective_epp_config(config_path: Path) -> dict[str, Any]:
                     "name": profile.name,
                     "weights": dict(profile.weights),
                     "picker": profile.picker,
-                    "thresholds": dataclasses.asdict(profile.thresholds),
+                    "thresholds": profile.thresholds.model_dump(by_alias=True),
                     "priority": profile.priority,
                 },
                 "thresholds": config.thresholds.model_dump(by_alias=True),

@@ -7,8 +7,7 @@ import logging
 
 from epp.app import EppApp
 from extproc.server import tls_from_arguments, wait_for_shutdown_signal
-from gateway.config_resource import start_resource_watcher
-from gateway.service_cli import run_service, service_parser
+from gateway.service_cli import follow_config_resource, run_service, service_parser
 
 log = logging.getLogger("epp")
 
@@ -23,7 +22,7 @@ async def serve(args: argparse.Namespace) -> None:
         tls=tls_from_arguments(args),
     )
     await app.start()
-    resource = await start_resource_watcher(app.store, args.config_resource)
+    resource = await follow_config_resource(app.store, args.config_resource)
     log.info(
         "epp for pool %s listening on %s:%d (metrics %d)", args.pool, args.host, app.port, app.metrics_port
     )

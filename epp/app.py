@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from epp.admin import start_admin_server
+from epp.config import EppConfig
 from epp.context import EppContext
 from epp.discovery.static import static_endpoints
 from epp.kv_events import KVEventMetrics, KVEventSubscribers
@@ -24,14 +26,13 @@ from epp.telemetry import Telemetry
 from epp.trust import HeaderPolicy
 from extproc.server import GrpcService, TlsFiles, start_grpc_service
 from extproc.stream import ExtProcServicer
-from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.supervise import spawn
 
 log = logging.getLogger(__name__)
 
 
-def build_scheduler(config: GatewayConfig, previous: WeightedScheduler | None = None) -> WeightedScheduler:
+def build_scheduler(config: EppConfig, previous: WeightedScheduler | None = None) -> WeightedScheduler:
     return WeightedScheduler(
         config.scheduler_profiles(),
         default_profile=config.default_profile,
@@ -50,7 +51,7 @@ class EppApp:
         metrics_port: int = 0,
         tls: TlsFiles | None = None,
     ) -> None:
-        self.store = ConfigStore.from_file(config_path)
+        self.store = ConfigStore.from_file(config_path, EppConfig)
         self._watcher = FileWatcher(self.store, config_path)
         config = self.store.current()
         pool_config = config.pool(pool_name)  # KeyError early if the pool is unknown
@@ -79,7 +80,7 @@ class EppApp:
         self.port = 0
         self.metrics_port = 0
 
-    def _apply(self, config: GatewayConfig) -> None:
+    def _apply(self, config: EppConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
         self.ctx.header_policy = HeaderPolicy.from_config(config)
         pool = config.pool(self.pool_name)
@@ -94,7 +95,7 @@ class EppApp:
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
 
-    def _on_config(self, config: GatewayConfig) -> None:
+    def _on_config(self, config: EppConfig) -> None:
         try:
             config.pool(self.pool_name)
         except KeyError:
@@ -105,7 +106,14 @@ class EppApp:
         self._apply(config)
 
     def set_endpoints(self, endpoints: list[Endpoint]) -> None:
-        """The one entry point for discovery (static or Kubernetes) to change the pool."""
+        """The one entry point for discovery (static or Kubernetes) to change the pool; pool-wide
+        settings fill what a pod does not say itself."""
+        capacity = self.store.current().pool(self.pool_name).kv_capacity_tokens
+        if capacity is not None:
+            endpoints = [
+                ep if ep.kv_capacity_tokens is not None else replace(ep, kv_capacity_tokens=capacity)
+                for ep in endpoints
+            ]
         self.pool.set_endpoints(endpoints)
         self.scheduler.prefix_index.retain(ep.address for ep in endpoints)
         try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from epp.config import EppConfig
 from epp.pool import Pool
 from epp.scheduling.base import Scheduler
 from epp.telemetry import Telemetry
 from epp.trust import HeaderPolicy
-from gateway.config import GatewayConfig
 
 
 @dataclass
@@ -17,7 +17,7 @@ class EppContext:
     pool_name: str
     pool: Pool
     scheduler: Scheduler
-    config: Callable[[], GatewayConfig]
+    config: Callable[[], EppConfig]
     telemetry: Telemetry
     header_policy: HeaderPolicy = field(default_factory=HeaderPolicy)  # which client headers count
     fallback_endpoints: int = 0  # extra ranked endpoints appended to the destination list

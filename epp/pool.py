@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 # Weight of the newest sample in the smoothed per-pod speed figures.
 SPEED_EWMA_ALPHA = 0.2
@@ -85,6 +85,8 @@ class Endpoint:
     metrics_url: str | None = None  # defaults to http://{address}/metrics
     kv_events_port: int | None = None  # vLLM KV-event PUB port (over the pool's kvEvents.port)
     kv_replay_port: int | None = None
+    # KV-cache capacity in tokens, for engines that report tokens held rather than a fraction (TGI).
+    kv_capacity_tokens: int | None = None
 
     def serves(self, model: str, adapter: str | None) -> bool:
         if model not in self.models:
@@ -140,6 +142,11 @@ class EndpointState:
     ttft_ewma: float | None = None  # smoothed observed time to first byte, seconds
     tpot_ewma: float | None = None  # smoothed observed time per output token, seconds
     healthy: bool = True  # False after repeated scrape failures
+    # The effective queue, computed here once for every scorer and filter that reads it:
+    # scraped waiting + requests routed here that the scrape does not show yet
+    # (max(0, in-flight - waiting - running); other replicas' requests only ever make the
+    # pod's counts larger, so this never double counts). None while waiting is unknown.
+    queue: float | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         # Cheap comparisons only: one record per pod per scheduling decision.
@@ -154,6 +161,10 @@ class EndpointState:
             _set(self, "inflight_requests", 0)
         if self.inflight_tokens < 0:
             _set(self, "inflight_tokens", 0)
+        m = self.metrics
+        if m is not None and m.waiting is not None:
+            unseen = self.inflight_requests - m.waiting - (m.running or 0.0)
+            _set(self, "queue", m.waiting + (unseen if unseen > 0 else 0.0))
 
     @property
     def address(self) -> str:
@@ -319,9 +330,3 @@ class Pool:
             for live in self._live.values()
         )
         return PoolSnapshot(endpoints=states, taken_at=now)
-
-
-def with_metrics(state: EndpointState, **changes: object) -> EndpointState:
-    """Copy of a state with some metric fields changed (tests, oracle, what-if scoring)."""
-    base = state.metrics or Metrics()
-    return replace(state, metrics=replace(base, **changes))  # type: ignore[arg-type]

@@ -13,6 +13,11 @@ from typing import Any
 # A deterministic, dependency-free token estimate: ~4 characters per token is what
 # OpenAI documents for English text, and it is all the gateway needs to weigh load.
 CHARS_PER_TOKEN = 4
+# Output tokens assumed for a request without max_tokens when predicting its load or service time.
+DEFAULT_OUTPUT_TOKENS = 256
+# Cap on the client's max_tokens in such predictions: any int is a valid JSON max_tokens, and
+# 10**400 x a float overflows.
+MAX_OUTPUT_TOKENS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +36,14 @@ class InferenceRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def expected_output_tokens(self) -> int:
+        """max_tokens when given (capped), else the default guess."""
+        return min(self.max_tokens or DEFAULT_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
+
+    @property
     def estimated_tokens(self) -> int:
         """Prompt plus expected output: what this request adds to a pod's load."""
-        return self.prompt_tokens + (self.max_tokens or 256)
+        return self.prompt_tokens + self.expected_output_tokens
 
 
 class RequestError(ValueError):

@@ -254,7 +254,13 @@ class Scraper:
             rejected: list[Rejection] = []
             try:
                 metrics = parse_metrics(
-                    page, ep.engine, time.monotonic(), rejected=rejected, also=also, also_found=found
+                    page,
+                    ep.engine,
+                    time.monotonic(),
+                    kv_capacity_tokens=ep.kv_capacity_tokens,
+                    rejected=rejected,
+                    also=also,
+                    also_found=found,
                 )
             finally:
                 if rejected:

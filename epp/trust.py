@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from epp.config import EppConfig
 from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER
-from gateway.config import GatewayConfig
 
 _ASKED = ("1", "true", "yes")
 
@@ -46,7 +46,7 @@ class HeaderPolicy:
     model_objectives: Mapping[str, frozenset[str]] = field(default_factory=dict)  # base model -> allowed
 
     @classmethod
-    def from_config(cls, config: GatewayConfig) -> HeaderPolicy:
+    def from_config(cls, config: EppConfig) -> HeaderPolicy:
         trust = config.listener.trust
         models = [m for pool in config.pools for m in pool.models]
         return cls(

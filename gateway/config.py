@@ -1,5 +1,9 @@
-"""The one configuration schema of the gateway, for every source (file, ConfigMap, CRD).
+"""The configuration schema every service shares, for every source (file, ConfigMap, CRD).
 
+This is the routing table (pools, models, adapters, endpoints), the listener, and the knobs
+of BBR and the EPP's pod loop. The EPP's scheduling section (`profiles`, `thresholds`,
+`defaultProfile`) is carried here as plain data and validated by the EPP's own schema,
+`epp.config.EppConfig` (a subclass of `GatewayConfig`), so BBR never loads the scheduler.
 pydantic gives field-named validation errors for free; `ConfigError` turns them into one
 readable message per problem (`pools.0.models.1.name: field required`).
 """
@@ -11,13 +15,12 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from epp.scheduling.profiles import Profile, ProfileError, profiles_from_dict
-
+# Metric dialects (epp/engines.py DIALECTS; a test keeps the two in step).
 Engine = Literal["vllm", "sglang", "tgi", "trtllm"]
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # the AWS gateway's BBR default (facts.md)
@@ -60,6 +63,7 @@ def validate_ip_port(v: str) -> str:
 
 
 Port = Annotated[int, Field(ge=1, lt=65536)]
+KvCapacity = Annotated[int, Field(ge=1, le=1_000_000_000)]
 
 
 class EndpointConfig(_Model):
@@ -72,6 +76,8 @@ class EndpointConfig(_Model):
     # This pod's vLLM KV-event PUB / replay ports, over the pool's kvEvents ports.
     kv_events_port: Port | None = Field(default=None, alias="kvEventsPort")
     kv_replay_port: Port | None = Field(default=None, alias="kvReplayPort")
+    # KV capacity in tokens, over the pool's (TGI reports tokens held, not a fraction).
+    kv_capacity_tokens: KvCapacity | None = Field(default=None, alias="kvCapacityTokens")
 
     @field_validator("address")
     @classmethod
@@ -111,24 +117,9 @@ class PoolConfig(_Model):
     # Extra endpoints, ranked after the chosen one, that Envoy may retry on (0 = none).
     fallback_endpoints: int = Field(default=0, ge=0, le=8, alias="fallbackEndpoints")
     kv_events: KvEventsConfig | None = Field(default=None, alias="kvEvents")
-
-
-class Thresholds(_Model):
-    queue: float = Field(default=5, gt=0)
-    kv_cache: float = Field(default=0.8, gt=0, le=1, alias="kvCache")
-    stale_after_ms: int = Field(default=1000, gt=0, alias="staleAfterMs")
-
-
-class ProfileConfig(_Model):
-    """A scheduling profile, chosen per request by `x-gateway-inference-objective`.
-
-    `priority` < 0 marks its traffic sheddable: refused with 429 while the pool is saturated.
-    """
-
-    weights: dict[str, Annotated[float, Field(ge=0)]]
-    picker: Literal["max", "weighted"] = "max"
-    priority: int = 0
-    thresholds: dict[str, float] = Field(default_factory=dict)  # overrides of the pool-wide ones
+    # KV-cache capacity of each pod in tokens (e.g. TGI's --max-total-tokens): TGI publishes the
+    # tokens its batch holds, not a fraction, so without it a TGI pod's KV usage is unknown.
+    kv_capacity_tokens: KvCapacity | None = Field(default=None, alias="kvCapacityTokens")
 
 
 class ScrapeConfig(_Model):
@@ -244,9 +235,10 @@ class ListenerConfig(_Model):
 class GatewayConfig(_Model):
     pools: list[PoolConfig] = Field(min_length=1)
     listener: ListenerConfig = Field(default_factory=ListenerConfig)
-    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)
+    # The EPP's scheduling section, validated by epp.config.EppConfig (plain data here).
+    profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
     default_profile: str = Field(default="default", alias="defaultProfile")
-    thresholds: Thresholds = Field(default_factory=Thresholds)
+    thresholds: dict[str, Any] = Field(default_factory=dict)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     bbr: BbrConfig = Field(default_factory=BbrConfig)
@@ -277,33 +269,12 @@ class GatewayConfig(_Model):
                     raise ValueError(f"pools.{pool.name}.models.{model.name}.rewrites: weights sum to 0")
         if self.scrape.max_interval() < self.scrape.interval_ms:
             raise ValueError("scrape.maxIntervalMs: must be >= scrape.intervalMs")
-        if (
-            self.scrape.max_interval_ms is not None
-            and self.scrape.max_interval_ms >= self.thresholds.stale_after_ms
-        ):
-            raise ValueError(
-                "scrape.maxIntervalMs: must be below thresholds.staleAfterMs, or idle pods read as stale"
-            )
         for pool in self.pools:
             if pool.kubernetes is not None and pool.fallback_endpoints:
                 raise ValueError(
                     f"pools.{pool.name}.fallbackEndpoints: Kubernetes pools route through ORIGINAL_DST, "
                     "which takes one address; set it to 0"
                 )
-        try:  # the scheduler's own parser: unknown scorer names or bad values fail here
-            self.scheduler_profiles()
-        except ProfileError as exc:
-            raise ValueError(str(exc)) from None
-        profiles = self.scheduler_profiles()
-        if self.default_profile not in profiles:
-            raise ValueError(f"defaultProfile: {self.default_profile!r} is not a defined profile")
-        for pool in self.pools:
-            for model in pool.models:
-                for name in (model.profile, *model.objectives):
-                    if name is not None and name not in profiles:
-                        raise ValueError(
-                            f"pools.{pool.name}.models.{model.name}: profile {name!r} is not defined"
-                        )
         if self.bbr.default_model is not None and self.bbr.default_model not in names:
             raise ValueError(f"bbr.defaultModel: {self.bbr.default_model!r} is not a configured model")
         return self
@@ -317,13 +288,6 @@ class GatewayConfig(_Model):
                 for adapter in model.adapters:
                     out[adapter] = ModelRoute(pool.name, model.name, adapter)
         return out
-
-    def scheduler_profiles(self) -> dict[str, Profile]:
-        """Configured profiles over the built-ins (default, chat, batch), pool-wide thresholds applied."""
-        data = {name: p.model_dump(exclude_defaults=True) for name, p in self.profiles.items()}
-        for name, p in self.profiles.items():
-            data[name]["weights"] = dict(p.weights)
-        return profiles_from_dict(data, thresholds=self.thresholds.model_dump(by_alias=True))
 
     def pool(self, name: str) -> PoolConfig:
         for pool in self.pools:
@@ -343,9 +307,13 @@ class ConfigError(ValueError):
     """A configuration that failed validation; the message names each bad field."""
 
 
-def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
+Schema = TypeVar("Schema", bound=GatewayConfig)
+
+
+def parse_config(data: Mapping[str, Any], schema: type[Schema] = GatewayConfig) -> Schema:  # type: ignore[assignment]
+    """Validate config data against `schema` (the EPP passes its own, a subclass)."""
     try:
-        return GatewayConfig.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -354,11 +322,11 @@ def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
         raise ConfigError("; ".join(problems)) from None
 
 
-def load_config(path: str | Path) -> GatewayConfig:
+def load_config(path: str | Path, schema: type[Schema] = GatewayConfig) -> Schema:  # type: ignore[assignment]
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    return parse_config(data)
+    return parse_config(data, schema)

@@ -9,7 +9,6 @@ must not take traffic down).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 from typing import Any
@@ -36,7 +35,7 @@ RESOURCE_PRESENT = Gauge(
 class ConfigResourceWatcher:
     def __init__(
         self,
-        store: ConfigStore,
+        store: ConfigStore[Any],
         *,
         namespace: str,
         name: str,
@@ -110,15 +109,7 @@ def parse_resource_ref(ref: str) -> tuple[str, str]:
     return namespace, name
 
 
-def add_config_resource_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config-resource",
-        metavar="NAMESPACE/NAME",
-        help="also follow this InferenceGatewayConfig resource; its spec overrides --config when it changes",
-    )
-
-
-async def start_resource_watcher(store: ConfigStore, ref: str | None) -> ConfigResourceWatcher | None:
+async def start_resource_watcher(store: ConfigStore[Any], ref: str | None) -> ConfigResourceWatcher | None:
     if not ref:
         return None
     namespace, name = parse_resource_ref(ref)

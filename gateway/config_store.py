@@ -14,11 +14,11 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic
 
 from prometheus_client import Counter, Gauge
 
-from gateway.config import ConfigError, GatewayConfig, load_config, parse_config
+from gateway.config import ConfigError, GatewayConfig, Schema, load_config, parse_config
 from gateway.supervise import report_failure
 
 log = logging.getLogger(__name__)
@@ -29,25 +29,28 @@ CONFIG_LAST_SUCCESS = Gauge(
 )
 
 
-class ConfigStore:
-    def __init__(self, initial: GatewayConfig, *, source: str = "initial") -> None:
+class ConfigStore(Generic[Schema]):
+    """The config in force, validated against `schema` (BBR: GatewayConfig; the EPP: EppConfig)."""
+
+    def __init__(self, initial: Schema, *, source: str = "initial") -> None:
         self._current = initial
-        self._listeners: list[Callable[[GatewayConfig], None]] = []
+        self.schema: type[Schema] = type(initial)
+        self._listeners: list[Callable[[Schema], None]] = []
         self.source = source
         CONFIG_LAST_SUCCESS.set_to_current_time()
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ConfigStore:
+    def from_file(cls, path: str | Path, schema: type[Schema] = GatewayConfig) -> ConfigStore[Schema]:  # type: ignore[assignment]
         """A bad config at start-up is fatal (ConfigError): there is nothing to fall back to."""
-        return cls(load_config(path), source=str(path))
+        return cls(load_config(path, schema), source=str(path))
 
-    def current(self) -> GatewayConfig:
+    def current(self) -> Schema:
         return self._current
 
-    def subscribe(self, listener: Callable[[GatewayConfig], None]) -> None:
+    def subscribe(self, listener: Callable[[Schema], None]) -> None:
         self._listeners.append(listener)
 
-    def offer(self, load: Callable[[], GatewayConfig], source: str) -> bool:
+    def offer(self, load: Callable[[], Schema], source: str) -> bool:
         """Validate a candidate (`load` raises ConfigError when invalid); True if it took effect."""
         try:
             fresh = load()
@@ -68,13 +71,16 @@ class ConfigStore:
         return True
 
     def offer_data(self, data: Mapping[str, Any], source: str) -> bool:
-        return self.offer(lambda: parse_config(data), source)
+        return self.offer(lambda: parse_config(data, self.schema), source)
+
+    def load_file(self, path: str | Path) -> Schema:
+        return load_config(path, self.schema)
 
 
 class FileWatcher:
     """Offers the file's content to the store whenever it changes."""
 
-    def __init__(self, store: ConfigStore, path: str | Path, *, poll_s: float = 1.0) -> None:
+    def __init__(self, store: ConfigStore[Any], path: str | Path, *, poll_s: float = 1.0) -> None:
         self.store = store
         self.path = Path(path)
         self.poll_s = poll_s
@@ -92,7 +98,7 @@ class FileWatcher:
         if digest is None or digest == self._digest:
             return False
         self._digest = digest
-        return self.store.offer(lambda: load_config(self.path), str(self.path))
+        return self.store.offer(lambda: self.store.load_file(self.path), str(self.path))
 
     async def run(self) -> None:
         """Poll for ever; run it under `gateway.supervise.spawn` so a crash is restarted."""

@@ -28,6 +28,7 @@ import httpx
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from epp.config import parse_epp_config
 from gateway.certs import CertSet, make_certs
 from gateway.config import parse_config
 from gateway.envoy_config import ExtProcTls, Topology, write_bootstrap
@@ -320,7 +321,7 @@ def start_local_gateway(
         config = gateway_config_for(pods, epp_ports, config_extra)
         if config_patch:
             config_patch(config)
-        parse_config(config)  # fail here, readably, rather than in a child process
+        parse_epp_config(config)  # fail here, readably, rather than in a child process
         config_path = workdir / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 

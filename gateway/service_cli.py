@@ -6,10 +6,14 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from extproc.server import add_tls_arguments
-from gateway.config_resource import add_config_resource_argument
 from gateway.heaptrace import add_tracemalloc_arguments, start_from_arguments
+
+if TYPE_CHECKING:
+    from gateway.config_resource import ConfigResourceWatcher
+    from gateway.config_store import ConfigStore
 
 # Libraries that log every scrape or connection at INFO: the EPP scrapes 20 times a second.
 _QUIET_LOGGERS = ("httpx", "httpcore", "kubernetes", "urllib3")
@@ -18,7 +22,11 @@ _QUIET_LOGGERS = ("httpx", "httpcore", "kubernetes", "urllib3")
 def service_parser(prog: str, description: str, *, default_port: int) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", required=True, help="gateway configuration YAML (hot-reloaded)")
-    add_config_resource_argument(parser)
+    parser.add_argument(
+        "--config-resource",
+        metavar="NAMESPACE/NAME",
+        help="also follow this InferenceGatewayConfig resource; its spec overrides --config when it changes",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=default_port, help="gRPC (ext_proc + health) port")
     parser.add_argument("--drain-seconds", type=float, default=5.0, help="grace period on SIGTERM")
@@ -38,3 +46,13 @@ def run_service(serve: Callable[[argparse.Namespace], Awaitable[None]], args: ar
     finally:
         if tracer is not None:
             tracer.stop()
+
+
+async def follow_config_resource(store: ConfigStore[Any], ref: str | None) -> ConfigResourceWatcher | None:
+    """Watch `--config-resource` when one is named. The Kubernetes client is imported only
+    then: a service that reads a file alone never loads it."""
+    if not ref:
+        return None
+    from gateway.config_resource import start_resource_watcher
+
+    return await start_resource_watcher(store, ref)

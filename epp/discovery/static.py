@@ -24,6 +24,7 @@ def static_endpoints(config: GatewayConfig, pool_name: str) -> list[Endpoint]:
                 engine=ep.engine or pool.engine,
                 kv_events_port=ep.kv_events_port,
                 kv_replay_port=ep.kv_replay_port,
+                kv_capacity_tokens=ep.kv_capacity_tokens or pool.kv_capacity_tokens,
             )
         )
     return out

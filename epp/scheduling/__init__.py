@@ -1,13 +1,14 @@
 """Scheduling: pure functions from (request, pool snapshot) to ranked endpoints.
 
 The seam the EPP servicer calls is `Scheduler.pick` (see `base.py`); `WeightedScheduler`
-is the score-based implementation, `RoundRobinScheduler` the baseline.
+is the score-based implementation; every filter, scorer and picker is listed once in
+`registry.py`, their parameters in `params.py`, profiles (weights per scorer) in `profiles.py`.
 """
 
-from epp.scheduling.base import Decision, RoundRobinScheduler, Scheduler
+from epp.scheduling.base import Decision, Scheduler
+from epp.scheduling.params import Thresholds
 from epp.scheduling.prefix import PrefixIndex, prompt_hashes
-from epp.scheduling.profiles import BUILTIN_PROFILES, Profile, ProfileError, Thresholds, profiles_from_dict
-from epp.scheduling.saturation import saturation
+from epp.scheduling.profiles import BUILTIN_PROFILES, Profile, ProfileError, profile, profiles_from_dict
 from epp.scheduling.weighted import WeightedScheduler
 
 __all__ = [
@@ -16,11 +17,10 @@ __all__ = [
     "PrefixIndex",
     "Profile",
     "ProfileError",
-    "RoundRobinScheduler",
     "Scheduler",
     "Thresholds",
     "WeightedScheduler",
+    "profile",
     "profiles_from_dict",
     "prompt_hashes",
-    "saturation",
 ]

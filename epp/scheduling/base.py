@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -77,25 +76,3 @@ class Scheduler(Protocol):
     def on_routed(self, request: InferenceRequest, address: str) -> None:
         """Learn from a routing decision (e.g. remember its prefix on that pod)."""
         ...
-
-
-class RoundRobinScheduler:
-    """Rotate over the endpoints that serve the model. Baseline and fallback policy."""
-
-    def __init__(self) -> None:
-        self._counter = itertools.count()
-
-    def pick(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
-        candidates = [
-            s.address
-            for s in snapshot.endpoints
-            if s.healthy and s.endpoint.serves(request.target_model, request.adapter)
-        ]
-        if not candidates:
-            return Decision(ranked=(), profile="round-robin", reason="no endpoint serves this model")
-        start = next(self._counter) % len(candidates)
-        ranked = tuple(candidates[start:] + candidates[:start])
-        return Decision(ranked=ranked, profile="round-robin")
-
-    def on_routed(self, request: InferenceRequest, address: str) -> None:
-        return None

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from epp.pool import EndpointState
 from epp.request import InferenceRequest
-from epp.scheduling.profiles import Thresholds
+from epp.scheduling.params import SaturationParams
 from epp.scheduling.saturation import is_saturated
 
 
@@ -34,7 +34,7 @@ def healthy(candidates: Sequence[EndpointState]) -> list[EndpointState]:
 
 
 def fresh(candidates: Sequence[EndpointState], stale_after: float) -> list[EndpointState]:
-    """Pods with metrics younger than `stale_after` seconds; never-scraped pods are stale.
+    """Pods with metrics younger than `staleAfterMs`; never-scraped pods are stale.
 
     Stale metrics of an idle-looking pod would otherwise attract every request (herding);
     when all candidates are stale they are all kept and the scorers treat unknowns as bad.
@@ -44,9 +44,12 @@ def fresh(candidates: Sequence[EndpointState], stale_after: float) -> list[Endpo
 
 
 def unsaturated(
-    candidates: Sequence[EndpointState], thresholds: Thresholds
+    candidates: Sequence[EndpointState], thresholds: SaturationParams
 ) -> tuple[list[EndpointState], bool]:
-    """(pods under the queue/KV thresholds, True when none is and all were kept)."""
+    """Pods under the queue and KV thresholds; when none is, all are kept and flagged saturated.
+
+    Returns (survivors, all_saturated); admission reads the flag to shed sheddable traffic.
+    """
     kept = [s for s in candidates if not is_saturated(s, thresholds)]
     if kept or not candidates:
         return kept, False

@@ -24,7 +24,7 @@ most of them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import takewhile
 
 import xxhash
@@ -178,26 +178,15 @@ class PrefixIndex:
             out.append(len(list(takewhile(lru.__contains__, hashes))) if lru else 0)
         return out
 
-    def match_many(self, hashes: Sequence[int], addresses: Iterable[str]) -> dict[str, int]:
-        addresses = list(addresses)
-        return dict(zip(addresses, self.match_counts(hashes, addresses), strict=True))
-
     def retain(self, addresses: Iterable[str]) -> None:
         """Forget pods that left the pool."""
         keep = set(addresses)
         for address in [a for a in self._pods if a not in keep]:
-            self.drop(address)
-
-    def drop(self, address: str) -> None:
-        lru = self._pods.pop(address, None)
-        for h in lru or ():
-            self._release(h, address)
+            for h in self._pods.pop(address):
+                self._release(h, address)
 
     def memory_entries(self) -> int:
         return sum(len(lru) for lru in self._pods.values())
 
     def approx_bytes(self) -> int:
         return self.memory_entries() * APPROX_BYTES_PER_ENTRY
-
-    def entries_by_pod(self) -> Mapping[str, int]:
-        return {a: len(lru) for a, lru in self._pods.items()}

@@ -1,185 +1,82 @@
-"""Scheduling profiles: named weight sets plus a picker kind and thresholds, as plain data.
+"""Scheduling profiles: named weight sets plus a picker and thresholds, validated once.
 
-A profile is all a configuration file needs to define a policy: `Profile.from_dict` checks
-every field and names the offending one in its error. Weight names accept the AWS-style
-camelCase spellings (`kvCache`, `loraAffinity`, ...) as aliases of the canonical ones.
+A profile is all a configuration needs to define a policy. It is a pydantic model whose
+scorer and picker names are checked against the plugin registry (epp/scheduling/registry.py),
+so the config file, the ConfigMap, the CRD and code all go through this one validation.
+Names are kebab-case only (`kv-cache`, `weighted-random`); there are no alias spellings.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-SCORER_NAMES = (
-    "queue",
-    "kv-cache",
-    "prefix-cache",
-    "lora-affinity",
-    "running-requests",
-    "inflight",
-    "observed-speed",
-    "queue-speed",
-)
-SCORER_ALIASES = {
-    "kvCache": "kv-cache",
-    "kv_cache": "kv-cache",
-    "prefix": "prefix-cache",
-    "prefixCache": "prefix-cache",
-    "loraAffinity": "lora-affinity",
-    "lora": "lora-affinity",
-    "runningRequests": "running-requests",
-    "running": "running-requests",
-    "inFlight": "inflight",
-    "observedSpeed": "observed-speed",
-    "speed": "observed-speed",
-    "queueSpeed": "queue-speed",
-}
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from epp.scheduling.params import DEFAULT_THRESHOLDS, Thresholds
+from epp.scheduling.registry import PICKER_NAMES, SCORER_NAMES
+
 # Totals are sums of weight x [0, 1]; bounding weights keeps them (and the picker's tie
 # quantisation, total / 1e-9) finite.
 MAX_WEIGHT = 1e6
-PICKERS = ("max", "weighted-random")
-PICKER_ALIASES = {"weighted": "weighted-random", "random": "weighted-random"}
-# Config spellings (gateway/config.py, AWS-style camelCase) of the threshold fields.
-THRESHOLD_ALIASES = {
-    "queue": "queue_saturated",
-    "queueSaturated": "queue_saturated",
-    "kvCache": "kv_saturated",
-    "kv_cache": "kv_saturated",
-    "kvSaturated": "kv_saturated",
-    "staleAfter": "stale_after",
-    "prefixMinBlocks": "prefix_min_blocks",
-}
-MS_THRESHOLDS = {"staleAfterMs": "stale_after", "stale_after_ms": "stale_after"}
+
+if TYPE_CHECKING:
+    PickerName = str
+else:  # the registry's names: an enum in the JSON schema, hence in the CRD
+    PickerName = Literal[PICKER_NAMES]
+
+Weight = Annotated[float, Field(ge=0, le=MAX_WEIGHT, allow_inf_nan=False, strict=True)]
 
 
 class ProfileError(ValueError):
     """A profile definition is invalid; the message starts with the offending field's path."""
 
 
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Filter and scorer knobs. Defaults are GIE's published ones (stale_after is ours)."""
+class Profile(BaseModel):
+    """One scheduling policy. `priority` < 0 marks its traffic sheddable (admission reads it;
+    scheduling ignores it)."""
 
-    queue_saturated: float = 5.0  # a pod is saturated at this many waiting requests
-    kv_saturated: float = 0.8  # ... or at this KV-cache usage
-    stale_after: float = 1.0  # seconds; older metrics are distrusted by the stale filter
-    prefix_min_blocks: int = 16  # prefix score = matched / max(total, this): tiny prompts score tiny
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    def validate(self, where: str) -> None:
-        if not self.queue_saturated > 0:
-            raise ProfileError(f"{where}.queue_saturated: must be > 0, got {self.queue_saturated}")
-        if not 0 < self.kv_saturated <= 1:
-            raise ProfileError(f"{where}.kv_saturated: must be in (0, 1], got {self.kv_saturated}")
-        if not self.stale_after > 0:
-            raise ProfileError(f"{where}.stale_after: must be > 0, got {self.stale_after}")
-        if self.prefix_min_blocks < 1:
-            raise ProfileError(f"{where}.prefix_min_blocks: must be >= 1, got {self.prefix_min_blocks}")
+    name: SkipJsonSchema[str] = Field(default="", exclude=True)  # set from its key in `profiles`
+    weights: dict[str, Weight]
+    picker: PickerName = "max"
+    priority: int = Field(default=0, strict=True)
+    thresholds: Thresholds = DEFAULT_THRESHOLDS
 
-
-DEFAULT_THRESHOLDS = Thresholds()
-
-
-@dataclass(frozen=True, slots=True)
-class Profile:
-    name: str
-    weights: Mapping[str, float]
-    picker: str = "max"
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    priority: int = 0  # carried for admission (negative = sheddable); scheduling ignores it
-
-    def __post_init__(self) -> None:
-        where = f"profiles.{self.name}"
-        if not self.name or not isinstance(self.name, str):
-            raise ProfileError("profiles.<name>: a profile needs a non-empty string name")
-        weights: dict[str, float] = {}
-        for raw_key, raw_value in self.weights.items():
-            key = SCORER_ALIASES.get(raw_key, raw_key)
-            if key not in SCORER_NAMES:
-                known = ", ".join(SCORER_NAMES)
-                raise ProfileError(f"{where}.weights.{raw_key}: unknown scorer (known: {known})")
-            if isinstance(raw_value, bool) or not isinstance(raw_value, int | float):
-                raise ProfileError(f"{where}.weights.{raw_key}: must be a number, got {raw_value!r}")
-            if not math.isfinite(raw_value) or not 0 <= raw_value <= MAX_WEIGHT:
-                raise ProfileError(
-                    f"{where}.weights.{raw_key}: must be in [0, {MAX_WEIGHT:g}], got {raw_value}"
-                )
-            if key in weights:
-                raise ProfileError(f"{where}.weights.{raw_key}: duplicates {key}")
-            weights[key] = float(raw_value)
-        if not any(w > 0 for w in weights.values()):
-            raise ProfileError(f"{where}.weights: at least one weight must be > 0")
-        object.__setattr__(self, "picker", PICKER_ALIASES.get(self.picker, self.picker))
-        if self.picker not in PICKERS:
-            raise ProfileError(f"{where}.picker: must be one of {', '.join(PICKERS)}, got {self.picker!r}")
-        self.thresholds.validate(f"{where}.thresholds")
-        object.__setattr__(self, "weights", MappingProxyType(weights))
-
+    @field_validator("weights")
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, name: str | None = None) -> Profile:
-        """Build from config data: {name, weights: {...}, picker, thresholds: {...}}."""
-        if not isinstance(data, Mapping):
-            raise ProfileError(f"profiles.{name or '<name>'}: must be a mapping, got {type(data).__name__}")
-        pname = data.get("name", name)
-        if not isinstance(pname, str) or not pname:
-            raise ProfileError("profiles.<name>.name: must be a non-empty string")
-        where = f"profiles.{pname}"
-        unknown = set(data) - {"name", "weights", "picker", "thresholds", "priority"}
-        if unknown:
-            raise ProfileError(f"{where}.{sorted(unknown)[0]}: unknown field")
-        weights = data.get("weights")
-        if not isinstance(weights, Mapping):
-            raise ProfileError(f"{where}.weights: must be a mapping of scorer name to weight")
-        picker = data.get("picker", "max")
-        if not isinstance(picker, str):
-            raise ProfileError(f"{where}.picker: must be a string")
-        priority = data.get("priority", 0)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ProfileError(f"{where}.priority: must be an integer, got {priority!r}")
-        return cls(
-            name=pname,
-            weights=weights,
-            picker=picker,
-            priority=priority,
-            thresholds=_thresholds_from(data.get("thresholds", {}), f"{where}.thresholds"),
-        )
+    def _known_scorers(cls, weights: dict[str, float]) -> dict[str, float]:
+        for name in weights:
+            if name not in SCORER_NAMES:
+                raise ValueError(f"unknown scorer {name!r} (known: {', '.join(SCORER_NAMES)})")
+        if not any(w > 0 for w in weights.values()):
+            raise ValueError("at least one weight must be > 0")
+        return weights
+
+    def resolved(self, name: str, pool_wide: Thresholds) -> Profile:
+        """This profile named `name`, its own thresholds over the pool-wide ones."""
+        return self.model_copy(update={"name": name, "thresholds": pool_wide.overlaid(self.thresholds)})
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "weights": dict(self.weights),
-            "picker": self.picker,
-            "priority": self.priority,
-            "thresholds": {f.name: getattr(self.thresholds, f.name) for f in fields(Thresholds)},
-        }
+        """Config data that validates back to this profile."""
+        return self.model_dump(by_alias=True)
 
 
-def _thresholds_from(data: Any, where: str) -> Thresholds:
-    if not isinstance(data, Mapping):
-        raise ProfileError(f"{where}: must be a mapping")
-    known = {f.name: f.type for f in fields(Thresholds)}
-    values: dict[str, Any] = {}
-    for raw_key, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ProfileError(f"{where}.{raw_key}: must be a finite number, got {value!r}")
-        if raw_key in MS_THRESHOLDS:
-            key, value = MS_THRESHOLDS[raw_key], value / 1000.0
-        else:
-            key = THRESHOLD_ALIASES.get(raw_key, raw_key)
-        if key not in known:
-            raise ProfileError(f"{where}.{raw_key}: unknown field (known: {', '.join(known)})")
-        if key in values:
-            raise ProfileError(f"{where}.{raw_key}: duplicates {key}")
-        if key == "prefix_min_blocks":
-            if value != int(value):
-                raise ProfileError(f"{where}.{key}: must be an integer, got {value!r}")
-            value = int(value)
-        values[key] = value
-    thresholds = Thresholds(**values)
-    thresholds.validate(where)
-    return thresholds
+def profile(name: str, weights: Mapping[str, float], **fields: Any) -> Profile:
+    """A validated profile from code (tests, benchmarks); raises ProfileError."""
+    return _validate(name, {"weights": dict(weights), **fields}).resolved(name, DEFAULT_THRESHOLDS)
+
+
+def _validate(name: str, data: Any) -> Profile:
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in (f"profiles.{name}", *err["loc"]))
+        raise ProfileError(f"{where}: {err['msg']}") from None
 
 
 # Built-ins as plain data, the same shape a config file uses.
@@ -204,56 +101,35 @@ BUILTIN_PROFILE_DATA: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         # queues are tolerated (saturated only at 20 waiting or 95 % KV).
         "batch": {
             "weights": {"prefix-cache": 4, "kv-cache": 3, "queue": 1, "lora-affinity": 1},
-            "thresholds": {"queue_saturated": 20, "kv_saturated": 0.95},
+            "thresholds": {"queue": 20, "kvCache": 0.95},
         },
     }
 )
 
 
-def profiles_from_dict(
-    data: Mapping[str, Any] | None = None,
-    *,
-    thresholds: Mapping[str, Any] | None = None,
-    include_builtins: bool = True,
+def resolve_profiles(
+    configured: Mapping[str, Profile] | None = None, pool_wide: Thresholds = DEFAULT_THRESHOLDS
 ) -> dict[str, Profile]:
-    """Profiles from config data ({name: {weights, picker, priority, thresholds}}) overlaid
-    on the built-ins. `thresholds` are pool-wide defaults (config spellings accepted, e.g.
-    `{"queue": 5, "kvCache": 0.8, "staleAfterMs": 1000}`); a profile's own thresholds win.
-    """
-    data = {} if data is None else data
-    if not isinstance(data, Mapping):
-        raise ProfileError("profiles: must be a mapping of profile name to profile")
-    if thresholds is not None and not isinstance(thresholds, Mapping):
-        raise ProfileError("thresholds: must be a mapping")
-    sources: dict[str, Any] = dict(BUILTIN_PROFILE_DATA) if include_builtins else {}
-    for pname, body in data.items():
-        if not isinstance(pname, str) or not pname:
-            raise ProfileError("profiles: profile names must be non-empty strings")
-        if isinstance(body, Mapping) and "name" in body and body["name"] != pname:
-            raise ProfileError(f"profiles.{pname}.name: differs from its key {pname!r}")
-        sources[pname] = body
-    merged: dict[str, Profile] = {}
-    for pname, body in sources.items():
-        if isinstance(body, Mapping) and thresholds:
-            own = body.get("thresholds", {})
-            if not isinstance(own, Mapping):
-                raise ProfileError(f"profiles.{pname}.thresholds: must be a mapping")
-            body = {**body, "thresholds": _merge_thresholds(thresholds, own)}
-        merged[pname] = Profile.from_dict(body, name=pname)
-    return merged
+    """Configured profiles over the built-ins, each named and with the pool-wide thresholds
+    under its own."""
+    merged = {name: _validate(name, data) for name, data in BUILTIN_PROFILE_DATA.items()}
+    merged.update(configured or {})
+    return {name: p.resolved(name, pool_wide) for name, p in merged.items()}
 
 
-def _merge_thresholds(pool_wide: Mapping[str, Any], own: Mapping[str, Any]) -> dict[str, Any]:
-    """Pool-wide defaults under a profile's own values, compared by canonical field name."""
+def profiles_from_dict(
+    data: Mapping[str, Any], pool_wide: Mapping[str, Any] | None = None
+) -> dict[str, Profile]:
+    """`resolve_profiles` from plain config data ({name: {weights, picker, priority,
+    thresholds}}, thresholds in config spelling); raises ProfileError naming the field."""
+    try:
+        wide = Thresholds.model_validate(pool_wide or {})
+    except ValidationError as exc:
+        raise ProfileError(f"thresholds: {exc.errors()[0]['msg']}") from None
+    return resolve_profiles({name: _validate(name, body) for name, body in data.items()}, wide)
 
-    def canonical(key: str) -> str:
-        return MS_THRESHOLDS.get(key) or THRESHOLD_ALIASES.get(key, key)
 
-    own_fields = {canonical(k) for k in own}
-    return {**{k: v for k, v in pool_wide.items() if canonical(k) not in own_fields}, **own}
-
-
-BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(profiles_from_dict())
+BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(resolve_profiles())
 DEFAULT = BUILTIN_PROFILES["default"]
 CHAT = BUILTIN_PROFILES["chat"]
 BATCH = BUILTIN_PROFILES["batch"]

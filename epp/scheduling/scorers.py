@@ -14,14 +14,8 @@ from dataclasses import dataclass
 
 from epp.pool import EndpointState
 from epp.request import InferenceRequest
+from epp.scheduling.params import DEFAULT_THRESHOLDS, Thresholds
 from epp.scheduling.prefix import PrefixIndex
-from epp.scheduling.profiles import DEFAULT_THRESHOLDS, Thresholds
-
-# Output tokens assumed for a request without max_tokens when predicting its service time.
-DEFAULT_OUTPUT_TOKENS = 256
-# Cap on the client's max_tokens in that prediction: any int is a valid JSON max_tokens, and
-# 10**400 x a float overflows.
-MAX_OUTPUT_TOKENS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +46,11 @@ def _min_max_inverse(values: Sequence[float | None]) -> list[float]:
 def queue(request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext) -> list[float]:
     """GIE's queue scorer: (maxQ - q) / (maxQ - minQ) over candidates, 1 if all equal.
 
-    q = waiting + in-flight requests the scrape has not seen yet
-    (max(0, inflight - waiting - running)). Between two scrapes the scraped queue is frozen,
-    so a burst would all land on the pod that looked emptiest; the unseen term spreads it
-    without double counting requests the scrape already shows.
+    q = `EndpointState.queue`: scraped waiting + in-flight requests the scrape has not seen
+    yet. Between two scrapes the scraped queue is frozen, so a burst would all land on the pod
+    that looked emptiest; the unseen term spreads it without double counting.
     """
-    qs: list[float | None] = []
-    for s in candidates:
-        m = s.metrics
-        waiting = m.waiting if m is not None else None
-        if waiting is None:
-            qs.append(None)
-        else:  # effective_queue(s), inlined: this runs for every pod of every request
-            unseen = s.inflight_requests - waiting - (m.running or 0.0)  # type: ignore[union-attr]
-            qs.append(waiting + (unseen if unseen > 0 else 0.0))
-    return _min_max_inverse(qs)
+    return _min_max_inverse([s.queue for s in candidates])
 
 
 def kv_cache(
@@ -158,7 +142,7 @@ def observed_speed(
     A pod 5x slower at equal load scores 0.2. Pods without observations yet take the median
     t of those with (neither favoured nor starved); if none has any, only load counts.
     """
-    out_tokens = min(request.max_tokens or DEFAULT_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
+    out_tokens = request.expected_output_tokens
     times: list[float | None] = []
     for s in candidates:
         if s.ttft_ewma is None and s.tpot_ewma is None:
@@ -194,26 +178,8 @@ def queue_speed(
     fallback = known[len(known) // 2] if known else 1.0
     waits: list[float] = []
     for s in candidates:
-        m = s.metrics
-        waiting = m.waiting if m is not None else None
-        if waiting is None:
-            q = float(s.inflight_requests)
-        else:
-            unseen = s.inflight_requests - waiting - (m.running or 0.0)  # type: ignore[union-attr]
-            q = waiting + (unseen if unseen > 0 else 0.0)
+        q = s.queue if s.queue is not None else float(s.inflight_requests)
         pace = fallback if s.tpot_ewma is None else s.tpot_ewma
         waits.append((q + 1.0) * (pace if pace > 1e-6 else 1e-6))
     best = min(waits, default=1.0)
     return [best / w for w in waits]
-
-
-SCORERS: dict[str, Scorer] = {
-    "queue": queue,
-    "kv-cache": kv_cache,
-    "prefix-cache": prefix_cache,
-    "lora-affinity": lora_affinity,
-    "running-requests": running_requests,
-    "inflight": inflight,
-    "observed-speed": observed_speed,
-    "queue-speed": queue_speed,
-}

@@ -13,19 +13,16 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from epp.pool import EndpointState, PoolSnapshot
-from epp.request import InferenceRequest
+from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.base import Decision, ScoreTable
 from epp.scheduling.filters import fresh, healthy, serving, unsaturated
-from epp.scheduling.picker import PICKERS
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
-from epp.scheduling.profiles import BUILTIN_PROFILES, Profile, profiles_from_dict
-from epp.scheduling.scorers import SCORERS, ScoringContext
+from epp.scheduling.profiles import BUILTIN_PROFILES, Profile
+from epp.scheduling.registry import PICKERS, SCORERS
+from epp.scheduling.scorers import ScoringContext
 
-# Characters per token used to turn a server's KV block size (tokens) into characters.
-CHARS_PER_TOKEN = 4
 # Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
 # that is picked but never routed must not leak).
 _RECENT_HASHES = 4096
@@ -35,7 +32,7 @@ def block_chars_for(candidates: Sequence[EndpointState], default: int = DEFAULT_
     """block_size x 4 characters when every candidate that reports a block size agrees."""
     sizes = {s.metrics.block_size for s in candidates if s.metrics is not None and s.metrics.block_size}
     if len(sizes) == 1:
-        return sizes.pop() * CHARS_PER_TOKEN  # type: ignore[operator]
+        return int(sizes.pop()) * CHARS_PER_TOKEN
     return default
 
 
@@ -58,27 +55,6 @@ class WeightedScheduler:
         # share a client-chosen id.
         self._recent: OrderedDict[str, tuple[str, int, tuple[int, ...] | None]] = OrderedDict()
 
-    @classmethod
-    def from_config(
-        cls,
-        profiles: Mapping[str, Mapping[str, Any]] | None = None,
-        *,
-        thresholds: Mapping[str, Any] | None = None,
-        default_profile: str = "default",
-        rng: random.Random | None = None,
-        prefix_index: PrefixIndex | None = None,
-    ) -> WeightedScheduler:
-        """Build from plain config data, e.g. gateway config `model_dump()` output:
-        profiles {name: {weights, picker, priority, thresholds}} over the built-ins, pool-wide
-        thresholds {queue, kv_cache, stale_after_ms}. Pass the previous scheduler's
-        `prefix_index` on a config reload so the learned prefixes survive."""
-        return cls(
-            profiles_from_dict(profiles, thresholds=thresholds),
-            default_profile=default_profile,
-            rng=rng,
-            prefix_index=prefix_index,
-        )
-
     def profile_for(self, request: InferenceRequest) -> Profile:
         objective = request.objective
         if objective is not None and objective in self.profiles:
@@ -98,7 +74,7 @@ class WeightedScheduler:
 
         block_chars = block_chars_for(candidates, self.prefix_index.block_chars)
         hashes: tuple[int, ...] | None = None
-        if profile.weights.get("prefix-cache", 0.0) > 0:
+        if any(SCORERS[name].uses_prefix for name, w in profile.weights.items() if w > 0):
             hashes = self._hashes(request, block_chars)
         self._remember(request, block_chars, hashes)
         addresses = [s.endpoint.address for s in candidates]
@@ -111,7 +87,7 @@ class WeightedScheduler:
         for name, weight in profile.weights.items():
             if weight <= 0:
                 continue
-            values = SCORERS[name](request, candidates, ctx)
+            values = SCORERS[name].score(request, candidates, ctx)
             columns.append((name, values))
             # clamped to [0, 1], NaN -> 0
             totals = [
@@ -119,7 +95,7 @@ class WeightedScheduler:
                 for t, v in zip(totals, values, strict=True)
             ]
 
-        order = PICKERS[profile.picker](totals, self.rng)
+        order = PICKERS[profile.picker].fn(totals, self.rng)
         return Decision(
             ranked=tuple([addresses[i] for i in order]),
             scores=ScoreTable(addresses, columns, totals, order[0] if order else 0),

@@ -9,7 +9,8 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from epp.engines import DIALECTS, MetricsParseError, parse_metrics
 from epp.scheduling import BUILTIN_PROFILES, WeightedScheduler
-from epp.scheduling.scorers import SCORERS, ScoringContext
+from epp.scheduling.registry import SCORERS
+from epp.scheduling.scorers import ScoringContext
 
 from .factories import req, snap, state
 
@@ -121,5 +122,5 @@ def test_every_pick_is_a_valid_ranking(pods, profile, adapter, seed):
     for row in d.scores.values():
         assert all(0.0 <= v <= 1.0 for k, v in row.items() if k != "total")
     ctx = ScoringContext(prefix_index=sched.prefix_index)
-    for scorer in SCORERS.values():
-        assert all(0.0 <= v <= 1.0 for v in scorer(r, states, ctx))
+    for entry in SCORERS.values():
+        assert all(0.0 <= v <= 1.0 for v in entry.score(r, states, ctx))

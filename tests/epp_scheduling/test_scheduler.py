@@ -5,8 +5,7 @@ from collections import Counter
 import pytest
 
 from epp.pool import Endpoint, Pool
-from epp.scheduling import BUILTIN_PROFILES, Profile, Scheduler, WeightedScheduler, saturation
-from epp.scheduling.profiles import Thresholds
+from epp.scheduling import BUILTIN_PROFILES, Profile, Scheduler, WeightedScheduler, profile
 
 from .factories import req, snap, state
 
@@ -119,7 +118,7 @@ def test_all_saturated_keeps_everyone_and_flags():
 
 
 def test_thresholds_are_configurable():
-    lenient = Profile("lenient", {"queue": 1}, thresholds=Thresholds(queue_saturated=50))
+    lenient = profile("lenient", {"queue": 1}, thresholds={"queue": 50})
     sched = scheduler(profiles={"default": lenient})
     d = sched.pick(req(), snap(state("q", waiting=9), state("r", waiting=10)))
     assert not d.saturated and d.ranked[0] == "q"
@@ -144,7 +143,7 @@ def test_ranking_contains_all_candidates_best_first():
 
 
 def test_weighted_random_picker_spreads_by_score():
-    prof = Profile("spread", {"queue": 1}, picker="weighted-random")
+    prof = profile("spread", {"queue": 1}, picker="weighted-random")
     sched = scheduler(seed=5, profiles={"default": prof})
     pods = snap(state("a", waiting=0), state("b", waiting=2), state("c", waiting=4))
     winners = Counter(sched.pick(req(), pods).ranked[0] for _ in range(600))
@@ -193,14 +192,6 @@ def test_block_size_from_server_sets_block_chars():
     assert sched.prefix_index.memory_entries() == 1024 // (32 * 4)
 
 
-def test_pool_saturation_formula():
-    pods = snap(state("a", waiting=1, kv=0.2), state("b", waiting=0, kv=0.6), state("c", waiting=20))
-    assert saturation(pods) == pytest.approx((max(1 / 5, 0.2 / 0.8) + 0.6 / 0.8 + 1.0) / 3)
-    assert saturation(snap(state("a", age=0.5), state("b"))) == pytest.approx(0.5)
-    assert saturation(snap(state("a", scraped=False))) == 1.0
-    assert saturation(snap()) == 1.0
-
-
 def simulate_slow_pod(profile: Profile) -> Counter:
     """1,000 arrivals at ~85 % of fleet capacity; one pod is 5x slower. Returns requests per pod."""
     service = {"fast0": 1.0, "fast1": 1.0, "fast2": 1.0, "slow": 5.0}
@@ -234,25 +225,34 @@ def test_slow_pod_gets_less_traffic_in_simulated_loop():
     assert routed["slow"] < 0.4 * fast_mean
     assert routed["slow"] > 0  # still used when the fast pods are loaded
     # Control: balancing by in-flight count alone sends the slow pod far more.
-    blind = simulate_slow_pod(Profile("blind", {"inflight": 1}))
+    blind = simulate_slow_pod(profile("blind", {"inflight": 1}))
     assert blind["slow"] > 2 * routed["slow"]
 
 
-def test_from_gateway_config_models():
-    from gateway.config import ProfileConfig
-    from gateway.config import Thresholds as ConfigThresholds
+def test_from_epp_config():
+    from epp.config import parse_epp_config
 
-    profiles = {"gold": ProfileConfig(weights={"queue": 1, "kvCache": 2}, picker="weighted", priority=-1)}
+    config = parse_epp_config(
+        {
+            "pools": [{"name": "p", "models": [{"name": "m"}]}],
+            "thresholds": {"queue": 3, "staleAfterMs": 400},
+            "defaultProfile": "gold",
+            "profiles": {
+                "gold": {"weights": {"queue": 1, "kv-cache": 2}, "picker": "weighted-random", "priority": -1}
+            },
+        }
+    )
     index = scheduler().prefix_index
-    sched = WeightedScheduler.from_config(
-        {name: p.model_dump() for name, p in profiles.items()},
-        thresholds=ConfigThresholds(queue=3, staleAfterMs=400).model_dump(),
-        default_profile="gold",
-        prefix_index=index,
+    sched = WeightedScheduler(
+        config.scheduler_profiles(), default_profile=config.default_profile, prefix_index=index
     )
     gold = sched.profiles["gold"]
     assert dict(gold.weights) == {"queue": 1.0, "kv-cache": 2.0} and gold.picker == "weighted-random"
-    assert gold.thresholds == Thresholds(queue_saturated=3, kv_saturated=0.8, stale_after=0.4)
+    assert (gold.thresholds.queue_saturated, gold.thresholds.kv_saturated, gold.thresholds.stale_after) == (
+        3,
+        0.8,
+        0.4,
+    )
     assert sched.prefix_index is index
     d = sched.pick(req(), snap(state("a", waiting=3), state("b", waiting=2)))
     assert d.profile == "gold" and d.ranked == ("b",)
@@ -285,7 +285,7 @@ def test_prefix_hit_needs_the_same_adapter():
 def test_on_routed_learns_with_the_block_size_pick_chose():
     """A profile without a prefix weight skips hashing in `pick`, yet `on_routed` must hash with
     the servers' block size (32 tokens here), not the default, or later lookups never hit."""
-    profiles = {"default": Profile("default", {"queue": 1}), "prefix": Profile("prefix", {"prefix-cache": 1})}
+    profiles = {"default": profile("default", {"queue": 1}), "prefix": profile("prefix", {"prefix-cache": 1})}
     sched = scheduler(profiles=profiles)
     pods = snap(state("a", block_size=32), state("b", block_size=32))
     doc = "k" * 1024

@@ -1,9 +1,9 @@
 import pytest
 
+from epp.scheduling.params import Thresholds
 from epp.scheduling.prefix import PrefixIndex, prompt_hashes
-from epp.scheduling.profiles import SCORER_NAMES, Thresholds
+from epp.scheduling.registry import SCORERS
 from epp.scheduling.scorers import (
-    SCORERS,
     ScoringContext,
     inflight,
     kv_cache,
@@ -20,8 +20,12 @@ from .factories import req, state
 CTX = ScoringContext()
 
 
-def test_every_profile_scorer_name_has_an_implementation():
-    assert set(SCORERS) == set(SCORER_NAMES)
+def test_every_registered_scorer_documents_its_formula_and_returns_unit_scores():
+    pods = [state("a", waiting=1, kv=0.2), state("b", scraped=False)]
+    for name, entry in SCORERS.items():
+        assert entry.formula, name
+        values = entry.score(req(), pods, CTX)
+        assert len(values) == 2 and all(0.0 <= v <= 1.0 for v in values), name
 
 
 def test_kv_cache_is_one_minus_usage_and_unknown_is_worst():
@@ -77,14 +81,12 @@ def test_prefix_score_is_matched_over_max_of_total_and_minimum():
     hashes = prompt_hashes("m", long_prompt)
     index.add("a", hashes[:30])
     index.add("b", hashes)
-    ctx = ScoringContext(
-        thresholds=Thresholds(prefix_min_blocks=16), prefix_hashes=hashes, prefix_index=index
-    )
+    ctx = ScoringContext(thresholds=Thresholds(prefixMinBlocks=16), prefix_hashes=hashes, prefix_index=index)
     assert prefix_cache(req(long_prompt), [state("a"), state("b"), state("c")], ctx) == [30 / 40, 1.0, 0.0]
 
     short = prompt_hashes("m", "s" * 128)  # 2 blocks, fully cached on a
     index.add("a", short)
-    ctx = ScoringContext(thresholds=Thresholds(prefix_min_blocks=16), prefix_hashes=short, prefix_index=index)
+    ctx = ScoringContext(thresholds=Thresholds(prefixMinBlocks=16), prefix_hashes=short, prefix_index=index)
     assert prefix_cache(req("s" * 128), [state("a")], ctx) == [2 / 16]
 
 

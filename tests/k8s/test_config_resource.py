@@ -7,7 +7,7 @@ import asyncio
 import kubernetes
 from prometheus_client import REGISTRY
 
-from gateway.config import parse_config
+from epp.config import parse_epp_config
 from gateway.config_resource import ConfigResourceWatcher
 from gateway.config_store import ConfigStore
 from tests.fakes.kube_apiserver import GATEWAY_CONFIGS, FakeKubeApiServer
@@ -36,7 +36,7 @@ def sample(name: str, **labels: str) -> float:
 async def test_resource_changes_apply_and_invalid_ones_keep_the_last_good(
     kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient
 ) -> None:
-    store = ConfigStore(parse_config(SPEC))
+    store = ConfigStore(parse_epp_config(SPEC))
     kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "profiles": {"chat": {"weights": {"queue": 7}}}}))
     watcher = ConfigResourceWatcher(
         store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05
@@ -68,7 +68,7 @@ async def test_resource_changes_apply_and_invalid_ones_keep_the_last_good(
 async def test_watch_expiry_relists_and_keeps_following(
     kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient
 ) -> None:
-    store = ConfigStore(parse_config(SPEC))
+    store = ConfigStore(parse_epp_config(SPEC))
     kube.apply(GATEWAY_CONFIGS, resource(SPEC))
     watcher = ConfigResourceWatcher(
         store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05
@@ -78,6 +78,6 @@ async def test_watch_expiry_relists_and_keeps_following(
         kube.compact()
         kube.drop_watches()
         kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "thresholds": {"queue": 9}}))
-        await until(lambda: store.current().thresholds.queue == 9)
+        await until(lambda: store.current().thresholds.queue_saturated == 9)
     finally:
         await watcher.stop()

@@ -261,4 +261,7 @@ async def test_start_times_out_when_api_unreachable(
     t0 = time.monotonic()
     with pytest.raises(DiscoveryError, match=r"within 0\.3s"):
         await start_discovery(start_timeout_s=0.3)
-    assert time.monotonic() - t0 < 2
+    # It gives up instead of hanging: the timeout fired (the message) and stopping joins each of
+    # the two watch threads for at most 5 s. Not a speed check (a loaded 2-core machine took 5 s
+    # to finish a reflector's in-flight list call here).
+    assert time.monotonic() - t0 < 20

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
+from epp.config import EppConfig, parse_epp_config
 from gateway.config import ConfigError, GatewayConfig, load_config, parse_config
 from gateway.config_store import ConfigStore, FileWatcher
 
@@ -40,13 +41,19 @@ def rejected_total() -> float:
             {"scrape": {"intervalMs": 100, "maxIntervalMs": 50}},
             "scrape.maxIntervalMs: must be >= scrape.intervalMs",
         ),
-        ({"scrape": {"maxIntervalMs": 1000}}, "scrape.maxIntervalMs: must be below thresholds.staleAfterMs"),
+        (
+            {"scrape": {"maxIntervalMs": 1000}},
+            "scrape.maxIntervalMs: must be below every profile's staleAfterMs",
+        ),
         ({"scrape": {"jitter": 0.9}}, "scrape.jitter"),
         (
             {"profiles": {"x": {"weights": {"queue": -1}}}},
             "profiles.x.weights.queue: Input should be greater than or equal to 0",
         ),
-        ({"profiles": {"x": {"weights": {"qeue": 1}}}}, "profiles.x.weights.qeue: unknown scorer"),
+        (
+            {"profiles": {"x": {"weights": {"qeue": 1}}}},
+            "profiles.x.weights: Value error, unknown scorer 'qeue'",
+        ),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
         ({"pools": [{"name": "p", "models": [{"name": "m"}], "kvEvents": {"port": 0}}]}, "kvEvents.port"),
         ({"pools": [{"name": "p", "models": [{"name": "m"}], "kvEvents": {"maxBlocks": 0}}]}, "maxBlocks"),
@@ -78,8 +85,18 @@ def rejected_total() -> float:
     ],
 )
 def test_errors_name_the_field(patch: dict, message: str) -> None:
+    """The EPP's schema: the shared one plus the scheduling section."""
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
-        parse_config({**GOOD, **patch})
+        parse_epp_config({**GOOD, **patch})
+
+
+def test_the_shared_schema_carries_the_scheduling_section_as_data() -> None:
+    """BBR validates the routing table only: a scheduling mistake is the EPP's to reject."""
+    bad_profile = {**GOOD, "profiles": {"x": {"weights": {"qeue": 1}}}}
+    assert parse_config(bad_profile).profiles == {"x": {"weights": {"qeue": 1}}}
+    with pytest.raises(ConfigError, match="unknown scorer"):
+        parse_epp_config(bad_profile)
+    assert isinstance(parse_epp_config(GOOD), GatewayConfig)  # every service's view still holds
 
 
 def test_load_config_reports_yaml_errors_with_the_path(tmp_path: Path) -> None:
@@ -95,8 +112,8 @@ def test_load_config_reports_yaml_errors_with_the_path(tmp_path: Path) -> None:
 def test_store_keeps_the_last_good_config_and_counts_rejections(tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(GOOD))
-    store = ConfigStore.from_file(path)
-    seen: list[GatewayConfig] = []
+    store = ConfigStore.from_file(path, EppConfig)
+    seen: list[EppConfig] = []
     store.subscribe(seen.append)
     watcher = FileWatcher(store, path)
     assert watcher.check() is False  # unchanged

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import jsonschema
 
-from gateway.crd import CRD_PATH, render_crd_yaml, spec_schema
+from epp.crd import CRD_PATH, render_crd_yaml, spec_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_crd_is_the_generated_one() -> None:
-    assert (ROOT / CRD_PATH).read_text() == render_crd_yaml(), "run `python -m gateway.crd` and commit"
+    assert (ROOT / CRD_PATH).read_text() == render_crd_yaml(), "run `python -m epp.crd` and commit"
 
 
 def test_schema_is_structural() -> None:
@@ -36,7 +36,7 @@ def test_schema_accepts_configs_the_parser_accepts_and_rejects_bad_ones() -> Non
         "pools": [
             {"name": "llama", "models": [{"name": "llama", "adapters": ["sql"]}], "fallbackEndpoints": 1}
         ],
-        "profiles": {"chat": {"weights": {"queue": 2, "kvCache": 1}, "priority": -1}},
+        "profiles": {"chat": {"weights": {"queue": 2, "kv-cache": 1}, "priority": -1}},
         "listener": {"maxHeadersCount": 50},
     }
     assert validator.is_valid(good)
@@ -53,5 +53,5 @@ def test_unknown_scorer_names_are_rejected_by_a_cel_rule() -> None:
     weights = spec_schema()["properties"]["profiles"]["additionalProperties"]["properties"]["weights"]
     (rule,) = weights["x-kubernetes-validations"]
     assert (
-        "'kvCache'" in rule["rule"] and "'prefix-cache'" in rule["rule"] and "'prefixx'" not in rule["rule"]
+        "'kv-cache'" in rule["rule"] and "'prefix-cache'" in rule["rule"] and "'kvCache'" not in rule["rule"]
     )

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from epp.config import parse_epp_config
 from epp.context import EppContext
 from epp.pool import Endpoint, Metrics, Pool
 from epp.processor import EppProcessor
@@ -15,9 +16,8 @@ from epp.trust import HeaderPolicy
 from extproc.errors import ErrorResponse
 from extproc.headers import DESTINATION_HEADER
 from extproc.stream import RequestRoute
-from gateway.config import parse_config
 
-CONFIG = parse_config(
+CONFIG = parse_epp_config(
     {
         "pools": [
             {"name": "llama", "models": [{"name": "llama", "adapters": ["sql"]}], "fallbackEndpoints": 1},

@@ -180,3 +180,43 @@ async def test_routing_a_request_ends_an_idle_pods_long_sleep() -> None:
     await asyncio.wait_for(sleeper, timeout=10)  # not the 60 s
     assert scraper._wakers == {}
     await scraper.stop()
+
+
+async def test_a_configured_kv_capacity_gives_tgi_pods_a_kv_usage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """TGI publishes the tokens its batch holds, not a fraction: the pool's kvCapacityTokens
+    (or the endpoint's own) must reach the parser, or every TGI pod reads KV-unknown."""
+    import yaml
+
+    from epp.app import EppApp
+
+    spec = {
+        "time_scale": 50.0,
+        "pods": [{"name": "t", "model": "m", "profile": "h100-llama3.1-8b", "dialect": "tgi"}],
+    }
+    async with run_fleet(FleetSpec.from_dict(spec), host="127.0.0.1") as fleet:
+        t = fleet.pod("t")
+        config = {
+            "pools": [
+                {
+                    "name": "p",
+                    "engine": "tgi",
+                    "kvCapacityTokens": 4096,
+                    "models": [{"name": "m"}],
+                    "endpoints": [{"address": t.address}, {"address": "127.0.0.1:9", "kvCapacityTokens": 64}],
+                }
+            ]
+        }
+        path = tmp_path / "gateway.yaml"
+        path.write_text(yaml.safe_dump(config))
+        app = EppApp(path, "p")
+        by_address = {ep.address: ep for ep in app.pool.endpoints()}
+        assert by_address[t.address].kv_capacity_tokens == 4096  # the pool's
+        assert by_address["127.0.0.1:9"].kv_capacity_tokens == 64  # the endpoint's own wins
+        scraper = Scraper(app.pool, interval_s=0.02, timeout_s=0.2)
+        scraper.sync()
+        try:
+            await wait_until(lambda: app.pool.snapshot().by_address()[t.address].metrics is not None)
+            metrics = app.pool.snapshot().by_address()[t.address].metrics
+            assert metrics is not None and metrics.kv_usage is not None and 0.0 <= metrics.kv_usage <= 1.0
+        finally:
+            await scraper.stop()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from epp.config import parse_epp_config
 from epp.trust import HeaderPolicy, Objective
 from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER
-from gateway.config import ConfigError, parse_config
+from gateway.config import ConfigError
 
 JWT = {"issuer": "https://issuer.test", "jwks": '{"keys": [{"kty": "RSA", "n": "x", "e": "AQAB"}]}'}
 
@@ -17,7 +18,7 @@ def config(trust: dict | None = None, **model: object) -> dict:
             {"name": "p", "models": [{"name": "bulk", "profile": "batch", **model}, {"name": "chatty"}]}
         ],
         "profiles": {
-            "batch": {"weights": {"prefix": 4}, "priority": -1},
+            "batch": {"weights": {"prefix-cache": 4}, "priority": -1},
             "sheddable": {"weights": {"queue": 1}, "priority": -2},
             "gold": {"weights": {"queue": 1}, "priority": 5},
         },
@@ -26,7 +27,7 @@ def config(trust: dict | None = None, **model: object) -> dict:
 
 
 def policy(trust: dict | None = None, **model: object) -> HeaderPolicy:
-    return HeaderPolicy.from_config(parse_config(config(trust, **model)))
+    return HeaderPolicy.from_config(parse_epp_config(config(trust, **model)))
 
 
 def test_a_sheddable_model_stays_sheddable_whatever_the_client_names() -> None:
@@ -82,16 +83,16 @@ def test_untrusted_requests_do_not_see_the_decision_unless_configured() -> None:
 )
 def test_objectives_must_name_defined_profiles(patch: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_config(config(**patch))
+        parse_epp_config(config(**patch))
 
 
 def test_a_trusted_claim_needs_jwt_and_paths_need_one_policy() -> None:
     data = config({"jwtClaim": {"name": "role", "value": "ops"}})
     del data["listener"]["jwt"]
     with pytest.raises(ConfigError, match=r"trust\.jwtClaim needs listener\.jwt"):
-        parse_config(data)
+        parse_epp_config(data)
     with pytest.raises(ConfigError, match="allowAllPaths"):
-        parse_config({**config(), "listener": {"allowAllPaths": True, "paths": ["/v1/completions"]}})
+        parse_epp_config({**config(), "listener": {"allowAllPaths": True, "paths": ["/v1/completions"]}})
     with pytest.raises(ConfigError, match="paths"):
-        parse_config({**config(), "listener": {"paths": ["/v1/completions?x=1"]}})
-    assert parse_config({**config(), "listener": {"allowAllPaths": True}}).listener.allow_all_paths
+        parse_epp_config({**config(), "listener": {"paths": ["/v1/completions?x=1"]}})
+    assert parse_epp_config({**config(), "listener": {"allowAllPaths": True}}).listener.allow_all_paths

@@ -1,0 +1,54 @@
+"""Typed parameters of the scheduling plugins, and the thresholds set that carries them.
+
+Each filter or scorer that takes a parameter declares it here as a small pydantic model, and
+the registry (epp/scheduling/registry.py) names that model beside the plugin. A profile's
+`thresholds` is the union of them, so one config block (`thresholds: {queue, kvCache,
+staleAfterMs, prefixMinBlocks}`, pool-wide or per profile) sets every plugin's knobs, with
+one spelling per field (the camelCase alias or the Python name) and a bound on every value.
+Defaults are GIE's published ones; `staleAfterMs` and `prefixMinBlocks` are ours.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, allow_inf_nan=False)
+
+
+class FreshParams(_Params):
+    """The `fresh` filter: metrics older than this are distrusted."""
+
+    stale_after_ms: int = Field(default=1000, gt=0, le=3_600_000, alias="staleAfterMs")
+
+    @property
+    def stale_after(self) -> float:
+        """`staleAfterMs` in seconds (the unit of `EndpointState.metrics_age`)."""
+        return self.stale_after_ms / 1000.0
+
+
+class SaturationParams(_Params):
+    """The `unsaturated` filter: a pod is saturated at this queue or this KV-cache use."""
+
+    queue_saturated: float = Field(default=5.0, gt=0, le=1e6, alias="queue")
+    kv_saturated: float = Field(default=0.8, gt=0, le=1, alias="kvCache")
+
+
+class PrefixParams(_Params):
+    """The `prefix-cache` scorer: matched / max(total, this) blocks, so tiny prompts score tiny."""
+
+    prefix_min_blocks: int = Field(default=16, ge=1, le=1_000_000, alias="prefixMinBlocks")
+
+
+class Thresholds(FreshParams, SaturationParams, PrefixParams):
+    """Every plugin's parameters in one block (pool-wide defaults, overridden per profile)."""
+
+    def overlaid(self, own: Thresholds) -> Thresholds:
+        """These values with the fields `own` was given explicitly taking precedence."""
+        if not own.model_fields_set:
+            return self
+        return self.model_copy(update={name: getattr(own, name) for name in own.model_fields_set})
+
+
+DEFAULT_THRESHOLDS = Thresholds()

@@ -1,0 +1,47 @@
+"""The plugin registry is the one list: docs, CRD and code are checked against it."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+from epp.crd import spec_schema
+from epp.scheduling import scorers
+from epp.scheduling.plugin_table import with_plugin_table
+from epp.scheduling.profiles import Profile
+from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_committed_plugin_table_is_the_generated_one() -> None:
+    doc = (ROOT / "docs/scheduling.md").read_text()
+    assert with_plugin_table(doc) == doc, (
+        "run `python -m epp.scheduling.plugin_table --doc docs/scheduling.md`"
+    )
+
+
+def test_names_are_kebab_case_and_every_entry_has_a_formula() -> None:
+    for table in (FILTERS, SCORERS, PICKERS):
+        for name, entry in table.items():
+            assert re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", name) and entry.name == name
+            assert len(entry.formula) > 20, name
+
+
+def test_every_scorer_function_is_registered() -> None:
+    """A scorer written but never registered would be unreachable from any config."""
+    public = {
+        name
+        for name, fn in vars(scorers).items()
+        if inspect.isfunction(fn) and fn.__module__ == scorers.__name__ and not name.startswith("_")
+    }
+    assert public == {entry.fn.__name__ for entry in SCORERS.values()}
+
+
+def test_config_schema_and_crd_take_their_names_from_the_registry() -> None:
+    schema = Profile.model_json_schema()
+    assert schema["properties"]["picker"]["enum"] == list(PICKERS)
+    weights = spec_schema()["properties"]["profiles"]["additionalProperties"]["properties"]["weights"]
+    (rule,) = weights["x-kubernetes-validations"]
+    assert all(f"'{name}'" in rule["rule"] for name in SCORERS)
