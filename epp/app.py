@@ -37,6 +37,7 @@ def build_scheduler(config: EppConfig, previous: WeightedScheduler | None = None
         config.scheduler_profiles(),
         default_profile=config.default_profile,
         prefix_index=previous.prefix_index if previous is not None else None,
+        residency=previous.residency if previous is not None else None,
     )
 
 
@@ -116,6 +117,7 @@ class EppApp:
             ]
         self.pool.set_endpoints(endpoints)
         self.scheduler.prefix_index.retain(ep.address for ep in endpoints)
+        self.scheduler.residency.retain(ep.address for ep in endpoints)
         try:
             self.scraper.sync()
             self._sync_kv_events()

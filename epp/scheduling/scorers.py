@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from epp.pool import EndpointState
 from epp.request import InferenceRequest
+from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.params import DEFAULT_THRESHOLDS, Thresholds
 from epp.scheduling.prefix import PrefixIndex
 
@@ -26,6 +27,7 @@ class ScoringContext:
     prefix_hashes: tuple[int, ...] = ()
     prefix_index: PrefixIndex | None = None
     addresses: Sequence[str] | None = None  # of the candidates, in order, when the caller has them
+    residency: AdapterResidency | None = None  # adapters the EPP recently sent to each pod
 
 
 Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]
@@ -74,19 +76,27 @@ def running_requests(
 def lora_affinity(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """GIE's LoRA affinity: 1.0 adapter active; 0.8 room to load it (active + waiting <
-    max_lora, or the pod does not report LoRA state); 0.6 adapter waiting; else 0.
-    A base-model request scores 1 everywhere (nothing to load); unknown metrics -> 0.
+    """1.0 adapter resident (running, or among the pod's max_lora most recently routed);
+    0.8 room to load it (active + waiting < max_lora, or the pod does not report LoRA state);
+    0.6 adapter waiting; else 0. A base-model request scores 1 everywhere; unknown metrics -> 0.
+
+    GIE's scorer, with residency: vLLM keeps idle adapters in their GPU slots until a newer one
+    evicts them, and its metrics name only the adapters of running and waiting requests, so
+    without the EPP's own routing history a pod that served the adapter a moment ago looks
+    no better than one that must load it (epp/scheduling/lora.py).
     """
     adapter = request.adapter
     if adapter is None:
         return [1.0] * len(candidates)
+    residency = ctx.residency
     out: list[float] = []
     for s in candidates:
         m = s.metrics
         if m is None:
             out.append(0.0)
-        elif adapter in m.running_adapters:
+        elif adapter in m.running_adapters or (
+            residency is not None and residency.resident(s.address, adapter, m.max_lora)
+        ):
             out.append(1.0)
         elif m.max_lora <= 0 or len(m.running_adapters) + len(m.waiting_adapters) < m.max_lora:
             out.append(0.8)

@@ -18,6 +18,7 @@ from epp.pool import EndpointState, PoolSnapshot
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.base import Decision, ScoreTable
 from epp.scheduling.filters import fresh, healthy, serving, unsaturated
+from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.profiles import BUILTIN_PROFILES, Profile
 from epp.scheduling.registry import PICKERS, SCORERS
@@ -43,6 +44,7 @@ class WeightedScheduler:
         default_profile: str = "default",
         rng: random.Random | None = None,
         prefix_index: PrefixIndex | None = None,
+        residency: AdapterResidency | None = None,
     ) -> None:
         if default_profile not in profiles:
             raise ValueError(f"default profile {default_profile!r} is not among {sorted(profiles)}")
@@ -50,6 +52,7 @@ class WeightedScheduler:
         self.default_profile = default_profile
         self.rng = rng or random.Random()
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
+        self.residency = residency if residency is not None else AdapterResidency()
         # request_id -> (the prompt object picked, its block size in characters, its hashes
         # if the profile computed them); the identity check guards against two requests that
         # share a client-chosen id.
@@ -79,7 +82,11 @@ class WeightedScheduler:
         self._remember(request, block_chars, hashes)
         addresses = [s.endpoint.address for s in candidates]
         ctx = ScoringContext(
-            thresholds=th, prefix_hashes=hashes or (), prefix_index=self.prefix_index, addresses=addresses
+            thresholds=th,
+            prefix_hashes=hashes or (),
+            prefix_index=self.prefix_index,
+            addresses=addresses,
+            residency=self.residency,
         )
 
         totals = [0.0] * len(candidates)
@@ -104,7 +111,9 @@ class WeightedScheduler:
         )
 
     def on_routed(self, request: InferenceRequest, address: str) -> None:
-        """Remember the request's prefix blocks on the pod it was sent to."""
+        """Remember the request's prefix blocks, and its adapter, on the pod it was sent to."""
+        if request.adapter is not None:
+            self.residency.on_routed(address, request.adapter)
         block_chars, hashes = self.prefix_index.block_chars, None
         cached = self._recent.pop(request.request_id, None)
         if cached is not None and cached[0] is request.prompt:
