@@ -171,7 +171,8 @@ class TracingConfig(_Model):
     endpoint: str | None = Field(default=None, min_length=1)
     # Parent-based ratio sampler (else OTEL_TRACES_SAMPLER[_ARG]; the SDK's default samples all)
     sample_ratio: float | None = Field(default=None, ge=0, le=1, alias="sampleRatio")
-    service_name: str | None = Field(default=None, min_length=1, alias="serviceName")  # else OTEL_SERVICE_NAME
+    # The resource's service.name (else OTEL_SERVICE_NAME, else inference-gateway-bbr / -epp)
+    service_name: str | None = Field(default=None, min_length=1, alias="serviceName")
 
 
 class JwtAuth(_Model):
