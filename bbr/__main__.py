@@ -13,6 +13,7 @@ from gateway.config_resource import start_resource_watcher
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.service_cli import run_service, service_parser
 from gateway.supervise import spawn
+from gateway.tracing import Tracing
 
 log = logging.getLogger("bbr")
 
@@ -20,7 +21,8 @@ log = logging.getLogger("bbr")
 async def serve(args: argparse.Namespace) -> None:
     store = ConfigStore.from_file(args.config)
     router = BodyRouter(store.current)
-    servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current), name="bbr")
+    tracing = Tracing.from_config(store.current().tracing, "inference-gateway-bbr")  # read once
+    servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current, tracing), name="bbr")
     service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
     watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
     resource = await start_resource_watcher(store, args.config_resource)
@@ -30,6 +32,7 @@ async def serve(args: argparse.Namespace) -> None:
     if resource is not None:
         await resource.stop()
     await service.drain_and_stop(args.drain_seconds)
+    tracing.shutdown()
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from extproc.stream import ExtProcServicer
 from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.supervise import spawn
+from gateway.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class EppApp:
         self.scheduler = build_scheduler(config)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
+        self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
         kv = pool_config.kv_events
@@ -154,3 +156,4 @@ class EppApp:
         await self.scraper.stop()
         await self.kv_events.stop()
         await self._admin.cleanup()
+        self.ctx.tracing.shutdown()
