@@ -58,7 +58,8 @@ class EppApp:
         self.pool_name = pool_name
         self.pool = Pool()
         self.telemetry = Telemetry(pool_name)
-        self.telemetry.attach_pool(self.pool.snapshot)
+        self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
+        self.telemetry.attach_pool(self.pool.snapshot, lambda: self._thresholds)
         self.scheduler = build_scheduler(config)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
@@ -84,6 +85,7 @@ class EppApp:
     def _apply(self, config: GatewayConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
         self.ctx.header_policy = HeaderPolicy.from_config(config)
+        self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
         pool = config.pool(self.pool_name)
         self.ctx.fallback_endpoints = pool.fallback_endpoints
         if pool.kv_events is not None:
