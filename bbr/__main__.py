@@ -22,6 +22,7 @@ async def serve(args: argparse.Namespace) -> None:
     store = ConfigStore.from_file(args.config)
     router = BodyRouter(store.current)
     tracing = Tracing.from_config(store.current().tracing, "inference-gateway-bbr")  # read once
+    store.subscribe(tracing.warn_on_change(store.current().tracing))
     servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current, tracing), name="bbr")
     service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
     watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)

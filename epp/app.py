@@ -64,6 +64,7 @@ class EppApp:
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
         self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
+        self.store.subscribe(self.ctx.tracing.warn_on_change(config.tracing))
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
         kv = pool_config.kv_events

@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Union
 
-from gateway.config import TracingConfig
+from gateway.config import GatewayConfig, TracingConfig
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -103,6 +103,15 @@ class Tracing:
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=self._in_context(span))
         return carrier
+
+    def warn_on_change(self, started_with: TracingConfig) -> Callable[[GatewayConfig], None]:
+        """A config-store listener: tracing is set up once, so say when a reload changes it."""
+
+        def check(config: GatewayConfig) -> None:
+            if config.tracing != started_with:
+                log.warning("the tracing settings changed; they take effect when the process restarts")
+
+        return check
 
     def shutdown(self) -> None:
         """Flush spans still queued (on process stop)."""

@@ -14,7 +14,7 @@ from epp.pool import Endpoint, Pool
 from epp.processor import EppProcessor
 from extproc.errors import ErrorResponse
 from extproc.stream import RequestRoute
-from gateway.config import TracingConfig
+from gateway.config import TracingConfig, parse_config
 from gateway.tracing import Tracing, tracing_wanted
 from tests.unit.test_epp_processor import CONFIG, body, make_ctx
 
@@ -106,3 +106,15 @@ async def test_bbr_span_names_the_rewrite_and_an_unsampled_trace_still_propagate
     assert len(exporter.get_finished_spans()) == 1  # not recorded ...
     assert route.set_headers["traceparent"].startswith(f"00-{TRACE_ID}-")  # ... but passed on
     assert route.set_headers["traceparent"].endswith("-00")
+
+
+def test_a_reload_that_changes_tracing_is_logged_as_needing_a_restart(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    base = {"pools": [{"name": "p", "models": [{"name": "m"}]}]}
+    started = parse_config(base)
+    check = Tracing().warn_on_change(started.tracing)
+    check(parse_config(base))
+    assert not caplog.records
+    check(parse_config({**base, "tracing": {"enabled": True}}))
+    assert "restarts" in caplog.text
