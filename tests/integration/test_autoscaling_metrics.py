@@ -69,14 +69,16 @@ async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: Local
         body = chat(MODEL, "a long answer please", max_tokens=3000)
         tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=body)) for _ in range(4)]
         try:
+            seen: dict[str, list[tuple[dict[str, str], float]]] = {}
 
             def loaded() -> bool:
-                m = scrape(gateway)
-                queued = sum(v for labels, v in m.get("inference_pool_per_pod_queue_size", []))
-                return value(m, "inference_pool_running_requests") == 4 and queued == 2
+                seen.clear()
+                seen.update(scrape(gateway))  # the assertions below read this same scrape
+                queued = sum(v for labels, v in seen.get("inference_pool_per_pod_queue_size", []))
+                return value(seen, "inference_pool_running_requests") == 4 and queued == 2
 
             await until(loaded, "4 requests in flight, 2 of them queued on the pods", within=30)
-            m = scrape(gateway)
+            m = seen
             for name, labels in AUTOSCALING_SERIES.items():
                 series = [lbls for lbls, _ in m.get(name, [])]
                 assert series, f"{name} missing"
