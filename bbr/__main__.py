@@ -12,6 +12,7 @@ from extproc.stream import ExtProcServicer
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.service_cli import follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
+from gateway.tracing import Tracing
 
 log = logging.getLogger("bbr")
 
@@ -19,7 +20,9 @@ log = logging.getLogger("bbr")
 async def serve(args: argparse.Namespace) -> None:
     store = ConfigStore.from_file(args.config)
     router = BodyRouter(store.current)
-    servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current), name="bbr")
+    tracing = Tracing.from_config(store.current().tracing, "inference-gateway-bbr")  # read once
+    store.subscribe(tracing.warn_on_change(store.current().tracing))
+    servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current, tracing), name="bbr")
     service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
     watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
     resource = await follow_config_resource(store, args.config_resource)
@@ -29,6 +32,7 @@ async def serve(args: argparse.Namespace) -> None:
     if resource is not None:
         await resource.stop()
     await service.drain_and_stop(args.drain_seconds)
+    tracing.shutdown()
 
 
 def main() -> None:

@@ -34,7 +34,11 @@ class BodyRouter:
         self._config = config_source
         self._rng = rng or random.Random()
 
-    def route(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+    def route(
+        self, headers: dict[str, str], body: bytes, note: dict[str, str | bool] | None = None
+    ) -> RequestRoute | ErrorResponse:
+        """`note`, when given (tracing on), receives the decision: requested and routed model,
+        base model, adapter, pool, whether the body was rewritten."""
         config = self._config()
         remove = client_routing_headers(headers)
         if not body:
@@ -62,6 +66,9 @@ class BodyRouter:
             data["model"] = chosen
             replaced = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
             route = routes[chosen]
+        if note is not None:
+            note.update(requested=model, model=chosen, base_model=route.base_model, pool=route.pool)
+            note.update(rewritten=chosen != model, **({"adapter": route.adapter} if route.adapter else {}))
         set_headers = {MODEL_HEADER: chosen}
         if route.adapter is not None:
             set_headers[BASE_MODEL_HEADER] = route.base_model

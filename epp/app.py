@@ -28,6 +28,7 @@ from extproc.server import GrpcService, TlsFiles, start_grpc_service
 from extproc.stream import ExtProcServicer
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.supervise import spawn
+from gateway.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +60,13 @@ class EppApp:
         self.pool_name = pool_name
         self.pool = Pool()
         self.telemetry = Telemetry(pool_name)
-        self.telemetry.attach_pool(self.pool.snapshot)
+        self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
+        self.telemetry.attach_pool(self.pool.snapshot, lambda: self._thresholds)
         self.scheduler = build_scheduler(config)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
+        self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
+        self.store.subscribe(self.ctx.tracing.warn_on_change(config.tracing))
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
         kv = pool_config.kv_events
@@ -84,6 +88,7 @@ class EppApp:
     def _apply(self, config: EppConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
         self.ctx.header_policy = HeaderPolicy.from_config(config)
+        self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
         pool = config.pool(self.pool_name)
         self.ctx.fallback_endpoints = pool.fallback_endpoints
         if pool.kv_events is not None:
@@ -164,3 +169,4 @@ class EppApp:
         await self.scraper.stop()
         await self.kv_events.stop()
         await self._admin.cleanup()
+        self.ctx.tracing.shutdown()

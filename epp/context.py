@@ -10,6 +10,7 @@ from epp.pool import Pool
 from epp.scheduling.base import Scheduler
 from epp.telemetry import Telemetry
 from epp.trust import HeaderPolicy
+from gateway.tracing import Tracing
 
 
 @dataclass
@@ -21,3 +22,4 @@ class EppContext:
     telemetry: Telemetry
     header_policy: HeaderPolicy = field(default_factory=HeaderPolicy)  # which client headers count
     fallback_endpoints: int = 0  # extra ranked endpoints appended to the destination list
+    tracing: Tracing = field(default_factory=Tracing)  # off unless configured (gateway/tracing.py)

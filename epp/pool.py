@@ -162,9 +162,11 @@ class EndpointState:
         if self.inflight_tokens < 0:
             _set(self, "inflight_tokens", 0)
         m = self.metrics
-        if m is not None and m.waiting is not None:
-            unseen = self.inflight_requests - m.waiting - (m.running or 0.0)
-            _set(self, "queue", m.waiting + (unseen if unseen > 0 else 0.0))
+        if m is not None:
+            waiting = m.waiting
+            if waiting is not None:
+                unseen = self.inflight_requests - waiting - (m.running or 0.0)
+                object.__setattr__(self, "queue", waiting + unseen if unseen > 0 else waiting)
 
     @property
     def address(self) -> str:

@@ -7,6 +7,7 @@ metadata out; then response events for accounting. In-flight counts are returned
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -19,10 +20,12 @@ from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, bad_request, unavailable
 from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER
 from extproc.stream import RequestRoute
+from gateway.tracing import Attributes
 
 log = logging.getLogger(__name__)
 
 METADATA_NAMESPACE = "envoy.lb"
+SPAN_NAME = "epp.schedule"
 
 
 class EppProcessor:
@@ -34,19 +37,37 @@ class EppProcessor:
         self._routed_at = 0.0
         self._status: int | None = None
         self._explain: str | None = None  # returned on the response when the client asked
+        # What the decision span describes (gateway/tracing.py; read only when tracing is on).
+        self._parsed: InferenceRequest | None = None
+        self._decision: Decision | None = None
+        self._scheduling_s = 0.0
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         if not body and MODEL_HEADER not in headers:
             # Not an inference request (GET /v1/models, health): Envoy answers it on its own route.
             return RequestRoute()
+        span = self._ctx.tracing.begin(SPAN_NAME, headers)  # None unless tracing is on
+        outcome = self._decide(headers, body)
+        if span is None:
+            return outcome
+        error = outcome.code if isinstance(outcome, ErrorResponse) else None
+        trace_headers = self._ctx.tracing.finish(span, lambda: self._span_attributes(outcome), error)
+        if isinstance(outcome, ErrorResponse):
+            return outcome
+        # The upstream request carries this span as its parent (replacing BBR's traceparent).
+        return dataclasses.replace(outcome, set_headers={**outcome.set_headers, **trace_headers})
+
+    def _decide(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         started = time.perf_counter()
         request = self._parse(headers, body)
         if isinstance(request, ErrorResponse):
             self._ctx.telemetry.request_error(headers.get(MODEL_HEADER, ""), request.code)
             return request
-        decision = self._ctx.scheduler.pick(request, self._ctx.pool.snapshot())
+        self._parsed = request
+        decision = self._decision = self._ctx.scheduler.pick(request, self._ctx.pool.snapshot())
         refusal = admit(request, decision, self._ctx.config())
-        self._ctx.telemetry.scheduled(time.perf_counter() - started)
+        self._scheduling_s = time.perf_counter() - started
+        self._ctx.telemetry.scheduled(self._scheduling_s)
         if refusal is not None:
             self._ctx.telemetry.request_error(request.model, refusal.code)
             log.info("request %s refused: %s", request.request_id, refusal.code)
@@ -71,6 +92,39 @@ class EppProcessor:
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
             clear_route_cache=True,
         )
+
+    def _span_attributes(self, outcome: RequestRoute | ErrorResponse) -> Attributes:
+        """The decision as span attributes: the chosen pod, its per-scorer scores, the profile,
+        how many candidates were ranked, the scheduling time, and the outcome."""
+        attrs: dict[str, str | int | float] = {"gateway.pool": self._ctx.pool_name}
+        request, decision = self._parsed, self._decision
+        if request is not None:
+            attrs["gen_ai.request.model"] = request.model
+            attrs["gateway.target_model"] = request.target_model
+            attrs["gateway.request_id"] = request.request_id
+            if request.adapter is not None:
+                attrs["gateway.adapter"] = request.adapter
+            if request.objective is not None:
+                attrs["gateway.objective"] = request.objective
+            attrs["gateway.scheduling_time_ms"] = round(self._scheduling_s * 1000, 4)
+        if decision is not None:
+            attrs["gateway.profile"] = decision.profile
+            attrs["gateway.candidates"] = len(decision.ranked)
+            if decision.reason:
+                attrs["gateway.refusal_reason"] = decision.reason
+        if isinstance(outcome, ErrorResponse):
+            attrs["gateway.outcome"] = outcome.code
+            attrs["http.response.status_code"] = outcome.status
+            attrs.setdefault("gateway.refusal_reason", outcome.message)
+            return attrs
+        attrs["gateway.outcome"] = "routed"
+        attrs["gateway.destination"] = outcome.set_headers[DESTINATION_HEADER]
+        if decision is not None and decision.ranked:
+            chosen = decision.ranked[0]
+            attrs["gateway.endpoint"] = chosen
+            for scorer, value in decision.scores.get(chosen, {}).items():
+                attrs[f"gateway.score.{scorer}"] = round(value, 6)
+        return attrs
 
     def _parse(self, headers: dict[str, str], body: bytes) -> InferenceRequest | ErrorResponse:
         if not body:

@@ -1,6 +1,8 @@
 """The EPP's own Prometheus metrics, named like the Gateway API Inference Extension's.
 
-Keeping GIE's names lets existing dashboards and alerts work unchanged.
+Keeping GIE's names lets existing dashboards, alerts and autoscaler triggers work unchanged.
+The pool gauges (docs/observability.md, "Autoscaling") are what a KEDA or HPA trigger reads:
+queue, KV use, in-flight, saturation and ready pods, computed from one snapshot per scrape.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from prometheus_client.registry import Collector
 
 from epp.pool import PoolSnapshot
 from epp.request import InferenceRequest
+from epp.scheduling.params import DEFAULT_THRESHOLDS, Thresholds
 from epp.scheduling.prefix import PrefixIndex
+from epp.scheduling.saturation import pool_saturation
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _SCHEDULER_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
@@ -28,9 +32,12 @@ def _mean_known(values: list[float | None]) -> float:
 class _PoolCollector(Collector):
     """Pool-level gauges computed from a fresh snapshot at scrape time."""
 
-    def __init__(self, pool_name: str, snapshot: Callable[[], PoolSnapshot]) -> None:
+    def __init__(
+        self, pool_name: str, snapshot: Callable[[], PoolSnapshot], thresholds: Callable[[], Thresholds]
+    ) -> None:
         self._pool = pool_name
         self._snapshot = snapshot
+        self._thresholds = thresholds
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snap = self._snapshot()
@@ -52,7 +59,29 @@ class _PoolCollector(Collector):
         )
         for s in snap.endpoints:
             inflight.add_metric([self._pool, s.address], s.inflight_requests)
-        yield from (kv, queue, ready, inflight)
+        running = GaugeMetricFamily(
+            "inference_pool_running_requests",
+            "Requests this EPP routed to the pool and not finished (the pool's in-flight total)",
+            labels=["name"],
+        )
+        running.add_metric([self._pool], sum(s.inflight_requests for s in snap.endpoints))
+        per_pod_queue = GaugeMetricFamily(
+            "inference_pool_per_pod_queue_size",
+            "Waiting requests each pod reported (model_server_pod: its address)",
+            labels=["name", "model_server_pod"],
+        )
+        for s in snap.endpoints:
+            if s.metrics is not None and s.metrics.waiting is not None:
+                per_pod_queue.add_metric([self._pool, s.address], s.metrics.waiting)
+        th = self._thresholds()
+        saturation = GaugeMetricFamily(
+            "inference_extension_flow_control_pool_saturation",
+            "Mean over pods of min(1, max(queue / queue threshold, KV / KV threshold)); stale, "
+            "unscraped or unhealthy pods count 1, an empty pool is 1",
+            labels=["inference_pool"],
+        )
+        saturation.add_metric([self._pool], pool_saturation(snap, th, stale_after=th.stale_after))
+        yield from (kv, queue, ready, inflight, running, per_pod_queue, saturation)
 
 
 class Telemetry:
@@ -117,8 +146,13 @@ class Telemetry:
         for field, reason in self._rejected_labels.pop(endpoint, ()):
             self.rejected_values.remove(endpoint, field, reason)
 
-    def attach_pool(self, snapshot: Callable[[], PoolSnapshot]) -> None:
-        self.registry.register(_PoolCollector(self.pool_name, snapshot))
+    def attach_pool(
+        self,
+        snapshot: Callable[[], PoolSnapshot],
+        thresholds: Callable[[], Thresholds] = lambda: DEFAULT_THRESHOLDS,
+    ) -> None:
+        """`thresholds`: the default profile's, which the saturation gauge measures against."""
+        self.registry.register(_PoolCollector(self.pool_name, snapshot, thresholds))
 
     def attach_prefix_index(self, index: PrefixIndex) -> None:
         """Export the prefix index's size so its memory bound is visible in production."""

@@ -152,6 +152,20 @@ class BbrConfig(_Model):
     default_model: str | None = Field(default=None, alias="defaultModel")
 
 
+class TracingConfig(_Model):
+    """OpenTelemetry spans for BBR and EPP decisions (gateway/tracing.py), exported over
+    OTLP/gRPC. Off unless `enabled` (or OTEL_TRACES_EXPORTER=otlp); a field left unset falls
+    back to the standard OTEL_* variable the SDK reads; read once at process start."""
+
+    enabled: bool = False
+    # OTLP/gRPC collector, e.g. http://otel-collector:4317 (else OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)
+    endpoint: str | None = Field(default=None, min_length=1)
+    # Parent-based ratio sampler (else OTEL_TRACES_SAMPLER[_ARG]; the SDK's default samples all)
+    sample_ratio: float | None = Field(default=None, ge=0, le=1, alias="sampleRatio")
+    # The resource's service.name (else OTEL_SERVICE_NAME, else inference-gateway-bbr / -epp)
+    service_name: str | None = Field(default=None, min_length=1, alias="serviceName")
+
+
 class JwtAuth(_Model):
     """Require a JWT (Authorization: Bearer) signed by a key of this JWKS on every request."""
 
@@ -242,6 +256,7 @@ class GatewayConfig(_Model):
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     bbr: BbrConfig = Field(default_factory=BbrConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,9 @@ class Pod:
         self.config = config
         self.clock = clock
         self.faults = Faults()
+        # W3C traceparent of the latest generation requests, in /sim/state: shows a test that
+        # the gateway propagated the trace to the model server.
+        self.recent_traceparents: deque[str] = deque(maxlen=32)
         self.host = "127.0.0.1"
         self.port = 0
         self._rng = random.Random(config.seed)
@@ -352,6 +356,7 @@ class Pod:
             "max_lag_wall_s": e.max_lag_seen_s,
             "lag_sum_wall_s": e.lag_sum_s,
             "lora_gpu": e.lora.gpu_adapters(),
+            "recent_traceparents": list(self.recent_traceparents),
         }
         return _json(200, body, self.name)
 
@@ -397,6 +402,8 @@ class Pod:
         return await self._generate(request, "completion")
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        if "traceparent" in request.headers:
+            self.recent_traceparents.append(request.headers["traceparent"])
         faulted = await self._apply_faults()
         if faulted is not None:
             return faulted

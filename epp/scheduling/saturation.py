@@ -1,4 +1,4 @@
-"""Saturation: when a pod has no headroom left. Pure.
+"""Saturation: when a pod, or the whole pool, has no headroom left. Pure.
 
 A pod's queue here is `EndpointState.queue` (its scraped waiting count plus the requests this
 EPP routed to it that the last scrape cannot have seen yet), so a burst that lands between
@@ -7,8 +7,8 @@ two scrapes saturates a pod at once instead of one scrape later.
 
 from __future__ import annotations
 
-from epp.pool import EndpointState
-from epp.scheduling.params import DEFAULT_THRESHOLDS, SaturationParams
+from epp.pool import EndpointState, PoolSnapshot
+from epp.scheduling.params import DEFAULT_THRESHOLDS, SaturationParams, Thresholds
 
 
 def is_saturated(state: EndpointState, thresholds: SaturationParams = DEFAULT_THRESHOLDS) -> bool:
@@ -22,3 +22,29 @@ def is_saturated(state: EndpointState, thresholds: SaturationParams = DEFAULT_TH
         return True
     queue = state.queue if state.queue is not None else float(state.inflight_requests)
     return queue >= thresholds.queue_saturated
+
+
+def pod_level(state: EndpointState, thresholds: SaturationParams) -> float:
+    """min(1, max(queue / queue threshold, KV / KV threshold)) for one fresh pod; unknown terms
+    count 0 (the queue falls back to the in-flight count, as in `is_saturated`)."""
+    m = state.metrics
+    queue = state.queue if state.queue is not None else float(state.inflight_requests)
+    kv = (m.kv_usage or 0.0) if m is not None else 0.0
+    level = max(queue / thresholds.queue_saturated, kv / thresholds.kv_saturated)
+    return level if level < 1.0 else 1.0
+
+
+def pool_saturation(snapshot: PoolSnapshot, thresholds: Thresholds, *, stale_after: float) -> float:
+    """The pool's headroom for autoscalers: the mean of `pod_level` over pods (GIE's formula),
+    each pod clamped to 1 so one overloaded pod cannot make a pool with idle pods look full.
+    Stale (older than `stale_after` s), never-scraped and unhealthy pods count 1; no pods is 1."""
+    pods = snapshot.endpoints
+    if not pods:
+        return 1.0
+    total = 0.0
+    for state in pods:
+        if not state.healthy or state.metrics is None or state.metrics_age > stale_after:
+            total += 1.0
+        else:
+            total += pod_level(state, thresholds)
+    return total / len(pods)

@@ -25,11 +25,13 @@ from gateway.certs import make_certs
 from gateway.config import parse_config
 from gateway.envoy_blocks import validate_bootstrap
 from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
+from tests.integration.test_autoscaling_metrics import AUTOSCALING_SERIES
 from tests.integration.test_envoy_config import epp_processing_modes
 from tests.k8s.kustomize_lite import build
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-TARGETS = ["base", "examples", "cert-manager", "overlays/dev", "overlays/eks-hyperpod"]
+AUTOSCALING = ["examples/autoscaling/keda", "examples/autoscaling/hpa"]
+TARGETS = ["base", "examples", *AUTOSCALING, "cert-manager", "overlays/dev", "overlays/eks-hyperpod"]
 OVERLAYS = ["overlays/dev", "overlays/eks-hyperpod"]
 Obj = dict[str, Any]
 
@@ -91,6 +93,7 @@ BUILTIN_GROUPS = {
     "rbac.authorization.k8s.io/v1",
     "apiextensions.k8s.io/v1",
     "networking.k8s.io/v1",
+    "autoscaling/v2",
 }
 
 _str = {"type": "string", "minLength": 1}
@@ -178,6 +181,78 @@ THIRD_PARTY_SCHEMAS: dict[tuple[str, str], Obj] = {
         "properties": {
             "selector": _match_labels,
             "endpoints": {"type": "array", "items": {"type": "object", "required": ["port"]}},
+        },
+    },
+    # Written from KEDA's ScaledObject reference (keda.sh/docs/latest/reference/scaledobject-spec
+    # and scalers/prometheus), for the fields the example uses. Stricter than KEDA's CRD, which
+    # prunes unknown fields silently: here a misspelt field fails. Trigger metadata values are
+    # strings in KEDA's API (a bare number is rejected by the API server).
+    ("keda.sh/v1alpha1", "ScaledObject"): {
+        "type": "object",
+        "required": ["scaleTargetRef", "triggers"],
+        "additionalProperties": False,
+        "properties": {
+            "scaleTargetRef": {
+                "type": "object",
+                "required": ["name"],
+                "additionalProperties": False,
+                "properties": {
+                    "apiVersion": _str,
+                    "kind": _str,
+                    "name": _str,
+                    "envSourceContainerName": _str,
+                },
+            },
+            "pollingInterval": {"type": "integer", "minimum": 1},
+            "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "initialCooldownPeriod": {"type": "integer", "minimum": 0},
+            "idleReplicaCount": {"type": "integer", "minimum": 0},
+            "minReplicaCount": {"type": "integer", "minimum": 0},
+            "maxReplicaCount": {"type": "integer", "minimum": 1},
+            "fallback": {
+                "type": "object",
+                "required": ["failureThreshold", "replicas"],
+                "properties": {"failureThreshold": {"type": "integer"}, "replicas": {"type": "integer"}},
+            },
+            "advanced": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "restoreToOriginalReplicaCount": {"type": "boolean"},
+                    "horizontalPodAutoscalerConfig": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {"name": _str, "behavior": {"type": "object"}},
+                    },
+                },
+            },
+            "triggers": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["type", "metadata"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "type": {"enum": ["prometheus"]},
+                        "name": _str,
+                        "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                        "useCachedMetrics": {"type": "boolean"},
+                        "authenticationRef": {"type": "object", "required": ["name"]},
+                        "metadata": {
+                            "type": "object",
+                            "required": ["serverAddress", "query", "threshold"],
+                            "additionalProperties": {"type": "string"},
+                            "properties": {
+                                "serverAddress": {"type": "string", "pattern": "^https?://"},
+                                "query": _str,
+                                "threshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+                                "activationThreshold": {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
+                            },
+                        },
+                    },
+                },
+            },
         },
     },
     ("cert-manager.io/v1", "Issuer"): {
@@ -621,3 +696,78 @@ def test_dashboard_charts_the_epp_metrics() -> None:
         assert metric in exprs
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+# -- autoscaling examples -------------------------------------------------------------------
+_SERIES = re.compile(r"([a-z_:]+)\{([^}]*)\}")
+
+
+def _queried_series(promql: str) -> list[tuple[str, dict[str, str]]]:
+    """(metric, {label: value}) for each `metric{...}` selector in a PromQL expression."""
+    return [
+        (metric, dict(re.findall(r'(\w+)\s*!?=~?\s*"([^"]*)"', matchers)))
+        for metric, matchers in _SERIES.findall(promql)
+    ]
+
+
+def test_autoscaling_examples_scale_the_example_pool_on_series_the_epp_exports() -> None:
+    """Names and labels are those the live EPP exports (tests/integration/test_autoscaling_metrics)."""
+    examples = render("examples")
+    pool = find(examples, "InferencePool", "llama-3-8b")["metadata"]["name"]
+    deployment = find(examples, "Deployment", "vllm-llama-3-8b")["metadata"]["name"]
+    scaled = find(render("examples/autoscaling/keda"), "ScaledObject", "vllm-llama-3-8b")
+    hpa_objs = render("examples/autoscaling/hpa")
+    hpa = find(hpa_objs, "HorizontalPodAutoscaler", "vllm-llama-3-8b")
+    for ref in (scaled["spec"]["scaleTargetRef"], hpa["spec"]["scaleTargetRef"]):
+        assert (ref["apiVersion"], ref["kind"], ref["name"]) == ("apps/v1", "Deployment", deployment)
+
+    # KEDA: each query selects exported series by their own pool label.
+    assert {t["name"] for t in scaled["spec"]["triggers"]} == {
+        "pool-saturation",
+        "pool-queue",
+        "pool-inflight",
+    }
+    for trigger in scaled["spec"]["triggers"]:
+        series = _queried_series(trigger["metadata"]["query"])
+        assert series, trigger
+        for metric, labels in series:
+            assert metric in AUTOSCALING_SERIES, metric
+            assert labels and set(labels) <= AUTOSCALING_SERIES[metric], (metric, labels)
+            assert set(labels.values()) == {pool}
+
+    # HPA: each external metric is a prometheus-adapter rule over an exported series, grouped by
+    # the label the HPA's selector picks the pool with.
+    config = yaml.safe_load(
+        find(hpa_objs, "ConfigMap", "prometheus-adapter-inference-pool")["data"]["config.yaml"]
+    )
+    rules = {r["name"]["as"]: r for r in config["externalRules"]}
+    for m in hpa["spec"]["metrics"]:
+        assert m["type"] == "External"
+        metric_ref = m["external"]["metric"]
+        rule = rules[metric_ref["name"]]
+        ((metric, _),) = _queried_series(rule["seriesQuery"])
+        assert metric in AUTOSCALING_SERIES, metric
+        selector = metric_ref["selector"]["matchLabels"]
+        assert set(selector.values()) == {pool}
+        assert "<<.Series>>{<<.LabelMatchers>>}" in rule["metricsQuery"]
+        outer_by = re.findall(r"by \(([^)]*)\)", rule["metricsQuery"])[0]
+        assert set(selector) <= {label.strip() for label in outer_by.split(",")} <= AUTOSCALING_SERIES[metric]
+
+
+def test_scaledobject_schema_rejects_what_keda_would_reject_or_silently_drop() -> None:
+    validator = jsonschema.Draft4Validator(THIRD_PARTY_SCHEMAS[("keda.sh/v1alpha1", "ScaledObject")])
+    good = find(render("examples/autoscaling/keda"), "ScaledObject", "vllm-llama-3-8b")["spec"]
+    assert validator.is_valid(good)
+    for path, value in [
+        (("triggers", 0, "metadata", "threshold"), 0.6),  # KEDA's metadata is map[string]string
+        (("triggers", 0, "metricType"), "Average"),
+        (("triggers", 0, "metadata", "serverAddress"), "prometheus:9090"),
+        (("minReplicas",), 1),  # the HPA's spelling: KEDA's CRD would prune it and run with 0
+        (("scaleTargetRef", "nam"), "x"),
+    ]:
+        bad = copy.deepcopy(good)
+        node = bad
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+        assert not validator.is_valid(bad), path

@@ -1,0 +1,109 @@
+"""The pool metrics an autoscaler reads, on a live EPP's /metrics, under real queued load.
+
+Pods that run one sequence at a time (`max_num_seqs: 1`) and four long requests through the
+gateway: two run, two wait. The KEDA and HPA examples in deploy/examples query exactly these
+series (tests/k8s/test_manifests.py checks that they name them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.launch import LocalGateway, pool_name_for, start_local_gateway
+from tests.integration.conftest import chat
+from tests.waiting import until
+
+MODEL = "llama-3.1-8b-instruct"
+POOL = pool_name_for(MODEL)
+FLEET = {
+    "time_scale": 1.0,  # GPU speed: a 3,000-token answer takes seconds, long enough to observe
+    "profiles": {"one-seq": {"base": "h100-llama3.1-8b", "max_num_seqs": 1}},
+    "pods": [{"name": "llama", "model": MODEL, "profile": "one-seq", "replicas": 2}],
+}
+# Every series the autoscaling examples read, with its labels.
+AUTOSCALING_SERIES = {
+    "inference_pool_average_queue_size": {"name"},
+    "inference_pool_average_kv_cache_utilization": {"name"},
+    "inference_pool_ready_pods": {"name"},
+    "inference_pool_running_requests": {"name"},
+    "inference_pool_per_pod_queue_size": {"name", "model_server_pod"},
+    "inference_pool_inflight_requests": {"name", "endpoint"},
+    "inference_extension_flow_control_pool_saturation": {"inference_pool"},
+}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
+    gw = start_local_gateway(tmp_path_factory.mktemp("autoscaling"), fleet=FLEET)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def scrape(gw: LocalGateway) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """name -> [(labels, value)] from the EPP's /metrics (the real Prometheus text)."""
+    text = httpx.get(f"http://127.0.0.1:{gw.epp_metrics_ports[POOL]}/metrics", timeout=5).text
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def value(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    """The pool-level series' value (exactly one series for this pool)."""
+    (only,) = [v for labels, v in metrics.get(name, []) if POOL in labels.values()]
+    return only
+
+
+async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: LocalGateway) -> None:
+    pods = set(gateway.pods_of(MODEL))
+    async with gateway.client(timeout=120) as client:
+        body = chat(MODEL, "a long answer please", max_tokens=3000)
+        tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=body)) for _ in range(4)]
+        try:
+            seen: dict[str, list[tuple[dict[str, str], float]]] = {}
+
+            def loaded() -> bool:
+                seen.clear()
+                seen.update(scrape(gateway))  # the assertions below read this same scrape
+                queued = sum(v for labels, v in seen.get("inference_pool_per_pod_queue_size", []))
+                return value(seen, "inference_pool_running_requests") == 4 and queued == 2
+
+            await until(loaded, "4 requests in flight, 2 of them queued on the pods", within=30)
+            m = seen
+            for name, labels in AUTOSCALING_SERIES.items():
+                series = [lbls for lbls, _ in m.get(name, [])]
+                assert series, f"{name} missing"
+                assert all(set(lbls) == labels for lbls in series), (name, series)
+            assert value(m, "inference_pool_ready_pods") == 2
+            assert value(m, "inference_pool_average_queue_size") == 1.0  # 2 waiting over 2 pods
+            assert 0 < value(m, "inference_pool_average_kv_cache_utilization") < 0.8
+            assert {lbls["model_server_pod"] for lbls, _ in m["inference_pool_per_pod_queue_size"]} == pods
+            assert sum(v for _, v in m["inference_pool_inflight_requests"]) == 4
+            # 2 waiting requests, queue threshold 5, 2 pods: (2 / 5) / 2 = 0.2 (KV is far lower).
+            assert value(m, "inference_extension_flow_control_pool_saturation") == pytest.approx(
+                0.2, abs=0.05
+            )
+        finally:
+            for t in tasks:
+                t.cancel()  # the client gives up: Envoy resets, the EPP's in-flight returns
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def idle() -> bool:
+        m = scrape(gateway)
+        return (
+            value(m, "inference_pool_running_requests") == 0
+            and value(m, "inference_pool_average_queue_size") == 0
+            and value(m, "inference_extension_flow_control_pool_saturation") == 0
+        )
+
+    await until(idle, "the pool back to idle", within=30)
