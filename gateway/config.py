@@ -343,15 +343,20 @@ class ConfigError(ValueError):
     """A configuration that failed validation; the message names each bad field."""
 
 
+def validation_problems(exc: ValidationError) -> str:
+    """One `field.path: message` per problem, `; `-separated (also for the llm-d resources)."""
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        problems.append(f"{where}: {err['msg']}")
+    return "; ".join(problems)
+
+
 def parse_config(data: Mapping[str, Any]) -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(root)"
-            problems.append(f"{where}: {err['msg']}")
-        raise ConfigError("; ".join(problems)) from None
+        raise ConfigError(validation_problems(exc)) from None
 
 
 def load_config(path: str | Path) -> GatewayConfig:
