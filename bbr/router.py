@@ -41,9 +41,11 @@ class BodyRouter:
         self._config = config_source
         self._rng = rng or random.Random()
         self.model_rewrites = ModelRewrites()  # replaced whole by the resource watch
+        self._unroutable: set[str] = set()  # rules already warned about (once per rule set)
 
     def set_model_rewrites(self, rewrites: ModelRewrites) -> None:
         self.model_rewrites = rewrites
+        self._unroutable = set()
 
     def route(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         config = self._config()
@@ -91,9 +93,9 @@ class BodyRouter:
             arms = [(target, weight) for target, weight in rule.targets if target in routes]
             if arms:
                 return self._pick(arms)
-            log.warning(
-                "InferenceModelRewrite %s: no target of %r is routed now; ignored", rule.resource, model
-            )
+            if rule.resource not in self._unroutable:  # once, not on every request
+                self._unroutable.add(rule.resource)
+                log.warning("InferenceModelRewrite %s: no target is routed now; ignored", rule.resource)
         route = routes.get(model)
         if route is None:
             return model

@@ -26,8 +26,11 @@ from epp.app import EppApp
 from extproc.headers import MODEL_HEADER, OBJECTIVE_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import parse_config
+from gateway.config_resource import ConfigResourceWatcher
+from gateway.config_store import ConfigStore
 from gateway.launch import free_port
 from tests.fakes.kube_apiserver import (
+    GATEWAY_CONFIGS,
     INFERENCE_MODEL_REWRITES,
     INFERENCE_OBJECTIVES,
     FakeKubeApiServer,
@@ -276,6 +279,39 @@ async def test_rewrites_relist_after_410_gone(kube: FakeKubeApiServer, bbr: Body
     )
     await until(lambda: routed(bbr, "assistant")[1] == "qwen", "change seen after the re-list", within=10)
     assert kube.expired_watches[INFERENCE_MODEL_REWRITES] > expired
+
+
+async def test_rewrites_follow_alongside_the_inference_gateway_config(
+    kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient
+) -> None:
+    """The configuration resource decides which models exist; rewrites choose among them."""
+    store = ConfigStore(parse_config(CONFIG))
+    router = BodyRouter(store.current)
+    config_watch = ConfigResourceWatcher(
+        store, namespace="default", name="gw", api_client=api_client, backoff_s=0.05
+    )
+    rewrites = await follow_model_rewrites(
+        router, store.current, "default", api_client=api_client, backoff_s=0.05
+    )
+    await config_watch.start()
+    try:
+        with_next = {
+            **CONFIG,
+            "pools": [*CONFIG["pools"], {**CONFIG["pools"][1], "name": "next", "models": [{"name": "next"}]}],
+        }
+        kube.apply(GATEWAY_CONFIGS, {"metadata": {"name": "gw"}, "spec": with_next})
+        await until(lambda: "next" in store.current().routes(), "config resource applied", within=5)
+        kube.apply(INFERENCE_MODEL_REWRITES, rewrite("to-next", [rule([("next", None)], "llama")]))
+        await until(lambda: routed(router, "llama")[1] == "next", "rewrite to the new model", within=5)
+        # The configuration drops the model: the rule's only target is skipped, the config's own
+        # behaviour (no rewrite for llama) applies again.
+        kube.apply(GATEWAY_CONFIGS, {"metadata": {"name": "gw"}, "spec": CONFIG})
+        await until(
+            lambda: routed(router, "llama")[1] == "llama", "rule skipped after the config change", within=5
+        )
+    finally:
+        await rewrites.stop()
+        await config_watch.stop()
 
 
 def test_bbr_loads_the_kubernetes_client_only_when_asked_to_watch() -> None:
