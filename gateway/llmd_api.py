@@ -19,6 +19,7 @@ upstream versions may add some; everything we read is validated strictly.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -233,7 +234,7 @@ def parse_watch_ref(value: str, flag: str) -> tuple[str, str | None]:
     return namespace, name or None
 
 
-def add_api_group_argument(parser: Any) -> None:
+def add_api_group_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--llm-d-api-group",
         default=GROUP,
