@@ -171,6 +171,27 @@ async def test_objectives_relist_after_410_gone(kube: FakeKubeApiServer, epp: Ep
     assert epp._objective_watcher.lists >= 2
 
 
+async def test_an_explicit_inferencepool_name_selects_the_objectives(
+    tmp_path: Path, kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient
+) -> None:
+    """`--inference-objectives NAMESPACE/POOL`: objectives naming POOL apply, not the mapped name."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    app = EppApp(config, "llama", metrics_port=free_port())
+    await app.start()
+    try:
+        await app.follow_inference_objectives("default", "llama-pool", api_client=api_client, backoff_s=0.05)
+        kube.apply(INFERENCE_OBJECTIVES, objective("mapped", -1, pool="llama"))
+        kube.apply(INFERENCE_OBJECTIVES, objective("named", -2, pool="llama-pool"))
+        not_a_pool = objective("other-kind", -3, pool="llama-pool")
+        not_a_pool["spec"]["poolRef"]["kind"] = "Service"
+        kube.apply(INFERENCE_OBJECTIVES, not_a_pool)
+        await until(lambda: priority(app, "named") == -2, "objective of the named pool", within=5)
+        assert priority(app, "mapped") == 0 and priority(app, "other-kind") == 0
+    finally:
+        await app.stop()
+
+
 # -- BBR: InferenceModelRewrite -----------------------------------------------------------
 @pytest.fixture
 async def bbr(kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient) -> AsyncIterator[BodyRouter]:
