@@ -1,4 +1,4 @@
-"""`python -m bbr --config gateway.yaml --port 9004`"""
+"""`python -m bbr --config gateway.yaml --port 9004 [--inference-model-rewrites NAMESPACE]`"""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from bbr.service import BbrProcessor
 from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer
 from gateway.config_store import ConfigStore, FileWatcher
+from gateway.llmd_api import add_api_group_argument
 from gateway.service_cli import follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
 from gateway.tracing import Tracing
@@ -26,17 +27,32 @@ async def serve(args: argparse.Namespace) -> None:
     service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
     watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
     resource = await follow_config_resource(store, args.config_resource)
+    rewrites = None
+    if args.inference_model_rewrites:
+        from bbr.rewrite_source import follow_model_rewrites  # loads the kubernetes client
+
+        rewrites = await follow_model_rewrites(
+            router, store.current, args.inference_model_rewrites, group=args.llm_d_api_group
+        )
     log.info("bbr listening on %s:%d", args.host, service.port)
     await wait_for_shutdown_signal()
     watcher.cancel()
-    if resource is not None:
-        await resource.stop()
+    for follower in (resource, rewrites):
+        if follower is not None:
+            await follower.stop()
     await service.drain_and_stop(args.drain_seconds)
     tracing.shutdown()
 
 
 def main() -> None:
     parser = service_parser("bbr", "Body-Based Router (Envoy ext_proc)", default_port=9004)
+    parser.add_argument(
+        "--inference-model-rewrites",
+        metavar="NAMESPACE",
+        help="follow the InferenceModelRewrite resources of this namespace (renames and weighted "
+        "splits; a matching rule wins over the model's configured rewrites)",
+    )
+    add_api_group_argument(parser)
     run_service(serve, parser.parse_args())
 
 

@@ -27,6 +27,15 @@ from epp.trust import HeaderPolicy
 from extproc.server import GrpcService, TlsFiles, start_grpc_service
 from extproc.stream import ExtProcServicer
 from gateway.config_store import ConfigStore, FileWatcher
+from gateway.llmd_api import (
+    GROUP,
+    INFERENCE_OBJECTIVES,
+    Accepted,
+    InferenceObjectiveSpec,
+    LastGood,
+    config_pool_for,
+    is_inference_pool,
+)
 from gateway.supervise import spawn
 from gateway.tracing import Tracing
 
@@ -76,6 +85,11 @@ class EppApp:
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
         self._kubernetes = pool_config.kubernetes
         self._discovery: Any = None
+        # InferenceObjectives (llm-d API), when followed: name -> last valid version.
+        self._objectives: dict[str, Accepted[InferenceObjectiveSpec]] = {}
+        self._objectives_namespace = ""
+        self._objectives_pool: str | None = None  # the InferencePool they must name; None: mapped
+        self._objective_watcher: Any = None
         self._apply(config)
         self.store.subscribe(self._on_config)
         self._tls = tls
@@ -87,7 +101,7 @@ class EppApp:
 
     def _apply(self, config: EppConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
-        self.ctx.header_policy = HeaderPolicy.from_config(config)
+        self.ctx.header_policy = HeaderPolicy.from_config(config, self._objective_priorities(config))
         self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
         pool = config.pool(self.pool_name)
         self.ctx.fallback_endpoints = pool.fallback_endpoints
@@ -110,6 +124,48 @@ class EppApp:
         self.scheduler = build_scheduler(config, self.scheduler)
         self.ctx.scheduler = self.scheduler
         self._apply(config)
+
+    def _objective_priorities(self, config: EppConfig) -> dict[str, int]:
+        """The followed InferenceObjectives that name this EPP's pool: name -> priority."""
+        out = {}
+        for name, accepted in self._objectives.items():
+            ref = accepted.spec.pool_ref
+            if self._objectives_pool is not None:
+                ours = is_inference_pool(ref) and ref.name == self._objectives_pool
+            else:
+                ours = config_pool_for(config, self._objectives_namespace, ref) == self.pool_name
+            if ours:
+                out[name] = accepted.spec.effective_priority
+        return out
+
+    def set_inference_objectives(self, objectives: dict[str, Accepted[InferenceObjectiveSpec]]) -> None:
+        self._objectives = objectives
+        config = self.store.current()
+        self.ctx.header_policy = HeaderPolicy.from_config(config, self._objective_priorities(config))
+
+    async def follow_inference_objectives(
+        self,
+        namespace: str,
+        pool: str | None = None,
+        *,
+        group: str = GROUP,
+        api_client: Any = None,
+        backoff_s: float = 1.0,
+    ) -> None:
+        """List + watch the InferenceObjectives of `namespace`; those whose poolRef names `pool`
+        (default: the InferencePool of this EPP's configured pool) set request priorities."""
+        from gateway.llmd_watch import LlmdResourceWatcher  # loads the kubernetes client
+
+        self._objectives_namespace, self._objectives_pool = namespace, pool
+        self._objective_watcher = LlmdResourceWatcher(
+            LastGood(INFERENCE_OBJECTIVES, InferenceObjectiveSpec),
+            namespace=namespace,
+            on_change=self.set_inference_objectives,
+            api_client=api_client,
+            group=group,
+            backoff_s=backoff_s,
+        )
+        await self._objective_watcher.start()
 
     def set_endpoints(self, endpoints: list[Endpoint]) -> None:
         """The one entry point for discovery (static or Kubernetes) to change the pool; pool-wide
@@ -166,6 +222,8 @@ class EppApp:
             await self.grpc.drain_and_stop(grace_s)
         if self._discovery is not None:
             await self._discovery.stop()
+        if self._objective_watcher is not None:
+            await self._objective_watcher.stop()
         await self.scraper.stop()
         await self.kv_events.stop()
         await self._admin.cleanup()

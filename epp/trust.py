@@ -14,6 +14,13 @@ otherwise escape shedding). The rule (docs/security.md, "Request headers"):
 - A trusted request may name any defined profile. An untrusted one may name only the model's
   `objectives`, and its priority never exceeds that of the model's own profile. A header that
   may not be used is ignored: the request gets the model's default treatment.
+- The header may also name an InferenceObjective of this EPP's pool (llm-d API, followed with
+  `--inference-objectives`): its `priority` then replaces the profile's, for trusted requests
+  as written, for untrusted ones capped at the model's own profile's priority (so it can lower
+  a request's priority, never raise it above the model's). It is not gated by the model's
+  `objectives`, which list profiles: the scheduling profile (weights) is still chosen by the
+  rules above, so a name that is both a profile and an InferenceObjective takes its weights
+  from the profile and its priority from the InferenceObjective.
 """
 
 from __future__ import annotations
@@ -44,9 +51,12 @@ class HeaderPolicy:
     priorities: Mapping[str, int] = field(default_factory=dict)  # profile -> priority
     model_profiles: Mapping[str, str] = field(default_factory=dict)  # base model -> its profile
     model_objectives: Mapping[str, frozenset[str]] = field(default_factory=dict)  # base model -> allowed
+    inference_objectives: Mapping[str, int] = field(default_factory=dict)  # resource name -> priority
 
     @classmethod
-    def from_config(cls, config: EppConfig) -> HeaderPolicy:
+    def from_config(
+        cls, config: EppConfig, inference_objectives: Mapping[str, int] | None = None
+    ) -> HeaderPolicy:
         trust = config.listener.trust
         models = [m for pool in config.pools for m in pool.models]
         return cls(
@@ -57,6 +67,7 @@ class HeaderPolicy:
             priorities={name: p.priority for name, p in config.scheduler_profiles().items()},
             model_profiles={m.name: m.profile for m in models if m.profile},
             model_objectives={m.name: frozenset(m.objectives) for m in models},
+            inference_objectives=dict(inference_objectives or {}),
         )
 
     def trusted(self, headers: Mapping[str, str]) -> bool:
@@ -74,10 +85,16 @@ class HeaderPolicy:
         own = self.model_profiles.get(base_model, self.default_profile)
         ceiling = self.priorities.get(own, 0)
         asked = headers.get(OBJECTIVE_HEADER)
-        if asked is None or asked == own or asked not in self.priorities:
+        if asked is None:
             return Objective(own, ceiling)
-        if self.trusted(headers):
-            return Objective(asked, self.priorities[asked])
-        if asked in self.model_objectives.get(base_model, frozenset()):
-            return Objective(asked, min(self.priorities[asked], ceiling))
-        return Objective(own, ceiling)
+        trusted = self.trusted(headers)
+        profile, priority = own, ceiling
+        if asked != own and asked in self.priorities:
+            if trusted:
+                profile, priority = asked, self.priorities[asked]
+            elif asked in self.model_objectives.get(base_model, frozenset()):
+                profile, priority = asked, min(self.priorities[asked], ceiling)
+        declared = self.inference_objectives.get(asked)
+        if declared is not None:
+            priority = declared if trusted else min(declared, ceiling)
+        return Objective(profile, priority)

@@ -322,6 +322,15 @@ class ConfigError(ValueError):
     """A configuration that failed validation; the message names each bad field."""
 
 
+def validation_problems(exc: ValidationError) -> str:
+    """One `field.path: message` per problem, `; `-separated (also for the llm-d resources)."""
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        problems.append(f"{where}: {err['msg']}")
+    return "; ".join(problems)
+
+
 Schema = TypeVar("Schema", bound=GatewayConfig)
 
 
@@ -330,11 +339,7 @@ def parse_config(data: Mapping[str, Any], schema: type[Schema] = GatewayConfig) 
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(root)"
-            problems.append(f"{where}: {err['msg']}")
-        raise ConfigError("; ".join(problems)) from None
+        raise ConfigError(validation_problems(exc)) from None
 
 
 def load_config(path: str | Path, schema: type[Schema] = GatewayConfig) -> Schema:  # type: ignore[assignment]

@@ -4,20 +4,24 @@ The resource's `spec` has exactly the schema of the configuration file (gateway/
 so every change goes through `ConfigStore.offer_data`: validated, applied within the watch
 latency, or rejected and counted with the last good configuration left in force. A deleted
 resource also leaves the last good configuration in force (an accidental `kubectl delete`
-must not take traffic down).
+must not take traffic down). The `kubernetes` client is loaded only when a watch starts, so a
+service started without `--config-resource` never imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import kubernetes
 from prometheus_client import Gauge
 
 from gateway.config_store import ConfigStore
-from gateway.kube_watch import Obj, Reflector, default_api_client
+
+if TYPE_CHECKING:
+    import kubernetes
+
+    from gateway.kube_watch import Obj, Reflector
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,10 @@ class ConfigResourceWatcher:
         return f"{PLURAL}/{self.namespace}/{self.name}"
 
     async def start(self) -> None:
+        import kubernetes
+
+        from gateway.kube_watch import Reflector, default_api_client
+
         self._loop = asyncio.get_running_loop()
         if self._api_client is None:
             self._api_client = await asyncio.to_thread(default_api_client)

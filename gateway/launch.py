@@ -18,7 +18,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -300,6 +300,9 @@ def start_local_gateway(
     timeout_s: float = 60.0,
     epp_module: str = "epp",
     pool_kind: PoolKind = "static",
+    bbr_args: Sequence[str] = (),
+    epp_args: Sequence[str] = (),
+    service_env: Mapping[str, str] | None = None,
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
 
@@ -307,6 +310,8 @@ def start_local_gateway(
     the gateway fronts model servers that are already running and no fleet is started.
     `epp_module` swaps the endpoint picker for another with the same CLI (the benchmarks'
     oracle, `bench.oracle`). `pool_kind` picks the pool clusters' kind (see `PoolKind`).
+    `bbr_args` / `epp_args` are appended to those services' command lines and `service_env`
+    added to their environment (e.g. a KUBECONFIG for resource watches).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     certs = make_certs(workdir / "certs")
@@ -338,8 +343,19 @@ def start_local_gateway(
         bbr_port = free_port()
         procs["bbr"] = _spawn(
             "bbr",
-            [python, "-m", "bbr", "--config", str(config_path), "--port", str(bbr_port), *tls_args],
+            [
+                python,
+                "-m",
+                "bbr",
+                "--config",
+                str(config_path),
+                "--port",
+                str(bbr_port),
+                *tls_args,
+                *bbr_args,
+            ],
             workdir,
+            service_env,
         )
         metrics_ports = {}
         for name in pool_names:
@@ -359,8 +375,10 @@ def start_local_gateway(
                     "--metrics-port",
                     str(metrics_ports[name]),
                     *tls_args,
+                    *epp_args,
                 ],
                 workdir,
+                service_env,
             )
         tls = certs if mtls else None
         wait_until(lambda: grpc_serving(bbr_port, tls), timeout_s, "bbr", procs["bbr"].popen)

@@ -9,8 +9,8 @@ it; test hooks are plain thread-safe methods.
 Supported: `GET {prefix}/namespaces/{ns}/{plural}` (list, or watch with `watch=true`) with
 `labelSelector` (equality, inequality and existence terms), `fieldSelector` (`metadata.name`,
 `metadata.namespace`), `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds`; and
-`GET {prefix}/namespaces/{ns}/{plural}/{name}`. Kinds: Pod, ConfigMap, InferencePool and the
-project's InferenceGatewayConfig.
+`GET {prefix}/namespaces/{ns}/{plural}/{name}`. Kinds: Pod, ConfigMap, InferencePool, the llm-d
+InferenceObjective and InferenceModelRewrite, and the project's InferenceGatewayConfig.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ INFERENCE_POOLS = ResourceKind("inference.networking.k8s.io/v1", "InferencePool"
 GATEWAY_CONFIGS = ResourceKind(
     "gateway.inference.dev/v1alpha1", "InferenceGatewayConfig", "inferencegatewayconfigs"
 )
-KINDS = (PODS, CONFIGMAPS, INFERENCE_POOLS, GATEWAY_CONFIGS)
+INFERENCE_OBJECTIVES = ResourceKind("llm-d.ai/v1alpha2", "InferenceObjective", "inferenceobjectives")
+INFERENCE_MODEL_REWRITES = ResourceKind(
+    "llm-d.ai/v1alpha2", "InferenceModelRewrite", "inferencemodelrewrites"
+)
+KINDS = (PODS, CONFIGMAPS, INFERENCE_POOLS, GATEWAY_CONFIGS, INFERENCE_OBJECTIVES, INFERENCE_MODEL_REWRITES)
 
 
 class SelectorError(ValueError):

@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway import llmd_api
 from gateway.certs import make_certs
 from gateway.config import parse_config
 from gateway.envoy_blocks import validate_bootstrap
@@ -287,6 +288,14 @@ THIRD_PARTY_SCHEMAS: dict[tuple[str, str], Obj] = {
 }
 
 
+# The llm-d kinds (CRDs referenced, not vendored: deploy/README.md) are validated by the very
+# parser that applies them (gateway/llmd_api.py).
+LLMD_SPECS: dict[tuple[str, str], Any] = {
+    (f"{llmd_api.GROUP}/{llmd_api.VERSION}", "InferenceObjective"): llmd_api.InferenceObjectiveSpec,
+    (f"{llmd_api.GROUP}/{llmd_api.VERSION}", "InferenceModelRewrite"): llmd_api.InferenceModelRewriteSpec,
+}
+
+
 def _crd_schema() -> Obj:
     crd = find(render("base"), "CustomResourceDefinition", "inferencegatewayconfigs.gateway.inference.dev")
     (version,) = crd["spec"]["versions"]
@@ -303,6 +312,8 @@ def test_every_object_validates(target: str) -> None:
         elif kind == ("gateway.inference.dev/v1alpha1", "InferenceGatewayConfig"):
             # Kubernetes CRD schemas are OpenAPI 3.0 (boolean exclusiveMinimum): JSON Schema draft 4.
             jsonschema.Draft4Validator(_crd_schema()).validate(obj)
+        elif kind in LLMD_SPECS:
+            LLMD_SPECS[kind].model_validate(obj["spec"])
         else:
             assert kind in THIRD_PARTY_SCHEMAS, f"no schema to validate {kind}"
             jsonschema.Draft4Validator(THIRD_PARTY_SCHEMAS[kind]).validate(obj["spec"])
@@ -354,6 +365,27 @@ def test_configs_parse_and_agree_with_the_cluster_objects(target: str) -> None:
     assert pool["spec"]["selector"]["matchLabels"].items() <= vllm["metadata"]["labels"].items()
     served = set(vllm["metadata"]["annotations"]["gateway.inference.dev/model"].split(","))
     assert served <= set(config.routes())
+    # The llm-d examples name this pool, BBR and the EPP follow their namespace, and every
+    # rewrite target is a model the configuration routes.
+    namespace = pool_cfg.kubernetes.namespace
+    bbr_args = find(objs, "Deployment", "bbr")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--inference-model-rewrites=$(POD_NAMESPACE)" in bbr_args
+    assert "--inference-objectives=$(POD_NAMESPACE)" in epp_args
+    for kind in ("InferenceObjective", "InferenceModelRewrite"):
+        examples = [o for o in objs if o["kind"] == kind]
+        assert examples, kind
+        for obj in examples:
+            spec = LLMD_SPECS[(obj["apiVersion"], kind)].model_validate(obj["spec"])
+            assert llmd_api.config_pool_for(config, namespace, spec.pool_ref) == pool_cfg.name, obj
+    rewrites = llmd_api.LastGood(
+        llmd_api.INFERENCE_MODEL_REWRITES,
+        llmd_api.InferenceModelRewriteSpec,
+        llmd_api.check_rewrite_targets(lambda: config),
+    )
+    accepted = rewrites.update(
+        {o["metadata"]["name"]: o for o in objs if o["kind"] == "InferenceModelRewrite"}
+    )
+    assert set(accepted) == {"llama-alias"}
     # The custom resource example carries the same configuration.
     spec = copy.deepcopy(find(objs, "InferenceGatewayConfig", "inference-gateway")["spec"])
     if target == "overlays/eks-hyperpod":
@@ -421,8 +453,19 @@ def test_role_is_read_only_and_minimal() -> None:
         ("", "configmaps"),
         ("inference.networking.k8s.io", "inferencepools"),
         ("gateway.inference.dev", "inferencegatewayconfigs"),
+        ("llm-d.ai", "inferenceobjectives"),
     }
     assert all(set(rule["verbs"]) == {"get", "list", "watch"} for rule in role["rules"])
+    bbr = find(render("base"), "Role", "bbr-reader")
+    assert bbr["rules"] == [
+        {
+            "apiGroups": ["llm-d.ai"],
+            "resources": ["inferencemodelrewrites"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    binding = find(render("base"), "RoleBinding", "bbr-reader")
+    assert binding["subjects"][0]["name"] == "bbr" and binding["roleRef"]["name"] == "bbr-reader"
     assert not [o for o in render("base") if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
 
 

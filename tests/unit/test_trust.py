@@ -96,3 +96,18 @@ def test_a_trusted_claim_needs_jwt_and_paths_need_one_policy() -> None:
     with pytest.raises(ConfigError, match="paths"):
         parse_epp_config({**config(), "listener": {"paths": ["/v1/completions?x=1"]}})
     assert parse_epp_config({**config(), "listener": {"allowAllPaths": True}}).listener.allow_all_paths
+
+
+def test_an_inference_objective_sets_the_priority_never_above_the_model_for_untrusted() -> None:
+    """An InferenceObjective named by the header: its priority, capped at the model's own for
+    untrusted requests; the profile (weights) still follows the profile rules."""
+    cfg = parse_epp_config(config({"jwtClaim": {"name": "role", "value": "ops"}}, objectives=["sheddable"]))
+    p = HeaderPolicy.from_config(cfg, {"background": -5, "vip": 7, "sheddable": -9})
+    trusted = {CLAIM_HEADER: "ops"}
+    assert p.objective({OBJECTIVE_HEADER: "background"}, "chatty") == Objective("default", -5)
+    assert p.objective({OBJECTIVE_HEADER: "vip"}, "chatty") == Objective("default", 0)  # capped
+    assert p.objective({OBJECTIVE_HEADER: "vip"}, "bulk") == Objective("batch", -1)  # still sheddable
+    assert p.objective({**trusted, OBJECTIVE_HEADER: "vip"}, "bulk") == Objective("batch", 7)
+    # Both a profile and an InferenceObjective: the profile's weights, the resource's priority.
+    assert p.objective({OBJECTIVE_HEADER: "sheddable"}, "bulk") == Objective("sheddable", -9)
+    assert p.objective({OBJECTIVE_HEADER: "sheddable"}, "chatty") == Objective("default", -9)

@@ -1,0 +1,50 @@
+"""Follows the InferenceModelRewrites of one namespace into a `BodyRouter`.
+
+Imported only when `--inference-model-rewrites` is given: it loads the `kubernetes` client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import kubernetes
+
+from bbr.model_rewrites import ModelRewrites
+from bbr.router import BodyRouter
+from gateway.config import GatewayConfig
+from gateway.llmd_api import (
+    GROUP,
+    INFERENCE_MODEL_REWRITES,
+    Accepted,
+    InferenceModelRewriteSpec,
+    LastGood,
+    check_rewrite_targets,
+)
+from gateway.llmd_watch import LlmdResourceWatcher
+
+
+async def follow_model_rewrites(
+    router: BodyRouter,
+    config: Callable[[], GatewayConfig],
+    namespace: str,
+    *,
+    group: str = GROUP,
+    api_client: kubernetes.client.ApiClient | None = None,
+    backoff_s: float = 1.0,
+) -> LlmdResourceWatcher[InferenceModelRewriteSpec]:
+    """Start the watch; every valid change replaces the router's rule set whole."""
+
+    def apply(accepted: dict[str, Accepted[InferenceModelRewriteSpec]]) -> None:
+        router.set_model_rewrites(ModelRewrites(namespace, accepted))
+
+    resources = LastGood(INFERENCE_MODEL_REWRITES, InferenceModelRewriteSpec, check_rewrite_targets(config))
+    watcher = LlmdResourceWatcher(
+        resources,
+        namespace=namespace,
+        on_change=apply,
+        api_client=api_client,
+        group=group,
+        backoff_s=backoff_s,
+    )
+    await watcher.start()
+    return watcher
