@@ -111,6 +111,9 @@ class PoolConfig(_Model):
     # Extra endpoints, ranked after the chosen one, that Envoy may retry on (0 = none).
     fallback_endpoints: int = Field(default=0, ge=0, le=8, alias="fallbackEndpoints")
     kv_events: KvEventsConfig | None = Field(default=None, alias="kvEvents")
+    # The reference EPP's behaviour: any `model` the route sends here is scheduled on this
+    # pool's first model (the HTTPRoute, not the model list, decides what reaches the pool).
+    accept_any_model: bool = Field(default=False, alias="acceptAnyModel")
 
 
 class Thresholds(_Model):
