@@ -1,12 +1,16 @@
-"""`python -m epp --config gateway.yaml --pool NAME --port 9002 --metrics-port 9090`"""
+"""`python -m epp --config gateway.yaml --pool NAME --port 9002 --metrics-port 9090`, or the
+reference EPP's contract: `python -m epp --pool-name NAME --pool-namespace NS` (gRPC ext_proc
+on 9002, gRPC health on 9003, metrics on 9090; see epp/compat.py and docs/architecture.md,
+"Compatibility with the reference EPP")."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 
+from epp import compat
 from epp.app import EppApp
-from extproc.server import tls_from_arguments, wait_for_shutdown_signal
+from extproc.server import wait_for_shutdown_signal
 from gateway.config_resource import start_resource_watcher
 from gateway.service_cli import run_service, service_parser
 
@@ -14,18 +18,27 @@ log = logging.getLogger("epp")
 
 
 async def serve(args: argparse.Namespace) -> None:
+    launch = compat.resolve(args)
     app = EppApp(
-        args.config,
-        args.pool,
+        launch.config_path,
+        launch.pool,
         host=args.host,
         port=args.port,
         metrics_port=args.metrics_port,
-        tls=tls_from_arguments(args),
+        tls=launch.tls,
+        health_port=launch.health_port,
+        kubernetes=launch.kubernetes,
+        conformance_test_mode=launch.conformance_test_mode,
     )
     await app.start()
     resource = await start_resource_watcher(app.store, args.config_resource)
     log.info(
-        "epp for pool %s listening on %s:%d (metrics %d)", args.pool, args.host, app.port, app.metrics_port
+        "epp for pool %s listening on %s:%d (metrics %d%s)",
+        launch.pool,
+        args.host,
+        app.port,
+        app.metrics_port,
+        f", gRPC health {app.health_port}" if app.health is not None else "",
     )
     await wait_for_shutdown_signal()
     if resource is not None:
@@ -34,10 +47,13 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = service_parser("epp", "Endpoint Picker (Envoy ext_proc)", default_port=9002)
-    parser.add_argument("--pool", required=True, help="the pool this EPP serves")
+    parser = service_parser(
+        "epp", "Endpoint Picker (Envoy ext_proc)", default_port=9002, config_required=False
+    )
+    parser.add_argument("--pool", help="the pool this EPP serves (a pool of --config)")
     parser.add_argument("--metrics-port", type=int, default=9090, help="/metrics and /debug/pool")
-    run_service(serve, parser.parse_args())
+    compat.add_arguments(parser)
+    run_service(serve, compat.parse(parser))
 
 
 if __name__ == "__main__":

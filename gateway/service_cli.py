@@ -15,9 +15,13 @@ from gateway.heaptrace import add_tracemalloc_arguments, start_from_arguments
 _QUIET_LOGGERS = ("httpx", "httpcore", "kubernetes", "urllib3")
 
 
-def service_parser(prog: str, description: str, *, default_port: int) -> argparse.ArgumentParser:
+def service_parser(
+    prog: str, description: str, *, default_port: int, config_required: bool = True
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", required=True, help="gateway configuration YAML (hot-reloaded)")
+    parser.add_argument(
+        "--config", required=config_required, help="gateway configuration YAML (hot-reloaded)"
+    )
     add_config_resource_argument(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=default_port, help="gRPC (ext_proc + health) port")
