@@ -100,20 +100,13 @@ class Conformance:
     def stop_epp(self, pool: str) -> None:
         self.procs[f"epp-{pool}"].stop()
 
-    def restart_epp(self, pool: str) -> None:
-        old = self.procs[f"epp-{pool}"]
-        old.stop()
-        self.procs[f"epp-{pool}"] = _spawn(f"epp-{pool}", [str(a) for a in old.popen.args], self.workdir)  # type: ignore[union-attr]
-        wait_until(
-            lambda: grpc_serving(self.epp_ports[pool], self.certs),
-            30,
-            f"epp-{pool}",
-            self.procs[f"epp-{pool}"].popen,
-        )
-
     def stop(self) -> None:
-        for name in sorted(self.procs, key=lambda n: not n.startswith("envoy")):
-            self.procs[name].stop()
+        """Envoys first, then everything else at once (each stop waits for its process)."""
+        envoys = [p for n, p in self.procs.items() if n.startswith("envoy")]
+        rest = [p for n, p in self.procs.items() if not n.startswith("envoy")]
+        for group in (envoys, rest):
+            with ThreadPoolExecutor(len(group) or 1) as pool:
+                list(pool.map(Proc.stop, group))
         self.kube.stop()
 
 
@@ -248,7 +241,12 @@ def start(workdir: Path, timeout_s: float = 60.0) -> Conformance:
         config_path = workdir / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         python = sys.executable
-        test_mode = ["--conformance-test-mode", "--i-understand-clients-choose-endpoints"]
+        test_mode = [
+            "--conformance-test-mode",
+            "--i-understand-clients-choose-endpoints",
+            "--drain-seconds",
+            "0.5",
+        ]
         tls = ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
         for pool in STATIC_POOLS:
             argv = [python, "-m", "epp", "--config", str(config_path), "--pool", pool]
