@@ -243,6 +243,11 @@ class ExtProcStream:
                 yield r
 
     @property
+    def echoes_response_body(self) -> bool:
+        """Response bodies come here in FULL_DUPLEX_STREAMED mode and must be handed back."""
+        return self._duplex_response
+
+    @property
     def refused(self) -> bool:
         return self._phase is _Phase.REFUSED
 
@@ -278,7 +283,7 @@ class ExtProcServicer:
         try:
             while True:
                 if stream.forwarded:
-                    msg = await self._next_held(incoming)
+                    msg = await self._next_held(incoming, releasable=not stream.echoes_response_body)
                 else:
                     msg = await anext(incoming, None)
                 if msg is None:
@@ -297,12 +302,18 @@ class ExtProcServicer:
             except Exception:  # accounting must never take the stream down with it
                 log.exception("%s: on_close failed", self._name)
 
-    async def _next_held(self, incoming: AsyncIterator[pb.ProcessingRequest]) -> pb.ProcessingRequest | None:
+    async def _next_held(
+        self, incoming: AsyncIterator[pb.ProcessingRequest], *, releasable: bool = True
+    ) -> pb.ProcessingRequest | None:
         """The next response event of a forwarded request; None once Envoy ends the stream or
-        the service drains."""
-        if self._draining:
+        the service drains. A stream that hands response bodies back (FULL_DUPLEX_STREAMED) is
+        not releasable: ending it early would cut the response, so it runs until Envoy ends it
+        or the server's grace period does."""
+        if self._draining and releasable:
             return None
         waiter: asyncio.Future[pb.ProcessingRequest | None] = asyncio.ensure_future(anext(incoming, None))
+        if not releasable:
+            return await waiter
         self._held.add(waiter)
         try:
             return await waiter

@@ -305,3 +305,28 @@ async def test_buffered_or_streamed_response_body_is_only_acknowledged() -> None
     out = await drive(ExtProcStream(Recorder()), [*_forwarded(), response_headers_msg(200), chunk])
     body = [r.response_body for r in out if r.HasField("response_body")]
     assert len(body) == 1 and not body[0].HasField("response")
+
+
+async def test_over_real_grpc_drain_keeps_streams_that_hand_response_bodies_back(grpc_recorders) -> None:
+    """In FULL_DUPLEX_STREAMED response mode the body flows through the stream: a drain must
+    not end it, or the response would be cut; it carries on to the last chunk."""
+    import asyncio
+
+    from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+
+    stub, recorders, servicer = grpc_recorders
+    call = stub.Process()
+    first = _forwarded()
+    first[0].protocol_config.response_body_mode = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+    for msg in [*first, response_headers_msg(200)]:
+        await call.write(msg)
+    kinds = [(await call.read()).WhichOneof("response") for _ in range(3)]
+    assert kinds == ["request_headers", "request_body", "response_headers"]
+    await asyncio.sleep(0.05)
+    assert servicer.release_held() == 0  # nothing releasable
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=b"tail", end_of_stream=True)))
+    echoed = await call.read()
+    assert echoed.response_body.response.body_mutation.streamed_response.body == b"tail"
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+    assert recorders[0].closed == [True]
