@@ -20,7 +20,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,7 +347,9 @@ def completion(model: str, prompt: str = "Write as if you were a critic: San Fra
     return {"model": model, "prompt": prompt, "max_tokens": 2}
 
 
-def eventually(send: Iterator[httpx.Response] | Any, ok: Any, within: float = 30.0) -> httpx.Response:
+def eventually(
+    send: Callable[[], httpx.Response], ok: Callable[[httpx.Response], bool], within: float = 30.0
+) -> httpx.Response:
     """Upstream's MakeRequestAndExpectEventuallyConsistentResponse: retry until `ok(response)`."""
     deadline = time.monotonic() + within
     last: httpx.Response | None = None

@@ -139,7 +139,6 @@ def test_GatewayFollowingEPPRoutingWithDataParallelism(
     path = "/primary-gateway-dp-test/"
     ranks = sorted(conf.pods["dp-pool"])  # dpa-0..2 on 127.0.0.2, dpb-0..2 on 127.0.0.3
     dp_ports = {conf.pod_address(p).rsplit(":", 1)[1] for p in ranks}
-    ip = {pod: f"127.0.0.{2 + 'ab'.index(pod[2])}" for pod in ranks}
     a, b = harness.DP_HOSTS
     for pod in ranks:
         _warm(client, conf, config, "primary", path, pod)
@@ -153,7 +152,7 @@ def test_GatewayFollowingEPPRoutingWithDataParallelism(
         tokens = [
             h if not ps else f"{h}:{p}" for h, ps in sorted(allowed.items()) for p in (sorted(ps) or [""])
         ]
-        select = ",".join(t for t in tokens)
+        select = ",".join(tokens)
         served = _served_only_by(client, conf, config, "primary", path, select)
         for pod in served:
             host, port = conf.pod_address(pod).rsplit(":", 1)
@@ -161,7 +160,6 @@ def test_GatewayFollowingEPPRoutingWithDataParallelism(
             assert port in (allowed[host] or dp_ports), (
                 f"{config}: {pod} on port {port} not selected by {select}"
             )
-        assert all(ip[p] in allowed for p in served)
 
 
 # -- GatewayWeightedAcrossTwoInferencePools ------------------------------------------------------
