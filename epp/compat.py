@@ -12,7 +12,8 @@ Helm charts, operators and gateways' docs pass those flags. With `--pool-name` t
 - serves TLS by default like the reference (`--secure-serving=true`): the certificate from
   `--cert-path` (`tls.crt`, `tls.key`), else a self-signed one made at start;
 - accepts the reference's tuning and diagnostics flags that have no meaning here, logging
-  each as ignored rather than failing a drop-in deployment.
+  each as ignored rather than failing a drop-in deployment, in Go's spellings too
+  (`-pool-name x`, `--v=4`).
 
 Every behaviour adopted, with its source, is listed in docs/architecture.md ("Compatibility
 with the reference EPP").
@@ -27,6 +28,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,8 +127,21 @@ def _dest(flag: str) -> str:
     return "ignored_" + flag.lstrip("-").replace("-", "_")
 
 
+def go_style(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The reference EPP parses with Go's `flag` package, which also takes long flags with one
+    dash (`-pool-name x`, `-v=4`): rewrite those we know to argparse's `--` form."""
+    known = {s for action in parser._actions for s in action.option_strings}
+    out = []
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if name.startswith("-") and not name.startswith("--") and len(name) > 2 and f"-{name}" in known:
+            arg = f"-{arg}"
+        out.append(arg)
+    return out
+
+
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
-    args = parser.parse_args(argv)
+    args = parser.parse_args(go_style(parser, sys.argv[1:] if argv is None else argv))
     if args.pool is None and args.pool_name is None:
         parser.error("give --pool (a pool of --config) or --pool-name (an InferencePool)")
     if args.pool is not None and args.config is None:

@@ -45,6 +45,11 @@ def test_reference_flags_it_cannot_honour_are_accepted_and_ignored() -> None:
     assert args.port == 9102 and launch.tls is None
 
 
+def test_go_style_single_dash_long_flags() -> None:
+    args = compat.parse(parser(), ["-pool-name", "p", "-pool-namespace=ns", "-grpc-port", "9102", "-v", "2"])
+    assert (args.pool_name, args.pool_namespace, args.port) == ("p", "ns", 9102)
+
+
 def test_our_own_command_line_is_unchanged(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(
