@@ -22,7 +22,7 @@ async def serve(args: argparse.Namespace) -> None:
     app = EppApp(
         launch.config_path,
         launch.pool,
-        host=args.host,
+        host=launch.host,
         port=args.port,
         metrics_port=args.metrics_port,
         tls=launch.tls,
@@ -35,7 +35,7 @@ async def serve(args: argparse.Namespace) -> None:
     log.info(
         "epp for pool %s listening on %s:%d (metrics %d%s)",
         launch.pool,
-        args.host,
+        launch.host,
         app.port,
         app.metrics_port,
         f", gRPC health {app.health_port}" if app.health is not None else "",

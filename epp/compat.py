@@ -5,6 +5,7 @@ started as `epp --pool-name NAME --pool-namespace NS [--pool-group G] [--grpc-po
 [--grpc-health-port 9003] [--metrics-port 9090] [--secure-serving] [--cert-path DIR]`, and
 Helm charts, operators and gateways' docs pass those flags. With `--pool-name` this EPP:
 
+- listens on every interface unless `--host` says otherwise, as the reference does;
 - follows that InferencePool (list + watch, `epp/discovery/kubernetes.py`), overriding the
   config's discovery for the pool; without `--config` it runs on a built-in configuration: one
   pool that accepts any model name (`acceptAnyModel`), as the reference EPP does;
@@ -87,6 +88,7 @@ def go_bool(value: str) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(host=None)  # resolve(): 127.0.0.1, or every interface with --pool-name
     ref = parser.add_argument_group("reference EPP contract (GIE / llm-d router)")
     ref.add_argument("--pool-name", help="InferencePool to follow (Kubernetes discovery)")
     ref.add_argument("--pool-namespace", help="its namespace (default: $NAMESPACE, else default)")
@@ -158,6 +160,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
 class Launch:
     config_path: Path
     pool: str
+    host: str
     tls: TlsFiles | None
     health_port: int | None
     kubernetes: KubernetesPool | None
@@ -185,7 +188,10 @@ def resolve(args: argparse.Namespace) -> Launch:
     health_port = args.grpc_health_port
     if health_port is None and compat:
         health_port = DEFAULT_HEALTH_PORT
-    return Launch(config_path, pool, _tls(args, compat), health_port, kubernetes, args.conformance_test_mode)
+    # The reference binds every interface (":9002"): kubelet probes and gateways dial the pod IP.
+    host = args.host or ("0.0.0.0" if compat else "127.0.0.1")
+    tls = _tls(args, compat)
+    return Launch(config_path, pool, host, tls, health_port, kubernetes, args.conformance_test_mode)
 
 
 def _pool_for(config_path: Path, kubernetes: KubernetesPool | None) -> str:

@@ -253,7 +253,17 @@ def start(workdir: Path, timeout_s: float = 60.0) -> Conformance:
             argv += ["--port", str(epp_ports[pool]), "--metrics-port", str(ports.one()), *tls, *test_mode]
             procs[f"epp-{pool}"] = _spawn(f"epp-{pool}", argv, workdir)
         health_port = ports.one()
-        argv = [python, "-m", "epp", "--pool-name", "dp-pool", "--pool-namespace", "default"]
+        argv = [
+            python,
+            "-m",
+            "epp",
+            "--pool-name",
+            "dp-pool",
+            "--pool-namespace",
+            "default",
+            "--host",
+            "127.0.0.1",
+        ]
         argv += ["--grpc-port", str(epp_ports["dp-pool"]), "--grpc-health-port", str(health_port)]
         dp_metrics_port = ports.one()
         argv += ["--metrics-port", str(dp_metrics_port), "--cert-path", str(cert_dir), "--v=2", *test_mode]

@@ -26,6 +26,7 @@ def test_reference_defaults_ports_tls_and_builtin_config() -> None:
     args = compat.parse(parser(), ["--pool-name", "vllm-llama3-8b", "--pool-namespace", "team-a"])
     launch = compat.resolve(args)
     assert (args.port, args.metrics_port, launch.health_port) == (9002, 9090, 9003)
+    assert launch.host == "0.0.0.0"  # the reference listens on every interface
     assert launch.kubernetes is not None and launch.kubernetes.namespace == "team-a"
     assert (launch.kubernetes.group, launch.kubernetes.version) == ("inference.networking.k8s.io", "v1")
     assert launch.tls is not None and launch.tls.cert.exists()  # self-signed, as the reference
@@ -57,6 +58,7 @@ def test_our_own_command_line_is_unchanged(tmp_path: Path) -> None:
     )
     launch = compat.resolve(compat.parse(parser(), ["--config", str(config), "--pool", "llama"]))
     assert launch.health_port is None and launch.tls is None and launch.kubernetes is None
+    assert launch.host == "127.0.0.1"
 
 
 def test_pool_name_with_config_picks_the_pool_that_discovers_it(tmp_path: Path) -> None:
