@@ -1,13 +1,17 @@
 """`python -m epp --config gateway.yaml --pool NAME --port 9002 --metrics-port 9090
-[--inference-objectives NAMESPACE[/INFERENCEPOOL]]`"""
+[--inference-objectives NAMESPACE[/INFERENCEPOOL]]`, or the reference EPP's contract:
+`python -m epp --pool-name NAME --pool-namespace NS` (gRPC ext_proc on 9002, gRPC health on
+9003, metrics on 9090; see epp/compat.py and docs/architecture.md, "Compatibility with the
+reference EPP")."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 
+from epp import compat
 from epp.app import EppApp
-from extproc.server import tls_from_arguments, wait_for_shutdown_signal
+from extproc.server import wait_for_shutdown_signal
 from gateway.llmd_api import add_api_group_argument, parse_watch_ref
 from gateway.service_cli import follow_config_resource, run_service, service_parser
 
@@ -15,13 +19,17 @@ log = logging.getLogger("epp")
 
 
 async def serve(args: argparse.Namespace) -> None:
+    launch = compat.resolve(args)
     app = EppApp(
-        args.config,
-        args.pool,
-        host=args.host,
+        launch.config_path,
+        launch.pool,
+        host=launch.host,
         port=args.port,
         metrics_port=args.metrics_port,
-        tls=tls_from_arguments(args),
+        tls=launch.tls,
+        health_port=launch.health_port,
+        kubernetes=launch.kubernetes,
+        conformance_test_mode=launch.conformance_test_mode,
     )
     await app.start()
     if args.inference_objectives:
@@ -29,7 +37,12 @@ async def serve(args: argparse.Namespace) -> None:
         await app.follow_inference_objectives(namespace, pool, group=args.llm_d_api_group)
     resource = await follow_config_resource(app.store, args.config_resource)
     log.info(
-        "epp for pool %s listening on %s:%d (metrics %d)", args.pool, args.host, app.port, app.metrics_port
+        "epp for pool %s listening on %s:%d (metrics %d%s)",
+        launch.pool,
+        launch.host,
+        app.port,
+        app.metrics_port,
+        f", gRPC health {app.health_port}" if app.health is not None else "",
     )
     await wait_for_shutdown_signal()
     if resource is not None:
@@ -38,8 +51,10 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = service_parser("epp", "Endpoint Picker (Envoy ext_proc)", default_port=9002)
-    parser.add_argument("--pool", required=True, help="the pool this EPP serves")
+    parser = service_parser(
+        "epp", "Endpoint Picker (Envoy ext_proc)", default_port=9002, config_required=False
+    )
+    parser.add_argument("--pool", help="the pool this EPP serves (a pool of --config)")
     parser.add_argument("--metrics-port", type=int, default=9090, help="/metrics and /debug/pool")
     parser.add_argument(
         "--inference-objectives",
@@ -49,7 +64,8 @@ def main() -> None:
         "x-gateway-inference-objective naming one sets the request's priority",
     )
     add_api_group_argument(parser)
-    args = parser.parse_args()
+    compat.add_arguments(parser)
+    args = compat.parse(parser)
     if args.inference_objectives:
         try:
             args.inference_objectives = parse_watch_ref(args.inference_objectives, "--inference-objectives")

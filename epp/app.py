@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from epp import test_picker
 from epp.admin import start_admin_server
 from epp.config import EppConfig
 from epp.context import EppContext
@@ -24,7 +25,7 @@ from epp.scheduling.weighted import WeightedScheduler
 from epp.scrape import Scraper
 from epp.telemetry import Telemetry
 from epp.trust import HeaderPolicy
-from extproc.server import GrpcService, TlsFiles, start_grpc_service
+from extproc.server import GrpcService, TlsFiles, start_grpc_service, start_health_server
 from extproc.stream import ExtProcServicer
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.llmd_api import (
@@ -40,6 +41,16 @@ from gateway.supervise import spawn
 from gateway.tracing import Tracing
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesPool:
+    """The InferencePool this EPP follows (the reference EPP's `--pool-*` flags)."""
+
+    namespace: str
+    pool_name: str
+    group: str = "inference.networking.k8s.io"
+    version: str = "v1"
 
 
 def build_scheduler(config: EppConfig, previous: WeightedScheduler | None = None) -> WeightedScheduler:
@@ -61,7 +72,13 @@ class EppApp:
         port: int = 0,
         metrics_port: int = 0,
         tls: TlsFiles | None = None,
+        health_port: int | None = None,
+        kubernetes: KubernetesPool | None = None,
+        conformance_test_mode: bool = False,
     ) -> None:
+        """`health_port`: also serve the gRPC health service alone there (the reference EPP's
+        9003); `kubernetes`: discover the pool from this InferencePool whatever the config
+        says (`--pool-name`); `conformance_test_mode`: see epp/test_picker.py."""
         self.store = ConfigStore.from_file(config_path, EppConfig)
         self._watcher = FileWatcher(self.store, config_path)
         config = self.store.current()
@@ -73,9 +90,19 @@ class EppApp:
         self.telemetry.attach_pool(self.pool.snapshot, lambda: self._thresholds)
         self.scheduler = build_scheduler(config)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
-        self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
+        self.ctx = EppContext(
+            pool_name,
+            self.pool,
+            self.scheduler,
+            self.store.current,
+            self.telemetry,
+            conformance_test_mode=conformance_test_mode,
+        )
         self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
         self.store.subscribe(self.ctx.tracing.warn_on_change(config.tracing))
+        if conformance_test_mode:
+            log.warning(test_picker.WARNING, test_picker.SELECTION_HEADER)
+            self.telemetry.conformance_test_mode()
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
         kv = pool_config.kv_events
@@ -83,7 +110,14 @@ class EppApp:
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
         self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics)
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
-        self._kubernetes = pool_config.kubernetes
+        self._kubernetes = kubernetes or (
+            KubernetesPool(pool_config.kubernetes.namespace, pool_config.kubernetes.pool_name)
+            if pool_config.kubernetes is not None
+            else None
+        )
+        self._health_port = health_port
+        self.health: GrpcService | None = None
+        self.health_port = 0
         self._discovery: Any = None
         # InferenceObjectives (llm-d API), when followed: name -> last valid version.
         self._objectives: dict[str, Accepted[InferenceObjectiveSpec]] = {}
@@ -196,6 +230,8 @@ class EppApp:
             self._discovery = InferencePoolDiscovery(
                 namespace=self._kubernetes.namespace,
                 pool_name=self._kubernetes.pool_name,
+                pool_group=self._kubernetes.group,
+                pool_version=self._kubernetes.version,
                 on_change=self.set_endpoints,
                 engine=pool.engine,
                 default_models=[m.name for m in pool.models],
@@ -206,6 +242,9 @@ class EppApp:
         self._sync_kv_events()
         self.grpc = await start_grpc_service(self.servicer, host=self._host, port=self._port, tls=self._tls)
         self.port = self.grpc.port
+        if self._health_port is not None:  # after discovery's first list: ready means synced
+            self.health = await start_health_server(self._host, self._health_port)
+            self.health_port = self.health.port
         self._admin, self.metrics_port = await start_admin_server(
             self._host,
             self._metrics_port,
@@ -218,8 +257,12 @@ class EppApp:
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:
             task.cancel()
+        if self.health is not None:
+            await self.health.health.enter_graceful_shutdown()
         if self.grpc:
             await self.grpc.drain_and_stop(grace_s)
+        if self.health is not None:
+            await self.health.server.stop(0)
         if self._discovery is not None:
             await self._discovery.stop()
         if self._objective_watcher is not None:

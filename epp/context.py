@@ -23,3 +23,5 @@ class EppContext:
     header_policy: HeaderPolicy = field(default_factory=HeaderPolicy)  # which client headers count
     fallback_endpoints: int = 0  # extra ranked endpoints appended to the destination list
     tracing: Tracing = field(default_factory=Tracing)  # off unless configured (gateway/tracing.py)
+    # Conformance test mode only (epp/test_picker.py): a request header narrows the pool.
+    conformance_test_mode: bool = False

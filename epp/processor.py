@@ -12,14 +12,16 @@ import logging
 import time
 import uuid
 
+from epp import test_picker
 from epp.admission import admit
 from epp.context import EppContext
 from epp.request import InferenceRequest, RequestError, parse_request
 from epp.scheduling.base import Decision
 from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, bad_request, unavailable
-from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER
+from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
+from gateway.config import ModelRoute
 from gateway.tracing import Attributes
 
 log = logging.getLogger(__name__)
@@ -64,7 +66,10 @@ class EppProcessor:
             self._ctx.telemetry.request_error(headers.get(MODEL_HEADER, ""), request.code)
             return request
         self._parsed = request
-        decision = self._decision = self._ctx.scheduler.pick(request, self._ctx.pool.snapshot())
+        snapshot = self._ctx.pool.snapshot()
+        if self._ctx.conformance_test_mode:
+            snapshot = test_picker.restrict(headers, snapshot)
+        decision = self._decision = self._ctx.scheduler.pick(request, snapshot)
         refusal = admit(request, decision, self._ctx.config())
         self._scheduling_s = time.perf_counter() - started
         self._ctx.telemetry.scheduled(self._scheduling_s)
@@ -135,11 +140,18 @@ class EppProcessor:
         model = data.get("model") or headers.get(MODEL_HEADER)
         if not isinstance(model, str):
             return bad_request("'model' must be a string", "invalid_model")
-        route = self._ctx.config().routes().get(model)
+        config = self._ctx.config()
+        route = config.routes().get(model)
         if route is None or route.pool != self._ctx.pool_name:
-            return ErrorResponse(
-                404, f"The model '{model}' is not served by pool '{self._ctx.pool_name}'", "model_not_found"
-            )
+            pool = config.pool(self._ctx.pool_name)
+            if not pool.accept_any_model:
+                return ErrorResponse(
+                    404,
+                    f"The model '{model}' is not served by pool '{self._ctx.pool_name}'",
+                    "model_not_found",
+                )
+            # The reference EPP's contract: the route chose this pool; the pods validate the name.
+            route = ModelRoute(pool.name, pool.models[0].name, None)
         objective = self._ctx.header_policy.objective(headers, route.base_model)  # epp/trust.py
         try:
             return parse_request(
@@ -159,7 +171,16 @@ class EppProcessor:
             return None
         status = headers.get(":status", "0")
         self._status = int(status) if status.isdigit() else 0
-        return {DECISION_HEADER: self._explain} if self._explain else None
+        served = headers.get(SERVED_HEADER)
+        if served and served != self._address and self._request is not None:
+            # A retry moved the request to another endpoint of the ranked list: account it there.
+            self._ctx.pool.on_finished(self._address, self._request.estimated_tokens)
+            self._ctx.pool.on_routed(served, self._request.estimated_tokens)
+            self._address = served
+        out = {DECISION_HEADER: self._explain} if self._explain else {}
+        if self._ctx.conformance_test_mode:
+            out[test_picker.SERVED_RESULT_HEADER] = served or "fail: the gateway reported no served endpoint"
+        return out or None
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None:
         return None

@@ -146,6 +146,14 @@ class Telemetry:
         for field, reason in self._rejected_labels.pop(endpoint, ()):
             self.rejected_values.remove(endpoint, field, reason)
 
+    def conformance_test_mode(self) -> None:
+        """A gauge an alert can fire on: clients choose endpoints (epp/test_picker.py)."""
+        Gauge(
+            "epp_conformance_test_mode",
+            "1 when this EPP runs in conformance test mode (clients choose endpoints)",
+            registry=self.registry,
+        ).set(1)
+
     def attach_pool(
         self,
         snapshot: Callable[[], PoolSnapshot],

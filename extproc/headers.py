@@ -14,3 +14,6 @@ ROUTING_HEADERS = frozenset({MODEL_HEADER, BASE_MODEL_HEADER, DESTINATION_HEADER
 CLAIM_HEADER = "x-gateway-trusted-claim"  # Envoy's jwt_authn only
 DECISION_HEADER = "x-gateway-decision"  # a trusted client asks for the EPP's scores
 OBJECTIVE_HEADER = "x-gateway-inference-objective"  # a client names a scheduling profile
+# Protocol: the endpoint that actually served the request (after retries), which a gateway
+# reports in `envoy.lb` metadata; the stream layer hands it to processors under this name.
+SERVED_HEADER = "x-gateway-destination-endpoint-served"

@@ -10,6 +10,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from extproc.errors import ErrorResponse
+from extproc.headers import SERVED_HEADER
 
 # Larger single streamed chunks broke requests over ~128 KB in the reference EPP (facts.md).
 MAX_CHUNK_BYTES = 62_000
@@ -92,12 +93,14 @@ def streamed_body_responses(body: bytes, *, trailers_follow: bool) -> Iterator[p
 
 
 def _body_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    return pb.ProcessingResponse(request_body=_streamed(chunk, end_of_stream))
+
+
+def _streamed(chunk: bytes, end_of_stream: bool) -> pb.BodyResponse:
     mutation = pb.BodyMutation(
         streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
     )
-    return pb.ProcessingResponse(
-        request_body=pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
-    )
+    return pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
 
 
 def request_trailers_response() -> pb.ProcessingResponse:
@@ -115,6 +118,12 @@ def continue_response_body() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_body=pb.BodyResponse())
 
 
+def echo_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
+    """A FULL_DUPLEX_STREAMED response body chunk handed back unchanged: in that mode Envoy
+    forwards only what the processor returns, so a bare CONTINUE would drop the body."""
+    return pb.ProcessingResponse(response_body=_streamed(chunk, end_of_stream))
+
+
 def continue_response_trailers() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
@@ -129,6 +138,24 @@ def immediate_response(error: ErrorResponse) -> pb.ProcessingResponse:
             details=f"gateway_{error.code}",
         )
     )
+
+
+_UPSTREAM_ADDRESS = "upstream.address"
+
+
+def served_endpoint(msg: pb.ProcessingRequest) -> str | None:
+    """The endpoint that served the request, as the gateway reports it: `envoy.lb` metadata
+    `x-gateway-destination-endpoint-served` (the protocol's key), else the `upstream.address`
+    attribute (Envoy's `response_attributes`); None when the gateway reports neither."""
+    lb = msg.metadata_context.filter_metadata.get("envoy.lb")
+    if lb is not None and SERVED_HEADER in lb.fields:
+        value = lb.fields[SERVED_HEADER].string_value
+        if value:
+            return value
+    attrs = msg.attributes.get("envoy.filters.http.ext_proc")
+    if attrs is not None and _UPSTREAM_ADDRESS in attrs.fields:
+        return attrs.fields[_UPSTREAM_ADDRESS].string_value or None
+    return None
 
 
 def headers_to_dict(headers: pb.HttpHeaders) -> dict[str, str]:

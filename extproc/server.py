@@ -93,6 +93,33 @@ async def start_grpc_service(
     return GrpcService(server, health, bound, servicer if isinstance(servicer, ExtProcServicer) else None)
 
 
+# Service names probes ask the reference EPP's health port for: Kubernetes probes in its
+# manifests use `inference-extension`, gateways and grpc-health-probe the ext_proc service name
+# or "", and with leader election `liveness` / `readiness` (GIE cmd/epp/runner/health.go).
+REFERENCE_HEALTH_SERVICES = (
+    "",
+    "inference-extension",
+    "envoy.service.ext_proc.v3.ExternalProcessor",
+    "liveness",
+    "readiness",
+)
+
+
+async def start_health_server(
+    host: str, port: int, services: Sequence[str] = REFERENCE_HEALTH_SERVICES
+) -> GrpcService:
+    """The standard gRPC health service alone on its own port (the reference EPP's 9003)."""
+    server = grpc.aio.server()
+    health = health_async.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    bound = server.add_insecure_port(address)
+    await server.start()
+    for name in services:
+        await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return GrpcService(server, health, bound)
+
+
 async def wait_for_shutdown_signal() -> None:
     """Block until SIGINT or SIGTERM."""
     loop = asyncio.get_running_loop()

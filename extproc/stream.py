@@ -10,7 +10,10 @@ BUFFERED mode is supported too, because Envoy honours `failure_mode_allow` (Fail
 there: headers are acknowledged at once, the whole body arrives in one message, and the
 routing decision rides on the body response. The stream learns the mode from the
 `protocol_config` Envoy sends with its first message. Response events, when Envoy is configured
-to send them, are passed on for accounting and acknowledged unchanged.
+to send them, are passed on for accounting and acknowledged unchanged; in
+FULL_DUPLEX_STREAMED response mode (the mode Envoy AI Gateway and kgateway configure for
+InferencePool routes) each body chunk is handed back as a streamed response, since Envoy then
+forwards only what the processor returns.
 
 `Processor.on_close` runs exactly once per stream, whatever happens (normal end, client
 abort, Envoy reset, protocol error): that is where in-flight accounting is returned. The EPP's
@@ -34,6 +37,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc import messages
 from extproc.errors import ErrorResponse, too_large
+from extproc.headers import SERVED_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +61,9 @@ class Processor(Protocol):
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse: ...
 
     def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
-        """Observe the response status; may return headers to set on the response."""
+        """Observe the response status; may return headers to set on the response. The
+        endpoint that served the request, when the gateway reports it, is under
+        `SERVED_HEADER` (as the reference EPP hands it to its plugins)."""
         ...
 
     def on_response_body(self, chunk: bytes, end_of_stream: bool) -> None: ...
@@ -108,13 +114,14 @@ class ExtProcStream:
         self._chunks: list[bytes] = []
         self._size = 0
         self._buffered = False
+        self._duplex_response = False  # response bodies in FULL_DUPLEX_STREAMED: echo each chunk
         self.completed = False
 
     async def handle(self, msg: pb.ProcessingRequest) -> AsyncIterator[pb.ProcessingResponse]:
         if msg.HasField("protocol_config"):
-            self._buffered = (
-                msg.protocol_config.request_body_mode == processing_mode_pb2.ProcessingMode.BUFFERED
-            )
+            modes = processing_mode_pb2.ProcessingMode
+            self._buffered = msg.protocol_config.request_body_mode == modes.BUFFERED
+            self._duplex_response = msg.protocol_config.response_body_mode == modes.FULL_DUPLEX_STREAMED
         kind = msg.WhichOneof("request")
         if self._phase is _Phase.REFUSED:
             return  # Envoy may still flush queued chunks after an immediate response
@@ -143,7 +150,13 @@ class ExtProcStream:
         if kind == "response_headers":
             extra = None
             if forwarded:
-                extra = self.processor.on_response_headers(messages.headers_to_dict(msg.response_headers))
+                headers = messages.headers_to_dict(msg.response_headers)
+                # What the gateway reports, never what the upstream sent under that name.
+                headers.pop(SERVED_HEADER, None)
+                served = messages.served_endpoint(msg)
+                if served:
+                    headers[SERVED_HEADER] = served
+                extra = self.processor.on_response_headers(headers)
                 self.completed = self.completed or msg.response_headers.end_of_stream
             return [messages.continue_response_headers(extra)]
         if kind == "response_body":
@@ -151,6 +164,8 @@ class ExtProcStream:
             if forwarded:
                 self.processor.on_response_body(body.body, body.end_of_stream)
                 self.completed = self.completed or body.end_of_stream
+            if self._duplex_response:
+                return [messages.echo_response_body(body.body, body.end_of_stream)]
             return [messages.continue_response_body()]
         if forwarded:
             self.completed = True
@@ -228,6 +243,11 @@ class ExtProcStream:
                 yield r
 
     @property
+    def echoes_response_body(self) -> bool:
+        """Response bodies come here in FULL_DUPLEX_STREAMED mode and must be handed back."""
+        return self._duplex_response
+
+    @property
     def refused(self) -> bool:
         return self._phase is _Phase.REFUSED
 
@@ -263,7 +283,7 @@ class ExtProcServicer:
         try:
             while True:
                 if stream.forwarded:
-                    msg = await self._next_held(incoming)
+                    msg = await self._next_held(incoming, releasable=not stream.echoes_response_body)
                 else:
                     msg = await anext(incoming, None)
                 if msg is None:
@@ -282,12 +302,18 @@ class ExtProcServicer:
             except Exception:  # accounting must never take the stream down with it
                 log.exception("%s: on_close failed", self._name)
 
-    async def _next_held(self, incoming: AsyncIterator[pb.ProcessingRequest]) -> pb.ProcessingRequest | None:
+    async def _next_held(
+        self, incoming: AsyncIterator[pb.ProcessingRequest], *, releasable: bool = True
+    ) -> pb.ProcessingRequest | None:
         """The next response event of a forwarded request; None once Envoy ends the stream or
-        the service drains."""
-        if self._draining:
+        the service drains. A stream that hands response bodies back (FULL_DUPLEX_STREAMED) is
+        not releasable: ending it early would cut the response, so it runs until Envoy ends it
+        or the server's grace period does."""
+        if self._draining and releasable:
             return None
         waiter: asyncio.Future[pb.ProcessingRequest | None] = asyncio.ensure_future(anext(incoming, None))
+        if not releasable:
+            return await waiter
         self._held.add(waiter)
         try:
             return await waiter

@@ -120,6 +120,9 @@ class PoolConfig(_Model):
     # KV-cache capacity of each pod in tokens (e.g. TGI's --max-total-tokens): TGI publishes the
     # tokens its batch holds, not a fraction, so without it a TGI pod's KV usage is unknown.
     kv_capacity_tokens: KvCapacity | None = Field(default=None, alias="kvCapacityTokens")
+    # The reference EPP's behaviour: any `model` the route sends here is scheduled on this
+    # pool's first model (the HTTPRoute, not the model list, decides what reaches the pool).
+    accept_any_model: bool = Field(default=False, alias="acceptAnyModel")
 
 
 class ScrapeConfig(_Model):

@@ -184,6 +184,9 @@ def _ext_proc_filter(
     }
     if name == EPP_FILTER:
         config["metadata_options"] = {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
+        # The endpoint that actually served (a retry may have moved it along the ranked list),
+        # sent with the response headers: the EPP moves the in-flight slot there.
+        config["response_attributes"] = ["upstream.address"]
     return {"name": name, "typed_config": config, "disabled": disabled}
 
 

@@ -268,16 +268,20 @@ def pool_name_for(model: str) -> str:
 
 
 def start_fleet(
-    workdir: Path, fleet: Mapping[str, Any], timeout_s: float = 60.0
+    workdir: Path, fleet: Mapping[str, Any], timeout_s: float = 60.0, *, host: str = "127.0.0.1"
 ) -> tuple[Proc, list[dict[str, Any]]]:
-    """A simulated fleet in its own process; returns it and its pods once all listen."""
+    """A simulated fleet in its own process; returns it and its pods once all listen. `host`
+    other than 127.0.0.1 (e.g. 127.0.0.2) gives its pods an address of their own, like a pod IP."""
     fleet_path = workdir / "fleet.yaml"
     fleet_path.write_text(yaml.safe_dump(dict(fleet)))
     ready = workdir / "fleet-ready.json"
     ready.unlink(missing_ok=True)
     proc = _spawn(
         "fleet",
-        [sys.executable, "-m", "modelsim", "fleet", "--spec", str(fleet_path), "--ready-file", str(ready)],
+        [
+            *(sys.executable, "-m", "modelsim", "fleet", "--spec", str(fleet_path)),
+            *("--ready-file", str(ready), "--host", host),
+        ],
         workdir,
     )
     try:

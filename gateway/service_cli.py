@@ -19,9 +19,13 @@ if TYPE_CHECKING:
 _QUIET_LOGGERS = ("httpx", "httpcore", "kubernetes", "urllib3")
 
 
-def service_parser(prog: str, description: str, *, default_port: int) -> argparse.ArgumentParser:
+def service_parser(
+    prog: str, description: str, *, default_port: int, config_required: bool = True
+) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", required=True, help="gateway configuration YAML (hot-reloaded)")
+    parser.add_argument(
+        "--config", required=config_required, help="gateway configuration YAML (hot-reloaded)"
+    )
     parser.add_argument(
         "--config-resource",
         metavar="NAMESPACE/NAME",

@@ -87,6 +87,35 @@ async def test_refused_pod_falls_back_to_the_next_listed_endpoint(gw: LocalGatew
     )
 
 
+async def test_a_request_walked_to_the_fallback_holds_its_inflight_slot_there(gw: LocalGateway) -> None:
+    """Envoy reports the endpoint that served (`upstream.address`); when a retry walked the
+    request past refused llama-0 (still refused from the test above), the EPP counts it on the
+    fallback that serves it, not on llama-0, for as long as the answer streams."""
+    refused = pod_address(gw, "llama-0")
+    by_pod = {p["name"]: p["address"] for p in gw.pods}
+    body = chat(LLAMA, stream=True, max_tokens=400)
+    async with gw.client() as client:
+        for _ in range(30):  # the EPP ranks llama-0 first only some of the time
+            headers = {"x-gateway-decision": "true"}
+            async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status_code == 200
+                if ranked_addresses(r.headers["x-gateway-decision"])[0] != refused:
+                    continue
+                served = by_pod[r.headers["x-modelsim-pod"]]
+                chunks = r.aiter_bytes()
+                await anext(chunks)  # mid-stream: the slot is on the serving pod
+                pool = debug_pool(gw, LLAMA_POOL)
+                assert pool[refused]["inflight_requests"] == 0, pool[refused]
+                assert pool[served]["inflight_requests"] == 1, pool[served]
+                async for _ in chunks:
+                    pass
+            wait_for(
+                lambda s=served: debug_pool(gw, LLAMA_POOL)[s]["inflight_requests"] == 0, 10, "slot returned"
+            )
+            return
+    pytest.fail("the EPP never ranked the refused pod first in 30 requests")
+
+
 async def test_pod_killed_mid_stream_is_a_clean_truncation(gw: LocalGateway) -> None:
     body = chat(LLAMA, stream=True, max_tokens=3000)
     lines: list[str] = []

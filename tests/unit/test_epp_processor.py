@@ -126,3 +126,40 @@ async def test_decision_is_explained_on_the_response_only_when_asked_and_allowed
 async def test_body_less_request_passes_through_untouched() -> None:
     result = await EppProcessor(make_ctx()).on_request({":method": "GET"}, b"")
     assert result == RequestRoute()
+
+
+async def test_a_retry_to_the_fallback_moves_the_inflight_slot_there() -> None:
+    ctx = make_ctx()
+    proc = EppProcessor(ctx)
+    await proc.on_request({}, body())  # destination A,B
+    proc.on_response_headers({":status": "200", "x-gateway-destination-endpoint-served": B})
+    inflight = {e.address: e.inflight_requests for e in ctx.pool.snapshot().endpoints}
+    assert inflight == {A: 0, B: 1}
+    proc.on_close(True)
+    assert ctx.pool.inflight_total() == 0
+
+
+async def test_any_model_is_scheduled_on_a_pool_that_accepts_any() -> None:
+    config = parse_epp_config(
+        {"pools": [{"name": "llama", "models": [{"name": "llama"}], "acceptAnyModel": True}]}
+    )
+    ctx = make_ctx()
+    ctx.config = lambda: config
+    route = await EppProcessor(ctx).on_request({}, body("conformance-fake-model"))
+    assert isinstance(route, RequestRoute) and route.set_headers[DESTINATION_HEADER].split(",")[0] in (A, B)
+    refused = await EppProcessor(make_ctx()).on_request({}, body("conformance-fake-model"))
+    assert isinstance(refused, ErrorResponse) and refused.status == 404
+
+
+async def test_conformance_mode_narrows_the_pool_and_reports_the_served_endpoint() -> None:
+    ctx = make_ctx()
+    ctx.conformance_test_mode = True
+    proc = EppProcessor(ctx)
+    route = await proc.on_request({"test-epp-endpoint-selection": B}, body())
+    assert isinstance(route, RequestRoute) and route.set_headers[DESTINATION_HEADER] == B  # not the better A
+    extra = proc.on_response_headers({":status": "200", "x-gateway-destination-endpoint-served": B})
+    assert extra == {"x-conformance-test-served-endpoint": B}
+    proc.on_close(True)
+    off = EppProcessor(make_ctx())  # outside test mode the header means nothing
+    route = await off.on_request({"test-epp-endpoint-selection": B}, body())
+    assert isinstance(route, RequestRoute) and route.set_headers[DESTINATION_HEADER].startswith(A)

@@ -257,3 +257,76 @@ async def test_over_real_grpc_drain_ends_held_streams_with_ok_and_closes_once(gr
     assert [r.WhichOneof("response") async for r in late] == ["request_headers", "request_body"]
     assert await late.code() == grpc.StatusCode.OK
     assert recorders[1].closed == [False] and servicer.active_streams == 0
+
+
+def _forwarded() -> list[pb.ProcessingRequest]:
+    return [headers_msg(POST), *body_msgs(b'{"model":"m"}')]
+
+
+async def test_served_endpoint_reaches_the_processor_from_metadata_or_attributes() -> None:
+    from google.protobuf import struct_pb2
+
+    from extproc.headers import SERVED_HEADER
+
+    by_metadata = response_headers_msg(200)
+    by_metadata.metadata_context.filter_metadata["envoy.lb"].update({SERVED_HEADER: "10.0.0.7:8000"})
+    by_attribute = response_headers_msg(200)
+    by_attribute.attributes["envoy.filters.http.ext_proc"].CopyFrom(
+        struct_pb2.Struct(fields={"upstream.address": struct_pb2.Value(string_value="10.0.0.8:8000")})
+    )
+    spoofed = response_headers_msg(200)  # an upstream's header of that name is not a report
+    spoofed.response_headers.headers.headers.add(key=SERVED_HEADER, raw_value=b"6.6.6.6:1")
+    seen = []
+    for msg in (by_metadata, by_attribute, spoofed):
+        rec = Recorder()
+        await drive(ExtProcStream(rec), [*_forwarded(), msg])
+        seen.append(rec.response_headers[0].get(SERVED_HEADER))
+    assert seen == ["10.0.0.7:8000", "10.0.0.8:8000", None]
+
+
+async def test_full_duplex_response_body_is_echoed_chunk_by_chunk() -> None:
+    from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+
+    first = _forwarded()
+    first[0].protocol_config.response_body_mode = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+    chunks = [
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"data: 1\n\n", end_of_stream=False)),
+        pb.ProcessingRequest(response_body=pb.HttpBody(body=b"data: 2\n\n", end_of_stream=True)),
+    ]
+    out = await drive(ExtProcStream(Recorder()), [*first, response_headers_msg(200), *chunks])
+    echoed = [
+        r.response_body.response.body_mutation.streamed_response for r in out if r.HasField("response_body")
+    ]
+    assert [(e.body, e.end_of_stream) for e in echoed] == [(b"data: 1\n\n", False), (b"data: 2\n\n", True)]
+
+
+async def test_buffered_or_streamed_response_body_is_only_acknowledged() -> None:
+    chunk = pb.ProcessingRequest(response_body=pb.HttpBody(body=b"x", end_of_stream=True))
+    out = await drive(ExtProcStream(Recorder()), [*_forwarded(), response_headers_msg(200), chunk])
+    body = [r.response_body for r in out if r.HasField("response_body")]
+    assert len(body) == 1 and not body[0].HasField("response")
+
+
+async def test_over_real_grpc_drain_keeps_streams_that_hand_response_bodies_back(grpc_recorders) -> None:
+    """In FULL_DUPLEX_STREAMED response mode the body flows through the stream: a drain must
+    not end it, or the response would be cut; it carries on to the last chunk."""
+    import asyncio
+
+    from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+
+    stub, recorders, servicer = grpc_recorders
+    call = stub.Process()
+    first = _forwarded()
+    first[0].protocol_config.response_body_mode = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+    for msg in [*first, response_headers_msg(200)]:
+        await call.write(msg)
+    kinds = [(await call.read()).WhichOneof("response") for _ in range(3)]
+    assert kinds == ["request_headers", "request_body", "response_headers"]
+    await asyncio.sleep(0.05)
+    assert servicer.release_held() == 0  # nothing releasable
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=b"tail", end_of_stream=True)))
+    echoed = await call.read()
+    assert echoed.response_body.response.body_mutation.streamed_response.body == b"tail"
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+    assert recorders[0].closed == [True]
