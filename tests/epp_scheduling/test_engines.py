@@ -149,3 +149,12 @@ def test_insane_values_are_rejected_as_unknown_not_clamped():
 def test_kv_a_hair_outside_the_unit_interval_is_clamped():
     m = parse_metrics("vllm:kv_cache_usage_perc 1.004\nvllm:num_requests_waiting 0\n", "vllm", 0.0)
     assert m.kv_usage == 1.0
+
+
+def test_the_config_names_exactly_the_parser_dialects() -> None:
+    """gateway/config.py cannot import the EPP, so its `Engine` names are checked here."""
+    import typing
+
+    from gateway.config import Engine
+
+    assert set(typing.get_args(Engine)) == set(DIALECTS)
