@@ -50,6 +50,7 @@ test: $(STAMP) system-deps
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy  # the runtime packages, configured in pyproject.toml [tool.mypy]
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iglobalrouter/api=proto/gateway/v1 --python_out=. --grpc_python_out=. --pyi_out=. proto/gateway/v1/*.proto

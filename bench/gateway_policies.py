@@ -127,7 +127,7 @@ def write_baseline(
     return BaselineFiles(path, listen, admin, certs)
 
 
-def baseline_factory(lb_policy: str, name: str):  # type: ignore[no-untyped-def]
+def baseline_factory(lb_policy: str, name: str):
     def factory(ctx: TargetContext) -> PolicyTarget:
         procs: list[Proc] = []
 
@@ -233,7 +233,7 @@ def effective_epp_config(config_path: Path) -> dict[str, Any]:
     )
 
 
-def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module: str = "epp"):  # type: ignore[no-untyped-def]
+def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module: str = "epp"):
     def factory(ctx: TargetContext) -> PolicyTarget:
         running: list[LocalGateway] = []
 

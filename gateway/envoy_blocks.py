@@ -119,11 +119,16 @@ def https_listener(
 class ListenerTopology(Protocol):
     """What a renderer's topology says about its client-facing listener."""
 
-    listen_host: str
-    listen_port: int
-    server_cert: Path | None
-    server_key: Path | None
-    connection_buffer_bytes: int
+    @property
+    def listen_host(self) -> str: ...
+    @property
+    def listen_port(self) -> int: ...
+    @property
+    def server_cert(self) -> Path | None: ...
+    @property
+    def server_key(self) -> Path | None: ...
+    @property
+    def connection_buffer_bytes(self) -> int: ...
 
 
 def topology_listener(topo: ListenerTopology, hcm: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from extproc.server import add_tls_arguments
 from gateway.config_resource import add_config_resource_argument
@@ -28,7 +29,9 @@ def service_parser(prog: str, description: str, *, default_port: int) -> argpars
     return parser
 
 
-def run_service(serve: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
+def run_service(
+    serve: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], args: argparse.Namespace
+) -> None:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))

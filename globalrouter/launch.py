@@ -6,6 +6,7 @@ local demos; every process is a child of the caller and logs to `<workdir>/logs/
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -82,6 +83,10 @@ class GlobalTier:
         url = f"http://127.0.0.1:{self.router_admin_ports[replica]}/debug/members"
         return {m["name"]: m for m in httpx.get(url, timeout=2).json()["members"]}
 
+    def all_members_ramped(self, replica: int) -> bool:
+        """Every member is available at full weight, as this router replica sees them."""
+        return all(m["available"] and m["ramp"] >= 1.0 for m in self.members(replica).values())
+
     def stop(self) -> None:
         for name in sorted(self.procs, key=lambda n: (n != "envoy", not n.startswith("reporter"))):
             self.procs[name].stop()
@@ -145,7 +150,10 @@ def start_global_tier(
             )  # fmt: skip
         for i, port in enumerate(tier.router_ports):
             wait_until(
-                lambda p=port: grpc_serving(p), timeout_s, f"router-{i}", tier.procs[f"router-{i}"].popen
+                functools.partial(grpc_serving, port),
+                timeout_s,
+                f"router-{i}",
+                tier.procs[f"router-{i}"].popen,
             )
         for c in clusters:
             argv = [python, "-m", "globalrouter.reporter", "--cluster", c.name, "--region", c.region,
@@ -181,7 +189,7 @@ def start_global_tier(
         )
         for i in range(replicas):
             wait_until(
-                lambda r=i: all(m["available"] and m["ramp"] >= 1.0 for m in tier.members(r).values()),
+                functools.partial(tier.all_members_ramped, i),
                 timeout_s,
                 f"every member available at full weight at router-{i}",
             )

@@ -84,7 +84,7 @@ class ClusterReportsServicer(rpb_grpc.ClusterReportsServicer):
         self._router_id = router_id
         self._clock = clock
 
-    async def Report(  # type: ignore[override]
+    async def Report(
         self, request_iterator: AsyncIterator[rpb.ClusterHeartbeat], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rpb.HeartbeatAck]:
         warned = False
