@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint proto bench bench-full bench-smoke soak clean system-deps
+.PHONY: run test lint envoy-configs proto bench bench-full bench-smoke soak clean system-deps
 
 BENCH_STAMP := $(VENV)/.installed-bench-stamp
 
@@ -51,6 +51,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy  # the runtime packages, configured in pyproject.toml [tool.mypy]
+
+# The committed Envoy bootstraps (deploy/ and envoy/example-bootstrap.yaml) from the renderer;
+# tests/k8s/test_manifests.py fails when one drifts from it.
+envoy-configs: $(STAMP)
+	$(BIN)/python -m gateway.render_envoy --deploy
 
 proto: $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iglobalrouter/api=proto/gateway/v1 --python_out=. --grpc_python_out=. --pyi_out=. proto/gateway/v1/*.proto

@@ -28,11 +28,11 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.baseline_envoy import render_baseline_bootstrap
 from bench.oracle import PROBE_TIMEOUT_S
 from bench.targets import PolicyTarget, TargetContext, register_policy
 from gateway.certs import CertSet, make_certs
 from gateway.config import parse_config
-from gateway.envoy_config import render_baseline_bootstrap
 from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from modelsim.fleet import FleetSpec
 
