@@ -57,8 +57,10 @@ lint: $(STAMP)
 envoy-configs: $(STAMP)
 	$(BIN)/python -m gateway.render_envoy --deploy
 
+# The proto package is its directory under proto/ and the Python package it generates into
+# (globalrouter.api.v1 -> globalrouter/api/v1/*_pb2*.py).
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -Iglobalrouter/api=proto/gateway/v1 --python_out=. --grpc_python_out=. --pyi_out=. proto/gateway/v1/*.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. proto/globalrouter/api/v1/*.proto
 
 # Benchmarks: every policy replays the same seeded traces (the reporting seeds); raw results in
 # bench/results (git-ignored), one summary per run in bench/summaries (committed), then the

@@ -146,8 +146,8 @@ async def heartbeat(
     """Speak the ClusterReports API directly, as a reporter would, to every replica."""
     import grpc
 
-    from globalrouter.api import cluster_report_pb2 as rpb
-    from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
+    from globalrouter.api.v1 import cluster_report_pb2 as rpb
+    from globalrouter.api.v1 import cluster_report_pb2_grpc as rpb_grpc
 
     spec = tier.clusters[cluster]
     report = rpb.ModelReport(
