@@ -36,7 +36,7 @@ constraints:
 	rm -rf $(CONSTRAINTS_VENV)
 
 run: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m gateway.run $(ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m devstack.run $(ARGS)
 
 # The global tier's rate-limit tests start a real redis-server (Debian's package).
 system-deps:

@@ -31,9 +31,9 @@ import yaml
 from bench.baseline_envoy import render_baseline_bootstrap
 from bench.oracle import PROBE_TIMEOUT_S
 from bench.targets import PolicyTarget, TargetContext, register_policy
-from gateway.certs import CertSet, make_certs
+from devstack.certs import CertSet, make_certs
+from devstack.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from gateway.config import parse_config
-from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from modelsim.fleet import FleetSpec
 
 # Tuned on the scenarios of bench/scenarios (see docs/benchmarks.md, "epp-best").

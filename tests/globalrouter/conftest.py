@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.launch import free_port, wait_until
+from devstack.launch import free_port, wait_until
 
 
 def _redis_up(port: int) -> bool:

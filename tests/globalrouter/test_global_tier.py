@@ -11,8 +11,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.launch import LocalGateway, start_local_gateway, wait_until
-from globalrouter.launch import ClusterSpec, GlobalTier, spawn, start_global_tier
+from devstack.global_tier import ClusterSpec, GlobalTier, spawn, start_global_tier
+from devstack.launch import LocalGateway, start_local_gateway, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.certs import make_certs
+from devstack.certs import make_certs
 from gateway.config import parse_config
 from gateway.envoy_blocks import validate_bootstrap
 from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.launch import LocalGateway, grpc_serving, start_local_gateway
+from devstack.launch import LocalGateway, grpc_serving, start_local_gateway
 from tests.integration.conftest import FAST_FLEET, chat
 from tests.security.conftest import LLAMA, LLAMA_POOL, QWEN
 

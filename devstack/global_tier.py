@@ -1,6 +1,6 @@
 """Bring up the global tier locally: router replicas, a reporter per cluster, the global Envoy.
 
-Member clusters come from `gateway.launch.start_local_gateway`. Used by the tests and for
+Member clusters come from `devstack.launch.start_local_gateway`. Used by the tests and for
 local demos; every process is a child of the caller and logs to `<workdir>/logs/`.
 """
 
@@ -18,8 +18,16 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.certs import CertSet, make_certs
-from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, grpc_serving, https_client, wait_until
+from devstack.certs import CertSet, make_certs
+from devstack.launch import (
+    LocalGateway,
+    Proc,
+    envoy_binary,
+    free_port,
+    grpc_serving,
+    https_client,
+    wait_until,
+)
 from globalrouter.config import parse_config
 from globalrouter.envoy_config import GlobalTopology, write_bootstrap
 

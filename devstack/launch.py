@@ -29,7 +29,7 @@ import httpx
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.certs import CertSet, make_certs
+from devstack.certs import CertSet, make_certs
 from gateway.config import parse_config
 from gateway.envoy_config import ExtProcTls, Topology, write_bootstrap
 
