@@ -4,18 +4,39 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint proto bench bench-full bench-smoke soak clean system-deps
+.PHONY: run test lint envoy-configs proto bench bench-full bench-smoke soak clean system-deps
 
-$(STAMP): pyproject.toml
+BENCH_STAMP := $(VENV)/.installed-bench-stamp
+
+.PHONY: venv constraints
+
+# Every install is pinned by constraints.txt (the versions of a working venv), so the tests and
+# the image (deploy/Dockerfile) get the same packages; `make constraints` re-resolves it.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev,bench]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+# The benchmarks also need the peer routers (the `bench` extra); nothing else installs them.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 venv: $(STAMP)
 
+# Re-resolve every dependency (all extras) in a scratch venv and pin what it installed.
+CONSTRAINTS_VENV := $(or $(TMPDIR),/tmp)/inference-gateway-constraints-venv
+constraints:
+	rm -rf $(CONSTRAINTS_VENV) && $(PY) -m venv $(CONSTRAINTS_VENV)
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e '.[dev,bench]'
+	{ echo "# Pinned versions of a working venv (runtime + dev + bench extras). Regenerate: make constraints"; \
+	  $(CONSTRAINTS_VENV)/bin/python -m pip freeze --exclude-editable; } > constraints.txt
+	rm -rf $(CONSTRAINTS_VENV)
+
 run: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m gateway.run $(ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m devstack.run $(ARGS)
 
 # The global tier's rate-limit tests start a real redis-server (Debian's package).
 system-deps:
@@ -29,9 +50,17 @@ test: $(STAMP) system-deps
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy  # the runtime packages, configured in pyproject.toml [tool.mypy]
 
+# The committed Envoy bootstraps (deploy/ and envoy/example-bootstrap.yaml) from the renderer;
+# tests/k8s/test_manifests.py fails when one drifts from it.
+envoy-configs: $(STAMP)
+	$(BIN)/python -m gateway.render_envoy --deploy
+
+# The proto package is its directory under proto/ and the Python package it generates into
+# (globalrouter.api.v1 -> globalrouter/api/v1/*_pb2*.py).
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -Iglobalrouter/api=proto/gateway/v1 --python_out=. --grpc_python_out=. --pyi_out=. proto/gateway/v1/*.proto
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --grpc_python_out=. --pyi_out=. proto/globalrouter/api/v1/*.proto
 
 # Benchmarks: every policy replays the same seeded traces (the reporting seeds); raw results in
 # bench/results (git-ignored), one summary per run in bench/summaries (committed), then the
@@ -42,14 +71,14 @@ BENCH_SCENARIOS := uniform mixed-gpu bursty bursty-headroom shared-prefix shared
 BENCH_POLICIES := round-robin least-request epp-default epp-best oracle sglang-cache_aware \
 	sglang-power_of_two vllm-cache_aware vllm-round_robin
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	for s in $(BENCH_QUICK_SCENARIOS); do \
 	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode quick \
 	    --no-progress $(foreach p,$(BENCH_QUICK_POLICIES),--policy $(p)) || exit 1; \
 	done
 	$(BIN)/python -m bench report --mode quick --results bench/results
 
-bench-full: $(STAMP)
+bench-full: $(BENCH_STAMP)
 	for s in $(BENCH_SCENARIOS); do \
 	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode full \
 	    --no-progress $(foreach p,$(BENCH_POLICIES),--policy $(p)) || exit 1; \

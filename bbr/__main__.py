@@ -9,6 +9,7 @@ from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
 from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer
+from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.llmd_api import add_api_group_argument
 from gateway.service_cli import follow_config_resource, run_service, service_parser
@@ -19,7 +20,7 @@ log = logging.getLogger("bbr")
 
 
 async def serve(args: argparse.Namespace) -> None:
-    store = ConfigStore.from_file(args.config)
+    store = ConfigStore.from_file(args.config, GatewayConfig)
     router = BodyRouter(store.current)
     tracing = Tracing.from_config(store.current().tracing, "inference-gateway-bbr")  # read once
     store.subscribe(tracing.warn_on_change(store.current().tracing))

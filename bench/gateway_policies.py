@@ -27,12 +27,12 @@ from typing import Any
 import httpx
 import yaml
 
+from bench.baseline_envoy import render_baseline_bootstrap
 from bench.oracle import PROBE_TIMEOUT_S
 from bench.targets import PolicyTarget, TargetContext, register_policy
+from devstack.certs import CertSet, make_certs
+from devstack.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from epp.config import parse_epp_config
-from gateway.certs import CertSet, make_certs
-from gateway.envoy_config import render_baseline_bootstrap
-from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from modelsim.fleet import FleetSpec
 
 # Tuned on the scenarios of bench/scenarios (see docs/benchmarks.md, "epp-best").
@@ -126,7 +126,7 @@ def write_baseline(
     return BaselineFiles(path, listen, admin, certs)
 
 
-def baseline_factory(lb_policy: str, name: str):  # type: ignore[no-untyped-def]
+def baseline_factory(lb_policy: str, name: str):
     def factory(ctx: TargetContext) -> PolicyTarget:
         procs: list[Proc] = []
 
@@ -232,7 +232,7 @@ def effective_epp_config(config_path: Path) -> dict[str, Any]:
     )
 
 
-def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module: str = "epp"):  # type: ignore[no-untyped-def]
+def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module: str = "epp"):
     def factory(ctx: TargetContext) -> PolicyTarget:
         running: list[LocalGateway] = []
 

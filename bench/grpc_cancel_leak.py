@@ -21,7 +21,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
-from gateway.launch import free_port, grpc_serving, wait_until
+from devstack.launch import free_port, grpc_serving, wait_until
 
 
 def _get_request() -> pb.ProcessingRequest:

@@ -142,7 +142,7 @@ class OracleProcessor(RequestOnlyProcessor):
 
 
 async def serve(args: argparse.Namespace) -> None:
-    store = ConfigStore.from_file(args.config)
+    store = ConfigStore.from_file(args.config, GatewayConfig)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
     async with httpx.AsyncClient(limits=limits) as client:
         picker = OraclePicker(store.current(), args.pool, client)
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--metrics-port", type=int, default=0, help="accepted for EPP CLI parity; unused")
     args = parser.parse_args(argv)
     try:
-        ConfigStore.from_file(args.config).current().pool(args.pool)
+        ConfigStore.from_file(args.config, GatewayConfig).current().pool(args.pool)
     except KeyError:
         raise SystemExit(f"unknown pool {args.pool!r} in {args.config}") from None
     run_service(serve, args)

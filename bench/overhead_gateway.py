@@ -38,10 +38,10 @@ from bench.gateway_policies import start_envoy, wait_ready_async, write_baseline
 from bench.report import write_section
 from bench.stats import percentile
 from bench.stub_server import StubConfig, StubServer
+from devstack.launch import Proc, free_port, grpc_serving, start_local_gateway
 from extproc.errors import ErrorResponse
 from extproc.server import start_grpc_service, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer, RequestOnlyProcessor, RequestRoute
-from gateway.launch import Proc, free_port, grpc_serving, start_local_gateway
 
 MODEL = "llama3.1-8b"
 BODY_SIZES = (1024, 32 * 1024, 256 * 1024)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.launch import free_port
+from devstack.launch import free_port
 
 PEER_POLICIES: dict[str, tuple[str, ...]] = {
     "sglang": ("cache_aware", "power_of_two", "round_robin", "random"),

@@ -180,7 +180,7 @@ def render_table(policies: Mapping[str, Sequence[Mapping[str, Any]]], baseline: 
     return "\n".join(lines)
 
 
-def _median_of(runs: Sequence[Mapping[str, Any]]):  # type: ignore[no-untyped-def]
+def _median_of(runs: Sequence[Mapping[str, Any]]):
     def med(key: str) -> float | None:
         s = spread(runs, key)
         return None if s is None else s.median

@@ -26,9 +26,9 @@ from typing import Any
 
 import httpx
 
+from devstack.launch import FAST_FLEET as FLEET
+from devstack.launch import LocalGateway, start_local_gateway
 from gateway import heaptrace
-from gateway.launch import FAST_FLEET as FLEET
-from gateway.launch import LocalGateway, start_local_gateway
 
 MODELS = ["llama-3.1-8b-instruct", "sql-lora", "qwen3-32b"]
 

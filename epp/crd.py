@@ -43,12 +43,12 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         options = [o for o in node["anyOf"] if o != {"type": "null"}]
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if len(options) == 1:
-            out = _structural({**options[0], **rest}, defs)
+            single: dict[str, Any] = _structural({**options[0], **rest}, defs)
             if len(options) < len(node["anyOf"]):
-                out["nullable"] = True
-                if out.get("default", 0) is None:
-                    del out["default"]
-            return out
+                single["nullable"] = True
+                if single.get("default", 0) is None:
+                    del single["default"]
+            return single
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP and not (key == "additionalProperties" and isinstance(value, dict)):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from array import array
@@ -485,6 +486,9 @@ class KVEventSubscribers:
             out[ep.address] = _Target(port, replay, min(ep.models) if ep.models else "")
         return out
 
+    def _precise_lost(self, address: str, _exc: BaseException) -> None:
+        self.index.set_precise(address, False)
+
     def sync(self, endpoints: Iterable[Endpoint], pool: KvEventsConfig | None) -> None:
         """Start subscribers for new pods, stop (and forget) those of removed ones.
 
@@ -513,7 +517,7 @@ class KVEventSubscribers:
                 "kv-events",
                 f"kv events {address}",
                 sub.run,
-                on_failure=lambda _exc, a=address: self.index.set_precise(a, False),
+                on_failure=functools.partial(self._precise_lost, address),
             )
             self._subs[address] = (target, sub, task)
 

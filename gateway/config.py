@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -337,7 +337,11 @@ def validation_problems(exc: ValidationError) -> str:
 Schema = TypeVar("Schema", bound=GatewayConfig)
 
 
-def parse_config(data: Mapping[str, Any], schema: type[Schema] = GatewayConfig) -> Schema:  # type: ignore[assignment]
+@overload
+def parse_config(data: Mapping[str, Any]) -> GatewayConfig: ...
+@overload
+def parse_config(data: Mapping[str, Any], schema: type[Schema]) -> Schema: ...
+def parse_config(data: Mapping[str, Any], schema: type[GatewayConfig] = GatewayConfig) -> GatewayConfig:
     """Validate config data against `schema` (the EPP passes its own, a subclass)."""
     try:
         return schema.model_validate(data)
@@ -345,7 +349,11 @@ def parse_config(data: Mapping[str, Any], schema: type[Schema] = GatewayConfig) 
         raise ConfigError(validation_problems(exc)) from None
 
 
-def load_config(path: str | Path, schema: type[Schema] = GatewayConfig) -> Schema:  # type: ignore[assignment]
+@overload
+def load_config(path: str | Path) -> GatewayConfig: ...
+@overload
+def load_config(path: str | Path, schema: type[Schema]) -> Schema: ...
+def load_config(path: str | Path, schema: type[GatewayConfig] = GatewayConfig) -> GatewayConfig:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:

@@ -18,7 +18,7 @@ from typing import Any, Generic
 
 from prometheus_client import Counter, Gauge
 
-from gateway.config import ConfigError, GatewayConfig, Schema, load_config, parse_config
+from gateway.config import ConfigError, Schema, load_config, parse_config
 from gateway.supervise import report_failure
 
 log = logging.getLogger(__name__)
@@ -39,10 +39,10 @@ class ConfigStore(Generic[Schema]):
         self.source = source
         CONFIG_LAST_SUCCESS.set_to_current_time()
 
-    @classmethod
-    def from_file(cls, path: str | Path, schema: type[Schema] = GatewayConfig) -> ConfigStore[Schema]:  # type: ignore[assignment]
+    @staticmethod
+    def from_file(path: str | Path, schema: type[Schema]) -> ConfigStore[Schema]:
         """A bad config at start-up is fatal (ConfigError): there is nothing to fall back to."""
-        return cls(load_config(path, schema), source=str(path))
+        return ConfigStore(load_config(path, schema), source=str(path))
 
     def current(self) -> Schema:
         return self._current

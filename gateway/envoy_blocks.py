@@ -1,6 +1,7 @@
-"""Building blocks both Envoy renderers share (the gateway's, gateway/envoy_config.py, and the
-global tier's, globalrouter/envoy_config.py): type URLs, addresses, the HTTPS listener, JSON
-direct responses, and the bootstrap envelope validated against the real protos.
+"""Building blocks every Envoy renderer shares (the gateway's, gateway/envoy_config.py, the
+global tier's, globalrouter/envoy_config.py, and the benchmarks' baseline, bench/baseline_envoy.py):
+type URLs, addresses, host:port parsing, gRPC clusters, ext_proc and router filters, the HTTPS
+listener, JSON direct responses, and the bootstrap envelope validated against the real protos.
 
 Why one module: the renderers differ in topology (pools behind ext_proc vs member clusters
 behind a router), not in how a listener, a socket or a validated bootstrap looks.
@@ -8,6 +9,7 @@ behind a router), not in how a listener, a socket or a validated bootstrap looks
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,12 +64,85 @@ def socket(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
+def duration(seconds: float) -> str:
+    return f"{seconds:.3f}s"
+
+
 def split_host_port(value: str) -> tuple[str, int]:
     """`host:port` or `[v6]:port` -> (host, port); ValueError when it is neither."""
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"{value!r} is not host:port")
     return host.strip("[]"), int(port)
+
+
+def host_port_argument(value: str) -> tuple[str, int]:
+    """`split_host_port` as an argparse `type=`: a usage error instead of a traceback."""
+    try:
+        return split_host_port(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def static_lb_endpoints(addresses: list[str]) -> list[dict[str, Any]]:
+    """One locality of `ip:port` endpoints."""
+    return [{"lb_endpoints": [{"endpoint": {"address": socket(*split_host_port(a))}} for a in addresses]}]
+
+
+def grpc_cluster(
+    name: str, endpoints: list[tuple[str, int]], *, cluster_type: str = "STATIC", connect_timeout: str = "1s"
+) -> dict[str, Any]:
+    """A cluster of gRPC (HTTP/2) services, e.g. ext_proc servers; callers add TLS, breakers, checks."""
+    return {
+        "name": name,
+        "type": cluster_type,
+        "connect_timeout": connect_timeout,
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(h, p)}} for h, p in endpoints]}],
+        },
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": TYPES["http_opts"],
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+    }
+
+
+def ext_proc_filter(
+    name: str,
+    cluster: str,
+    timeout_s: float,
+    mode: dict[str, str],
+    *,
+    failure_mode_allow: bool = False,
+    grpc_service: dict[str, Any] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """An ext_proc HTTP filter calling `cluster`; `options` are further ExternalProcessor fields.
+
+    `grpc_service` adds fields to the gRPC service (e.g. initial_metadata)."""
+    return {
+        "name": name,
+        "typed_config": {
+            "@type": TYPES["ext_proc"],
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": cluster},
+                "timeout": duration(timeout_s),
+                **(grpc_service or {}),
+            },
+            "failure_mode_allow": failure_mode_allow,
+            "processing_mode": mode,
+            "message_timeout": duration(timeout_s),
+            **options,
+        },
+    }
+
+
+def router_filter() -> dict[str, Any]:
+    """The terminal HTTP filter of every chain."""
+    return {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}}
 
 
 def json_error_response(status: int, message: str, error_type: str, code: str) -> dict[str, Any]:
@@ -119,11 +194,16 @@ def https_listener(
 class ListenerTopology(Protocol):
     """What a renderer's topology says about its client-facing listener."""
 
-    listen_host: str
-    listen_port: int
-    server_cert: Path | None
-    server_key: Path | None
-    connection_buffer_bytes: int
+    @property
+    def listen_host(self) -> str: ...
+    @property
+    def listen_port(self) -> int: ...
+    @property
+    def server_cert(self) -> Path | None: ...
+    @property
+    def server_key(self) -> Path | None: ...
+    @property
+    def connection_buffer_bytes(self) -> int: ...
 
 
 def topology_listener(topo: ListenerTopology, hcm: dict[str, Any]) -> dict[str, Any]:

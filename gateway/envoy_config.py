@@ -39,11 +39,13 @@ from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig
 from gateway.envoy_blocks import (
     TYPES,
     bootstrap,
-    https_listener,
+    duration,
+    ext_proc_filter,
+    grpc_cluster,
     json_error_response,
     processing_mode,
-    socket,
-    split_host_port,
+    router_filter,
+    static_lb_endpoints,
     topology_listener,
 )
 
@@ -85,10 +87,6 @@ class Topology:
     original_dst_pools: frozenset[str] = frozenset()
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds:.3f}s"
-
-
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -97,27 +95,13 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> dict[str, Any]:
+def ext_proc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> dict[str, Any]:
     """An ext_proc service: a fixed IP locally, a Service DNS name in Kubernetes."""
-    cluster: dict[str, Any] = {
-        "name": name,
-        "type": "STATIC" if _is_ip(host) else "STRICT_DNS",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(host, port)}}]}],
-        },
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": TYPES["http_opts"],
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-        # Each in-flight request holds one EPP stream until its response ends (see
-        # `_processing_mode`), so Envoy's default of 1,024 requests per cluster would cap a pool
-        # at 1,024 concurrent requests (measured with the limit at 2: the 3rd stream got a 503).
-        "circuit_breakers": copy.deepcopy(_POOL_CIRCUIT_BREAKERS),  # a copy: no YAML anchors
-    }
+    cluster = grpc_cluster(name, [(host, port)], cluster_type="STATIC" if _is_ip(host) else "STRICT_DNS")
+    # Each in-flight request holds one EPP stream until its response ends (see
+    # `pool_processing_mode`), so Envoy's default of 1,024 requests per cluster would cap a pool
+    # at 1,024 concurrent requests (measured with the limit at 2: the 3rd stream got a 503).
+    cluster["circuit_breakers"] = copy.deepcopy(_POOL_CIRCUIT_BREAKERS)  # a copy: no YAML anchors
     if not _is_ip(host):
         cluster["dns_lookup_family"] = "V4_PREFERRED"
     if tls is not None:
@@ -145,7 +129,7 @@ def _grpc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> di
     return cluster
 
 
-def _processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[str, str]:
+def pool_processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[str, str]:
     """FULL_DUPLEX_STREAMED by default; BUFFERED where FailOpen must work, since Envoy ignores
     `failure_mode_allow` for streamed bodies (bodies are then bounded by the connection buffer).
 
@@ -169,25 +153,22 @@ def _processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[
 def _ext_proc_filter(
     name: str, cluster: str, topo: Topology, *, response_headers: bool, disabled: bool
 ) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "@type": TYPES["ext_proc"],
-        "grpc_service": {
-            "envoy_grpc": {"cluster_name": cluster},
-            "timeout": _duration(topo.ext_proc_timeout_s),
-        },
-        "failure_mode_allow": False,
-        "processing_mode": _processing_mode(response_headers=response_headers),
-        "message_timeout": _duration(topo.ext_proc_timeout_s),
-        "status_on_error": {"code": "ServiceUnavailable"},
-        "allow_mode_override": False,
-        "mutation_rules": {"allow_all_routing": True},
-    }
+    out = ext_proc_filter(
+        name,
+        cluster,
+        topo.ext_proc_timeout_s,
+        pool_processing_mode(response_headers=response_headers),
+        status_on_error={"code": "ServiceUnavailable"},
+        allow_mode_override=False,
+        mutation_rules={"allow_all_routing": True},
+    )
     if name == EPP_FILTER:
-        config["metadata_options"] = {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
+        out["typed_config"]["metadata_options"] = {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
         # The endpoint that actually served (a retry may have moved it along the ranked list),
         # sent with the response headers: the EPP moves the in-flight slot there.
-        config["response_attributes"] = ["upstream.address"]
-    return {"name": name, "typed_config": config, "disabled": disabled}
+        out["typed_config"]["response_attributes"] = ["upstream.address"]
+    out["disabled"] = disabled
+    return out
 
 
 def _json_error_route(
@@ -281,12 +262,12 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
             "overrides": {
                 "grpc_service": {
                     "envoy_grpc": {"cluster_name": f"epp-{pool.name}"},
-                    "timeout": _duration(topo.ext_proc_timeout_s),
+                    "timeout": duration(topo.ext_proc_timeout_s),
                 },
                 "failure_mode_allow": pool.failure_mode == "FailOpen",
                 # Response headers + trailers: the EPP holds the request's in-flight slot until
                 # the response ends; only pool routes ask for them.
-                "processing_mode": _processing_mode(
+                "processing_mode": pool_processing_mode(
                     response_headers=True, buffered=pool.failure_mode == "FailOpen"
                 ),
             },
@@ -321,10 +302,6 @@ def _retry_policy() -> dict[str, Any]:
 
 def _regex_escape(name: str) -> str:
     return re.escape(name)
-
-
-def _static_lb_endpoints(addresses: list[str]) -> list[dict[str, Any]]:
-    return [{"lb_endpoints": [{"endpoint": {"address": socket(*split_host_port(a))}} for a in addresses]}]
 
 
 def _override_host_policy() -> dict[str, Any]:
@@ -406,7 +383,7 @@ def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
                     "connect_timeout": "2s",
                     "load_assignment": {
                         "cluster_name": f"pool-{pool.name}",
-                        "endpoints": _static_lb_endpoints([ep.address for ep in pool.endpoints]),
+                        "endpoints": static_lb_endpoints([ep.address for ep in pool.endpoints]),
                     },
                     "load_balancing_policy": _override_host_policy(),
                     "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
@@ -439,7 +416,7 @@ def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
                     "connect_timeout": "2s",
                     "load_assignment": {
                         "cluster_name": f"fallback-{pool.name}",
-                        "endpoints": _static_lb_endpoints(endpoints),
+                        "endpoints": static_lb_endpoints(endpoints),
                     },
                 }
             )
@@ -596,106 +573,18 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
             _ext_proc_filter(
                 EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=False, disabled=False
             ),
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}},
+            router_filter(),
         ],
         "local_reply_config": _local_reply_config(),
     }
-    clusters = [_grpc_cluster("bbr", *topo.bbr, topo.extproc_tls)]
+    clusters = [ext_proc_cluster("bbr", *topo.bbr, topo.extproc_tls)]
     clusters += [
-        _grpc_cluster(f"epp-{pool}", host, port, topo.extproc_tls) for pool, (host, port) in topo.epps.items()
+        ext_proc_cluster(f"epp-{pool}", host, port, topo.extproc_tls)
+        for pool, (host, port) in topo.epps.items()
     ]
     clusters += _pool_clusters(config, topo)
     listener = topology_listener(topo, hcm)
     return bootstrap(topo.admin_port, [listener], clusters)
-
-
-BASELINE_LB_POLICIES = ("ROUND_ROBIN", "LEAST_REQUEST", "RANDOM")
-
-
-def render_baseline_bootstrap(
-    pods: list[str],
-    lb_policy: str,
-    listen_port: int,
-    admin_port: int,
-    server_cert: Path,
-    server_key: Path,
-    *,
-    listen_host: str = "127.0.0.1",
-    ext_proc: tuple[str, int] | None = None,
-    response_body_mode: str = "NONE",
-    response_trailer_mode: str = "SEND",
-) -> dict[str, Any]:
-    """Envoy alone in front of `pods` (ip:port) with a plain load balancer: the Kubernetes
-    Service baseline the benchmarks compare against (same binary, same HTTPS listener).
-
-    `ext_proc` puts one ext_proc filter (FULL_DUPLEX_STREAMED request bodies, like the
-    gateway's pool routes) in the chain, to measure the protocol's own cost;
-    `response_body_mode` (NONE or STREAMED) measures what sending response bodies to it would
-    add, `response_trailer_mode` SKIP what holding the stream to the response's end costs.
-    """
-    if lb_policy not in BASELINE_LB_POLICIES:
-        raise ValueError(f"lb_policy must be one of {', '.join(BASELINE_LB_POLICIES)}, got {lb_policy!r}")
-    if not pods:
-        raise ValueError("a baseline needs at least one pod address")
-    if response_body_mode not in ("NONE", "STREAMED"):
-        raise ValueError(f"response_body_mode must be NONE or STREAMED, got {response_body_mode!r}")
-    if response_trailer_mode not in ("SEND", "SKIP"):
-        raise ValueError(f"response_trailer_mode must be SEND or SKIP, got {response_trailer_mode!r}")
-    filters: list[dict[str, Any]] = []
-    clusters: list[dict[str, Any]] = []
-    if ext_proc is not None:
-        mode = _processing_mode(response_headers=True)
-        mode["response_body_mode"] = response_body_mode
-        mode["response_trailer_mode"] = response_trailer_mode
-        filters.append(
-            {
-                "name": "bench.ext_proc",
-                "typed_config": {
-                    "@type": TYPES["ext_proc"],
-                    "grpc_service": {"envoy_grpc": {"cluster_name": "ext_proc"}, "timeout": "10s"},
-                    "processing_mode": mode,
-                    "message_timeout": "10s",
-                },
-            }
-        )
-        clusters.append(_grpc_cluster("ext_proc", *ext_proc, None))
-    clusters.append(
-        {
-            "name": "pods",
-            "type": "STATIC",
-            "lb_policy": lb_policy,
-            "connect_timeout": "2s",
-            "load_assignment": {"cluster_name": "pods", "endpoints": _static_lb_endpoints(pods)},
-        }
-    )
-    hcm = {
-        "@type": TYPES["hcm"],
-        "stat_prefix": "baseline",
-        "codec_type": "AUTO",
-        "stream_idle_timeout": "300s",
-        "request_timeout": "0s",
-        "route_config": {
-            "name": "baseline",
-            "virtual_hosts": [
-                {
-                    "name": "all",
-                    "domains": ["*"],
-                    "routes": [
-                        {
-                            "match": {"prefix": "/"},
-                            "route": {"cluster": "pods", "timeout": "0s", "idle_timeout": "300s"},
-                        }
-                    ],
-                }
-            ],
-        },
-        "http_filters": [
-            *filters,
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}},
-        ],
-    }
-    listener = https_listener(listen_host, listen_port, server_cert, server_key, 4 * 1024 * 1024, hcm)
-    return bootstrap(admin_port, [listener], clusters)
 
 
 def write_bootstrap(config: GatewayConfig, topo: Topology, path: Path) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from gateway.config import load_config
+from gateway.envoy_blocks import host_port_argument
 from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap
 
 NAMESPACE = "inference-gateway"
@@ -47,18 +48,11 @@ DEPLOY_BOOTSTRAPS: list[tuple[str, list[str]]] = [
 ]
 
 
-def _host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected host:port, got {value!r}")
-    return host.strip("[]"), int(port)
-
-
 def _pool_address(value: str) -> tuple[str, tuple[str, int]]:
     pool, sep, address = value.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"expected pool=host:port, got {value!r}")
-    return pool, _host_port(address)
+    return pool, host_port_argument(address)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -66,12 +60,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="gateway configuration YAML")
     p.add_argument(
         "--listen",
-        type=_host_port,
+        type=host_port_argument,
         default=("127.0.0.1", 8443),
         help="listener host:port (default loopback; 0.0.0.0 only where a Service must reach it)",
     )
     p.add_argument("--admin-port", type=int, default=9901, help="admin port (always on 127.0.0.1)")
-    p.add_argument("--bbr", type=_host_port, help="BBR host:port (IP or DNS name)")
+    p.add_argument("--bbr", type=host_port_argument, help="BBR host:port (IP or DNS name)")
     p.add_argument(
         "--epp", type=_pool_address, action="append", default=[], help="pool=host:port, one per pool"
     )

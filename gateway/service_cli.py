@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from extproc.server import add_tls_arguments
@@ -40,7 +40,9 @@ def service_parser(
     return parser
 
 
-def run_service(serve: Callable[[argparse.Namespace], Awaitable[None]], args: argparse.Namespace) -> None:
+def run_service(
+    serve: Callable[[argparse.Namespace], Coroutine[Any, Any, None]], args: argparse.Namespace
+) -> None:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -12,7 +12,8 @@ from prometheus_client import generate_latest
 
 from extproc.server import GrpcService, TlsFiles, start_grpc_service
 from gateway.admin_http import start_admin_http
-from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
+from globalrouter.api.v1 import cluster_report_pb2 as rpb
+from globalrouter.api.v1 import cluster_report_pb2_grpc as rpb_grpc
 from globalrouter.config import RouterConfig
 from globalrouter.members import MemberBook
 from globalrouter.policy import estimate_ttft
@@ -52,7 +53,7 @@ class GlobalRouterApp:
         heartbeats = (
             rpb_grpc.add_ClusterReportsServicer_to_server,
             self.reports,
-            "gateway.v1.ClusterReports",
+            rpb.DESCRIPTOR.services_by_name["ClusterReports"].full_name,
         )
         self._grpc = await start_grpc_service(
             self.extproc, host=self._host, port=self._port, tls=self._tls, extra_services=[heartbeats]

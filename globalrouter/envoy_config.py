@@ -32,10 +32,13 @@ from typing import Any
 from gateway.envoy_blocks import (
     TYPES,
     bootstrap,
+    ext_proc_filter,
+    grpc_cluster,
+    host_port_argument,
     json_error_response,
     processing_mode,
+    router_filter,
     socket,
-    split_host_port,
     topology_listener,
 )
 from globalrouter.config import ConfigError, RouterConfig, load_config
@@ -155,58 +158,38 @@ def _member_cluster(config: RouterConfig, index: int, topo: GlobalTopology) -> d
 
 
 def _router_cluster(topo: GlobalTopology) -> dict[str, Any]:
-    return {
-        "name": "global-router",
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "lb_policy": "ROUND_ROBIN",
-        "load_assignment": {
-            "cluster_name": "global-router",
-            "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": socket(h, p)}} for h, p in topo.routers]}
-            ],
-        },
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": TYPES["http_opts"],
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-        # A dead or draining replica (gRPC health NOT_SERVING) stops getting new streams.
-        "health_checks": [
-            {
-                "timeout": "0.5s",
-                "interval": "1s",
-                "unhealthy_threshold": 2,
-                "healthy_threshold": 1,
-                "grpc_health_check": {},
-            }
-        ],
-    }
+    cluster = grpc_cluster("global-router", list(topo.routers))
+    cluster["lb_policy"] = "ROUND_ROBIN"
+    # A dead or draining replica (gRPC health NOT_SERVING) stops getting new streams.
+    cluster["health_checks"] = [
+        {
+            "timeout": "0.5s",
+            "interval": "1s",
+            "unhealthy_threshold": 2,
+            "healthy_threshold": 1,
+            "grpc_health_check": {},
+        }
+    ]
+    return cluster
 
 
-def _ext_proc_filter(topo: GlobalTopology) -> dict[str, Any]:
-    timeout = f"{topo.ext_proc_timeout_s:.3f}s"
-    return {
-        "name": ROUTER_FILTER,
-        "typed_config": {
-            "@type": TYPES["ext_proc"],
-            "grpc_service": {"envoy_grpc": {"cluster_name": "global-router"}, "timeout": timeout},
-            "failure_mode_allow": False,
-            # Requests only: the observer filter watches responses.
-            "processing_mode": processing_mode(
-                request_headers=True,
-                request_body="FULL_DUPLEX_STREAMED",
-                request_trailers=True,
-                response_headers=False,
-                response_body="NONE",
-                response_trailers=False,
-            ),
-            "metadata_options": {"receiving_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
-            "message_timeout": timeout,
-            "status_on_error": {"code": "ServiceUnavailable"},
-        },
-    }
+def _router_filter(topo: GlobalTopology) -> dict[str, Any]:
+    """Requests only (the observer filter watches responses); fails closed."""
+    return ext_proc_filter(
+        ROUTER_FILTER,
+        "global-router",
+        topo.ext_proc_timeout_s,
+        processing_mode(
+            request_headers=True,
+            request_body="FULL_DUPLEX_STREAMED",
+            request_trailers=True,
+            response_headers=False,
+            response_body="NONE",
+            response_trailers=False,
+        ),
+        metadata_options={"receiving_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
+        status_on_error={"code": "ServiceUnavailable"},
+    )
 
 
 def _observer_mode(*, response_body: str) -> dict[str, str]:
@@ -218,22 +201,15 @@ def _observer_mode(*, response_body: str) -> dict[str, str]:
 
 def _observer_filter(topo: GlobalTopology) -> dict[str, Any]:
     """Responses only; fails open (a lost observation must not fail a reply)."""
-    timeout = f"{topo.ext_proc_timeout_s:.3f}s"
-    return {
-        "name": OBSERVER_FILTER,
-        "typed_config": {
-            "@type": TYPES["ext_proc"],
-            "grpc_service": {
-                "envoy_grpc": {"cluster_name": "global-router"},
-                "timeout": timeout,
-                "initial_metadata": [{"key": ROLE_METADATA, "value": "observer"}],
-            },
-            "failure_mode_allow": True,
-            "processing_mode": _observer_mode(response_body="NONE"),
-            "metadata_options": {"forwarding_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
-            "message_timeout": timeout,
-        },
-    }
+    return ext_proc_filter(
+        OBSERVER_FILTER,
+        "global-router",
+        topo.ext_proc_timeout_s,
+        _observer_mode(response_body="NONE"),
+        failure_mode_allow=True,
+        grpc_service={"initial_metadata": [{"key": ROLE_METADATA, "value": "observer"}]},
+        metadata_options={"forwarding_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
+    )
 
 
 def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, Any]:
@@ -272,9 +248,9 @@ def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, An
                     },
                 },
             },
-            _ext_proc_filter(topo),
+            _router_filter(topo),
             _observer_filter(topo),
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}},
+            router_filter(),
         ],
     }
     listener = topology_listener(topo, hcm)
@@ -289,19 +265,12 @@ def write_bootstrap(config: RouterConfig, topo: GlobalTopology, path: Path) -> P
     return path
 
 
-def _host_port(value: str) -> tuple[str, int]:
-    try:
-        return split_host_port(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(prog="globalrouter.envoy_config", description="Render the global Envoy")
     parser.add_argument("--config", required=True)
     parser.add_argument("--listen-port", type=int, default=8443)
     parser.add_argument("--admin-port", type=int, default=9901)
-    parser.add_argument("--router", type=_host_port, action="append", required=True)
+    parser.add_argument("--router", type=host_port_argument, action="append", required=True)
     parser.add_argument("--server-cert", type=Path, required=True)
     parser.add_argument("--server-key", type=Path, required=True)
     parser.add_argument("--upstream-ca", type=Path, required=True)

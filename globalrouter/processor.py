@@ -15,8 +15,9 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from extproc.errors import ErrorResponse, rate_limited, unavailable
 from extproc.stream import RequestRoute
@@ -49,9 +50,9 @@ class RouterContext:
     rand: Callable[[], float] = random.random
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def spawn(self, coro: object) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Fire and forget, but never silently: a failure is logged and counted."""
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._finished)
 

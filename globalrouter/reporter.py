@@ -28,8 +28,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.supervise import spawn
-from globalrouter.api import cluster_report_pb2 as rpb
-from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
+from globalrouter.api.v1 import cluster_report_pb2 as rpb
+from globalrouter.api.v1 import cluster_report_pb2_grpc as rpb_grpc
 
 log = logging.getLogger("globalrouter.reporter")
 

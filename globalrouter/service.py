@@ -15,8 +15,8 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc.stream import ExtProcServicer
-from globalrouter.api import cluster_report_pb2 as rpb
-from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
+from globalrouter.api.v1 import cluster_report_pb2 as rpb
+from globalrouter.api.v1 import cluster_report_pb2_grpc as rpb_grpc
 from globalrouter.members import MemberBook, ModelLoad
 from globalrouter.observer import observe
 from globalrouter.processor import GlobalProcessor, RouterContext
@@ -84,7 +84,7 @@ class ClusterReportsServicer(rpb_grpc.ClusterReportsServicer):
         self._router_id = router_id
         self._clock = clock
 
-    async def Report(  # type: ignore[override]
+    async def Report(
         self, request_iterator: AsyncIterator[rpb.ClusterHeartbeat], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rpb.HeartbeatAck]:
         warned = False

@@ -253,7 +253,7 @@ class InferencePoolDiscovery:
             group, version = self._pool_api
             return custom.list_namespaced_custom_object(group, version, self.namespace, POOL_PLURAL, **kw)
 
-        common = {"backoff_s": self._backoff_s, "watch_timeout_s": self._watch_timeout_s}
+        common: dict[str, Any] = {"backoff_s": self._backoff_s, "watch_timeout_s": self._watch_timeout_s}
         self._pod_reflector = Reflector(
             f"pods/{self.namespace}", list_pods, self._pods_synced, self._fatal,
             selector_kind="label_selector", selector=None, **common,

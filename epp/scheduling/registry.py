@@ -46,7 +46,7 @@ class ScorerEntry(Plugin):
 
     @property
     def score(self) -> Scorer:
-        return self.fn  # type: ignore[no-any-return]
+        return self.fn
 
 
 def _table(*entries: Plugin) -> Mapping[str, Any]:

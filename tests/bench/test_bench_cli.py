@@ -33,6 +33,9 @@ def _scenario(tmp_path: Path) -> Path:
 
 
 async def test_run_through_sglang_and_url_policies_then_report(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "sglang_router", reason="sglang-router is in the bench extra: pip install -e '.[bench]'"
+    )
     pods = await start_stubs(2, tokens=3)
     results, summaries = tmp_path / "results", tmp_path / "summaries"
     try:

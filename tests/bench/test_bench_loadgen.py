@@ -130,7 +130,7 @@ def test_time_scale_conversions_round_trip() -> None:
 async def test_tls_with_ca_file_or_verification_off(tmp_path) -> None:
     import ssl
 
-    from gateway.certs import make_certs
+    from devstack.certs import make_certs
 
     certs = make_certs(tmp_path / "certs")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

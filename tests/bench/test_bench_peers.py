@@ -13,6 +13,12 @@ from bench.stub_server import StubServer, start_stubs
 from bench.workloads import TraceRequest, chat_body
 
 
+def _needs_router(kind: str) -> None:
+    """The peer routers are the `bench` extra (make bench installs it; make test does not)."""
+    module = {"sglang": "sglang_router", "vllm": "vllm_router"}[kind]
+    pytest.importorskip(module, reason=f"{kind}-router is in the bench extra: pip install -e '.[bench]'")
+
+
 @pytest.fixture
 async def pods() -> AsyncIterator[list[StubServer]]:
     servers = await start_stubs(2, first_token_delay_s=0.01, tokens=3)
@@ -37,6 +43,7 @@ async def _send(base_url: str, prompts: list[str]) -> Counter[str]:
 
 @pytest.mark.parametrize("kind", ["sglang", "vllm"])
 async def test_round_robin_spreads_over_both_pods(kind: str, pods: list[StubServer], tmp_path) -> None:
+    _needs_router(kind)
     peer = await start_peer(kind, "round_robin", [p.url for p in pods], log_dir=tmp_path)
     try:
         served = await _send(peer.base_url, [f"question number {i} " * 20 for i in range(8)])
@@ -55,6 +62,7 @@ async def test_round_robin_spreads_over_both_pods(kind: str, pods: list[StubServ
 async def test_cache_aware_keeps_a_repeated_prompt_on_one_pod(
     kind: str, pods: list[StubServer], tmp_path
 ) -> None:
+    _needs_router(kind)
     peer = await start_peer(kind, "cache_aware", [p.url for p in pods], log_dir=tmp_path)
     try:
         shared = "You are a helpful assistant. " * 40
@@ -70,6 +78,7 @@ async def test_cache_aware_keeps_a_repeated_prompt_on_one_pod(
 
 
 async def test_sglang_power_of_two_routes(pods: list[StubServer], tmp_path) -> None:
+    _needs_router("sglang")
     peer = await start_peer("sglang", "power_of_two", [p.url for p in pods], log_dir=tmp_path)
     try:
         served = await _send(peer.base_url, [f"p{i}" for i in range(6)])
@@ -80,6 +89,7 @@ async def test_sglang_power_of_two_routes(pods: list[StubServer], tmp_path) -> N
 
 @pytest.mark.parametrize("kind", ["sglang", "vllm"])
 async def test_unreachable_worker_fails_with_log_tail(kind: str, tmp_path) -> None:
+    _needs_router(kind)
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(PeerError, match=f"{kind}-router not ready"):
         await start_peer(kind, "round_robin", [dead], log_dir=tmp_path, ready_timeout_s=2)

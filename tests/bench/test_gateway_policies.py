@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from bench.__main__ import main
+from bench.baseline_envoy import render_baseline_bootstrap
 from bench.gateway_policies import BEST_PROFILE, BEST_SCRAPE_MS, effective_epp_config, epp_config
 from bench.loadgen import PROBE_HEADER
 from bench.oracle import OraclePicker, OracleProcessor, Probe, best_probe
+from devstack.certs import make_certs
+from devstack.launch import envoy_binary, gateway_config_for
 from extproc.errors import ErrorResponse
-from gateway.certs import make_certs
 from gateway.config import parse_config
-from gateway.envoy_config import render_baseline_bootstrap
-from gateway.launch import envoy_binary, gateway_config_for
 from modelsim.fleet import FleetSpec, run_fleet
 
 MODEL = "llama3.1-8b"

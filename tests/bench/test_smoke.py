@@ -31,7 +31,7 @@ def test_more_than_twice_the_baseline_fails_naming_the_figure_and_the_ratio() ->
         ({"scrape_us": 100.0}, {"scrape_us": 100.0, "new_us": 1.0}, "new_us: measured but has no baseline"),
     ],
 )
-def test_a_baseline_that_does_not_match_the_figures_fails(baseline, measured, fragment) -> None:  # type: ignore[no-untyped-def]
+def test_a_baseline_that_does_not_match_the_figures_fails(baseline, measured, fragment) -> None:
     assert any(fragment in p for p in regressions(baseline, measured))
 
 

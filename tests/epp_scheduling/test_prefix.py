@@ -105,7 +105,7 @@ def test_adapter_keys_the_hashes_like_vllm_does():
     capacity=st.integers(1, 40),
     query=st.tuples(st.integers(0, 5), st.integers(1, 12)),
 )
-def test_match_counts_equals_walking_each_pods_lru(ops, capacity, query):  # type: ignore[no-untyped-def]
+def test_match_counts_equals_walking_each_pods_lru(ops, capacity, query):
     """The reverse map stays in step with the LRUs through adds, evictions and departures,
     and answers exactly what a per-pod walk does; also with gaps (the slow fallback)."""
     index = PrefixIndex(capacity_per_pod=capacity)

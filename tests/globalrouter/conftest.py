@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.launch import free_port, wait_until
+from devstack.launch import free_port, wait_until
 
 
 def _redis_up(port: int) -> bool:
@@ -34,7 +34,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_until(lambda: _redis_up(port), 10, "redis-server", proc)  # type: ignore[arg-type]
+        wait_until(lambda: _redis_up(port), 10, "redis-server", proc)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         proc.terminate()

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.launch import LocalGateway, start_local_gateway, wait_until
-from globalrouter.launch import ClusterSpec, GlobalTier, spawn, start_global_tier
+from devstack.global_tier import ClusterSpec, GlobalTier, spawn, start_global_tier
+from devstack.launch import LocalGateway, start_local_gateway, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -146,8 +146,8 @@ async def heartbeat(
     """Speak the ClusterReports API directly, as a reporter would, to every replica."""
     import grpc
 
-    from globalrouter.api import cluster_report_pb2 as rpb
-    from globalrouter.api import cluster_report_pb2_grpc as rpb_grpc
+    from globalrouter.api.v1 import cluster_report_pb2 as rpb
+    from globalrouter.api.v1 import cluster_report_pb2_grpc as rpb_grpc
 
     spec = tier.clusters[cluster]
     report = rpb.ModelReport(

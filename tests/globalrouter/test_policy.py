@@ -13,7 +13,7 @@ from globalrouter.policy import Candidate, candidates, choose, estimate_ttft
 MODEL = "m"
 
 
-def config(**extra: object):  # type: ignore[no-untyped-def]
+def config(**extra: object):
     return parse_config(
         {
             "members": [

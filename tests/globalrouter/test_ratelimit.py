@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.launch import free_port
+from devstack.launch import free_port
 from globalrouter.config import RateLimits
 from globalrouter.ratelimit import RateLimiter
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
-from gateway.launch import LocalGateway, pool_name_for
+from devstack.launch import LocalGateway, pool_name_for
 
 
 def pod_address(gw: LocalGateway, name: str) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.launch import FAST_FLEET, LocalGateway, start_local_gateway
+from devstack.launch import FAST_FLEET, LocalGateway, start_local_gateway
 
 
 def add_canary(config: dict) -> None:

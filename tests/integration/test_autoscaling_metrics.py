@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.launch import LocalGateway, pool_name_for, start_local_gateway
+from devstack.launch import LocalGateway, pool_name_for, start_local_gateway
 from tests.integration.conftest import chat
 from tests.waiting import until
 

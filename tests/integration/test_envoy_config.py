@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 
-from gateway.certs import make_certs
+from devstack.certs import make_certs
+from devstack.launch import envoy_binary
 from gateway.config import parse_config
 from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap, write_bootstrap
-from gateway.launch import envoy_binary
 
 CONFIG = {
     "pools": [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.launch import LocalGateway
+from devstack.launch import LocalGateway
 from tests.integration.conftest import chat
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.launch import LocalGateway, start_local_gateway
+from devstack.launch import LocalGateway, start_local_gateway
 from tests.integration.conftest import chat
 from tests.reliability.gateway_helpers import metric_value, pod_fault
 

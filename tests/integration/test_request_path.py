@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from gateway.launch import LocalGateway
+from devstack.launch import LocalGateway
 from tests.integration.conftest import chat
 
 LLAMA, QWEN = "llama-3.1-8b-instruct", "qwen3-32b"

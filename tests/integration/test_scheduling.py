@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.launch import LocalGateway, dev_trust, start_local_gateway
+from devstack.launch import LocalGateway, dev_trust, start_local_gateway
 from tests.integration.busy_pods import busy, pod_address, pool_state, wait_for
 from tests.integration.conftest import chat
 

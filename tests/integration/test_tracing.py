@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.launch import FAST_FLEET, LocalGateway, pool_name_for, start_local_gateway
+from devstack.launch import FAST_FLEET, LocalGateway, pool_name_for, start_local_gateway
 from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.integration.conftest import chat
 from tests.waiting import until

@@ -21,7 +21,7 @@ def resource(spec: dict) -> dict:
     return {"metadata": {"name": "gateway", "namespace": "default"}, "spec": spec}
 
 
-async def until(predicate, within: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+async def until(predicate, within: float = 15.0) -> None:
     for _ in range(int(within / 0.02)):
         if predicate():
             return

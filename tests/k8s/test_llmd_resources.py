@@ -22,13 +22,13 @@ from prometheus_client import REGISTRY
 
 from bbr.rewrite_source import follow_model_rewrites
 from bbr.router import BodyRouter
+from devstack.launch import free_port
 from epp.app import EppApp
 from extproc.headers import MODEL_HEADER, OBJECTIVE_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import parse_config
 from gateway.config_resource import ConfigResourceWatcher
 from gateway.config_store import ConfigStore
-from gateway.launch import free_port
 from tests.fakes.kube_apiserver import (
     GATEWAY_CONFIGS,
     INFERENCE_MODEL_REWRITES,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.launch import LocalGateway, pool_name_for, start_local_gateway
+from devstack.launch import LocalGateway, pool_name_for, start_local_gateway
 from modelsim.server import POD_HEADER
 from tests.fakes.kube_apiserver import INFERENCE_MODEL_REWRITES, INFERENCE_OBJECTIVES, FakeKubeApiServer
 from tests.integration.busy_pods import busy, pool_state

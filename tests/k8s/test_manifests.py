@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from devstack.certs import make_certs
 from gateway import llmd_api
-from gateway.certs import make_certs
 from gateway.config import parse_config
 from gateway.envoy_blocks import validate_bootstrap
 from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
@@ -643,6 +645,18 @@ def test_services_listen_on_the_pod_ip_and_envoy_admin_on_loopback(target: str) 
     assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
     (listener,) = bootstrap["static_resources"]["listeners"]
     assert listener["address"]["socket_address"]["address"] == "0.0.0.0"  # behind the Service
+
+
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_services_run_the_packages_console_scripts(target: str) -> None:
+    """The image's containers run the entry points pyproject.toml installs, which load and are callable."""
+    scripts = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    objs = render(target)
+    for name, module in (("bbr", "bbr"), ("epp", "epp")):
+        (command,) = _container(objs, name)["command"]
+        module_name, _, func = scripts[command].partition(":")
+        assert module_name == f"{module}.__main__", (command, scripts[command])
+        assert callable(getattr(importlib.import_module(module_name), func))
 
 
 def _policies(objs: tuple[Obj, ...]) -> dict[str, Obj]:

@@ -22,7 +22,7 @@ def watch_failures() -> float:
     return TASK_FAILURES.labels(task="kube-watch")._value.get()
 
 
-async def _poll(condition, within: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+async def _poll(condition, within: float = 5.0) -> None:
     deadline = time.monotonic() + within
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"

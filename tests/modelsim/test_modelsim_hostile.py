@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.launch import Proc, start_fleet
+from devstack.launch import Proc, start_fleet
 
 MODEL, ADAPTER = "llama", "llama-sql"
 PATHS = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/sim/probe"]

@@ -227,8 +227,8 @@ async def test_epp_app_subscribes_discovered_pods(kv_fleet: Fleet, tmp_path: Pat
 
 
 def test_launcher_passes_event_ports_through() -> None:
+    from devstack.launch import gateway_config_for
     from gateway.config import parse_config
-    from gateway.launch import gateway_config_for
 
     pods = [
         {

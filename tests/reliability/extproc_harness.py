@@ -131,7 +131,7 @@ def exchange(
                     call.cancel()
                     break
         except grpc.RpcError as exc:
-            return responses, exc.code()  # type: ignore[attr-defined]
+            return responses, exc.code()
         if cancel_after is not None and len(responses) >= cancel_after:
             return responses, grpc.StatusCode.CANCELLED
         return responses, call.code()

@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import httpx
 
-from gateway.launch import LocalGateway
+from devstack.launch import LocalGateway
 
 ADDRESS = re.compile(r"\[?[0-9a-f.:]+\]?:\d+")
 

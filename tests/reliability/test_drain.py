@@ -10,7 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.launch import LocalGateway, grpc_serving, start_local_gateway, wait_until
+from devstack.launch import LocalGateway, grpc_serving, start_local_gateway, wait_until
 from tests.integration.conftest import FAST_FLEET, chat
 from tests.reliability.conftest import record_figures
 from tests.reliability.gateway_helpers import debug_pool, pod_fault, wait_for

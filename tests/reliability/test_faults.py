@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.launch import LocalGateway, dev_trust, grpc_serving, start_local_gateway
+from devstack.launch import LocalGateway, dev_trust, grpc_serving, start_local_gateway
 from tests.integration.conftest import chat
 from tests.reliability.conftest import record_figures
 from tests.reliability.gateway_helpers import (

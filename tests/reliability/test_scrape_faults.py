@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.launch import LocalGateway, start_local_gateway
+from devstack.launch import LocalGateway, start_local_gateway
 from tests.integration.conftest import chat
 from tests.reliability.conftest import record_figures
 

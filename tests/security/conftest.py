@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.launch import POOL_KINDS, LocalGateway, start_local_gateway
+from devstack.launch import POOL_KINDS, LocalGateway, start_local_gateway
 from tests.integration.conftest import FAST_FLEET
 
 LLAMA, QWEN = "llama-3.1-8b-instruct", "qwen3-32b"

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.launch import LocalGateway, start_local_gateway
+from devstack.launch import LocalGateway, start_local_gateway
 from tests.integration.conftest import FAST_FLEET, chat
 from tests.reliability.gateway_helpers import metric_value
 from tests.security.conftest import LLAMA

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.launch import LocalGateway, start_local_gateway
 from extproc.headers import CLAIM_HEADER
-from gateway.launch import LocalGateway, start_local_gateway
 from tests.integration.busy_pods import busy
 from tests.integration.conftest import chat
 from tests.security.test_jwt import AUDIENCE, GOOD_KEY, ISSUER, jwks, token

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gateway.launch import LocalGateway
+from devstack.launch import LocalGateway
 from tests.integration.conftest import chat
 from tests.reliability.conftest import record_figures
 from tests.security.conftest import (

@@ -12,7 +12,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from gateway.launch import LocalGateway, start_local_gateway
+from devstack.launch import LocalGateway, start_local_gateway
 from tests.integration.conftest import FAST_FLEET, chat
 from tests.security.conftest import LLAMA
 

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.launch import LocalGateway, grpc_serving, start_local_gateway
+from devstack.launch import LocalGateway, grpc_serving, start_local_gateway
 from tests.integration.conftest import FAST_FLEET, chat
 from tests.security.conftest import LLAMA, LLAMA_POOL, QWEN
 
@@ -46,6 +46,6 @@ def test_ext_proc_port_refuses_clients_without_a_certificate(mtls_gateway: Local
     )
     with pytest.raises(grpc.RpcError) as excinfo:
         _health(no_cert)
-    assert excinfo.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+    assert excinfo.value.code() == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(grpc.RpcError):
         _health(grpc.insecure_channel(f"127.0.0.1:{port}"))  # plaintext: no handshake at all

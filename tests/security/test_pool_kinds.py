@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.launch import LocalGateway
+from devstack.launch import LocalGateway
 from tests.integration.conftest import chat
 from tests.security.conftest import LLAMA, LLAMA_POOL, pool_inflight
 

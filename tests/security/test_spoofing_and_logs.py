@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from gateway.launch import LocalGateway
+from devstack.launch import LocalGateway
 from tests.integration.conftest import chat
 from tests.security.conftest import LLAMA, QWEN, Trap
 

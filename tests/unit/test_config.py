@@ -139,7 +139,7 @@ def test_startup_with_an_invalid_file_fails_loudly(tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text("pools: []")
     with pytest.raises(ConfigError):
-        ConfigStore.from_file(path)
+        ConfigStore.from_file(path, GatewayConfig)
 
 
 def test_the_idle_scrape_interval_defaults_to_200_ms_but_never_below_the_fast_one() -> None:

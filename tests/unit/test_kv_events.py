@@ -333,7 +333,7 @@ async def test_uncoverable_gap_resyncs_then_fresh_events_make_it_precise(ctx: zm
             real_drop(reason)
             states.append(index.pod(pod).precise)
 
-        sub._drop = spy  # type: ignore[method-assign]
+        sub._drop = spy
         await vllm.publish(seq + 2, [_stored(200, None, 5)])
         await until(lambda: sub.last_seq == seq + 2, "resync")
         assert states == [False]  # approximate between the drop and the fresh batch

@@ -1,6 +1,6 @@
 """The dependency rule, enforced: protocol (`extproc`) <- shared runtime (`gateway`) <- services
 (`bbr`, `epp`, `globalrouter`); no runtime module imports the simulator, the benchmarks, the
-tests or the local dev harness; no service imports another.
+tests or the local dev stack (`devstack`, which may import anything); no service imports another.
 
 Imports are read from the source (every `import` / `from` statement, also inside functions),
 so a violation fails here whether or not the code path runs.
@@ -9,16 +9,18 @@ so a violation fails here whether or not the code path runs.
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ("extproc", "gateway", "bbr", "epp", "globalrouter")
-# The local dev harness behind `make run` and the tests: it may import anything runtime.
-HARNESS = frozenset({"gateway.launch", "gateway.run", "gateway.certs", "globalrouter.launch"})
-NEVER_FROM_RUNTIME = ("modelsim", "bench", "tests")
-# What each layer may import of the project (besides itself and the harness rules above).
+# Not runtime: the simulator, the benchmarks, the tests and the local dev stack behind `make run`.
+NEVER_FROM_RUNTIME = ("modelsim", "bench", "tests", "devstack")
+# What each layer may import of the project (besides itself).
 ALLOWED: dict[str, frozenset[str]] = {
     "extproc": frozenset(),
     "gateway": frozenset({"extproc"}),
@@ -47,15 +49,10 @@ def violations(modules: dict[str, str]) -> list[str]:
             continue
         for target in sorted(imported_modules(source)):
             top = target.split(".")[0]
-            if top in NEVER_FROM_RUNTIME and name not in HARNESS:
+            if top in NEVER_FROM_RUNTIME:
                 found.append(f"{name} imports {target}: runtime code never imports {top}")
-            elif top in RUNTIME and top != layer:
-                if target in HARNESS and name not in HARNESS:
-                    found.append(f"{name} imports the dev harness {target}")
-                elif top not in ALLOWED[layer] and name not in HARNESS:
-                    found.append(f"{name} imports {target}: {layer} may import only {sorted(ALLOWED[layer])}")
-            elif target in HARNESS and name not in HARNESS:
-                found.append(f"{name} imports the dev harness {target}")
+            elif top in RUNTIME and top != layer and top not in ALLOWED[layer]:
+                found.append(f"{name} imports {target}: {layer} may import only {sorted(ALLOWED[layer])}")
     return found
 
 
@@ -90,13 +87,26 @@ def test_a_bad_module_is_reported() -> None:
         "bbr.leaky": "from epp.scheduling import scorers\n",
         "epp.sim": "def f():\n    import modelsim.engine\n",
         "extproc.up": "from gateway.config import GatewayConfig\n",
-        "gateway.dev": "from gateway.launch import start_local_gateway\n",
+        "gateway.dev": "from devstack.launch import start_local_gateway\n",
         "globalrouter.ok": "from extproc.stream import ExtProcServicer\nfrom gateway.envoy_blocks import TYPES\n",
-        "gateway.launch": "import modelsim.fleet\nfrom epp import app\n",  # the harness may
+        "devstack.launch": "import modelsim.fleet\nfrom epp import app\n",  # not runtime: not checked
     }
     assert violations(bad) == [
         "bbr.leaky imports epp.scheduling: bbr may import only ['extproc', 'gateway']",
         "epp.sim imports modelsim.engine: runtime code never imports modelsim",
         "extproc.up imports gateway.config: extproc may import only []",
-        "gateway.dev imports the dev harness gateway.launch",
+        "gateway.dev imports devstack.launch: runtime code never imports devstack",
     ]
+
+
+def test_the_wheel_and_the_image_leave_out_what_is_not_runtime() -> None:
+    """The dev stack, the benchmarks and the tests run from the checkout only."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    shipped = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    shipped = {name for name in shipped if any(fnmatch.fnmatch(name, pattern) for pattern in include)}
+    assert set(RUNTIME) <= shipped
+    assert not shipped & {"devstack", "bench", "tests"}, shipped
+    copied = set(re.findall(r"^COPY (\S+) ", (ROOT / "deploy" / "Dockerfile").read_text(), re.M))
+    assert set(RUNTIME) <= copied
+    assert not copied & {"devstack", "bench", "tests"}, copied

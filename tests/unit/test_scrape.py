@@ -35,7 +35,7 @@ def test_speed_tracker_reports_the_mean_of_the_latest_interval() -> None:
     assert t.mean_since_last("ttft", None) is None
 
 
-async def wait_until(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_until(predicate, timeout_s: float = 5.0) -> None:
     for _ in range(int(timeout_s / 0.02)):
         if predicate():
             return

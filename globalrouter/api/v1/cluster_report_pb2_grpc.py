@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from globalrouter.api import cluster_report_pb2 as globalrouter_dot_api_dot_cluster__report__pb2
+from globalrouter.api.v1 import cluster_report_pb2 as globalrouter_dot_api_dot_v1_dot_cluster__report__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in globalrouter/api/cluster_report_pb2_grpc.py depends on'
+        + ' but the generated code in globalrouter/api/v1/cluster_report_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -35,9 +35,9 @@ class ClusterReportsStub:
             channel: A grpc.Channel.
         """
         self.Report = channel.stream_stream(
-                '/gateway.v1.ClusterReports/Report',
-                request_serializer=globalrouter_dot_api_dot_cluster__report__pb2.ClusterHeartbeat.SerializeToString,
-                response_deserializer=globalrouter_dot_api_dot_cluster__report__pb2.HeartbeatAck.FromString,
+                '/globalrouter.api.v1.ClusterReports/Report',
+                request_serializer=globalrouter_dot_api_dot_v1_dot_cluster__report__pb2.ClusterHeartbeat.SerializeToString,
+                response_deserializer=globalrouter_dot_api_dot_v1_dot_cluster__report__pb2.HeartbeatAck.FromString,
                 _registered_method=True)
 
 
@@ -55,14 +55,14 @@ def add_ClusterReportsServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Report': grpc.stream_stream_rpc_method_handler(
                     servicer.Report,
-                    request_deserializer=globalrouter_dot_api_dot_cluster__report__pb2.ClusterHeartbeat.FromString,
-                    response_serializer=globalrouter_dot_api_dot_cluster__report__pb2.HeartbeatAck.SerializeToString,
+                    request_deserializer=globalrouter_dot_api_dot_v1_dot_cluster__report__pb2.ClusterHeartbeat.FromString,
+                    response_serializer=globalrouter_dot_api_dot_v1_dot_cluster__report__pb2.HeartbeatAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'gateway.v1.ClusterReports', rpc_method_handlers)
+            'globalrouter.api.v1.ClusterReports', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('gateway.v1.ClusterReports', rpc_method_handlers)
+    server.add_registered_method_handlers('globalrouter.api.v1.ClusterReports', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -83,9 +83,9 @@ class ClusterReports:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/gateway.v1.ClusterReports/Report',
-            globalrouter_dot_api_dot_cluster__report__pb2.ClusterHeartbeat.SerializeToString,
-            globalrouter_dot_api_dot_cluster__report__pb2.HeartbeatAck.FromString,
+            '/globalrouter.api.v1.ClusterReports/Report',
+            globalrouter_dot_api_dot_v1_dot_cluster__report__pb2.ClusterHeartbeat.SerializeToString,
+            globalrouter_dot_api_dot_v1_dot_cluster__report__pb2.HeartbeatAck.FromString,
             options,
             channel_credentials,
             insecure,

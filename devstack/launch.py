@@ -8,6 +8,7 @@ caller (Envoy dies with the thread that started it: keep the caller alive), logs
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -28,8 +29,8 @@ import httpx
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from devstack.certs import CertSet, make_certs
 from epp.config import parse_epp_config
-from gateway.certs import CertSet, make_certs
 from gateway.config import parse_config
 from gateway.envoy_config import ExtProcTls, Topology, write_bootstrap
 
@@ -388,7 +389,7 @@ def start_local_gateway(
         wait_until(lambda: grpc_serving(bbr_port, tls), timeout_s, "bbr", procs["bbr"].popen)
         for name in pool_names:
             wait_until(
-                lambda n=name: grpc_serving(epp_ports[n], tls),
+                functools.partial(grpc_serving, epp_ports[name], tls),
                 timeout_s,
                 f"epp-{name}",
                 procs[f"epp-{name}"].popen,

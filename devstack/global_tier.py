@@ -1,11 +1,12 @@
 """Bring up the global tier locally: router replicas, a reporter per cluster, the global Envoy.
 
-Member clusters come from `gateway.launch.start_local_gateway`. Used by the tests and for
+Member clusters come from `devstack.launch.start_local_gateway`. Used by the tests and for
 local demos; every process is a child of the caller and logs to `<workdir>/logs/`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -17,8 +18,16 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.certs import CertSet, make_certs
-from gateway.launch import LocalGateway, Proc, envoy_binary, free_port, grpc_serving, https_client, wait_until
+from devstack.certs import CertSet, make_certs
+from devstack.launch import (
+    LocalGateway,
+    Proc,
+    envoy_binary,
+    free_port,
+    grpc_serving,
+    https_client,
+    wait_until,
+)
 from globalrouter.config import parse_config
 from globalrouter.envoy_config import GlobalTopology, write_bootstrap
 
@@ -81,6 +90,10 @@ class GlobalTier:
     def members(self, replica: int = 0) -> dict[str, dict[str, Any]]:
         url = f"http://127.0.0.1:{self.router_admin_ports[replica]}/debug/members"
         return {m["name"]: m for m in httpx.get(url, timeout=2).json()["members"]}
+
+    def all_members_ramped(self, replica: int) -> bool:
+        """Every member is available at full weight, as this router replica sees them."""
+        return all(m["available"] and m["ramp"] >= 1.0 for m in self.members(replica).values())
 
     def stop(self) -> None:
         for name in sorted(self.procs, key=lambda n: (n != "envoy", not n.startswith("reporter"))):
@@ -145,7 +158,10 @@ def start_global_tier(
             )  # fmt: skip
         for i, port in enumerate(tier.router_ports):
             wait_until(
-                lambda p=port: grpc_serving(p), timeout_s, f"router-{i}", tier.procs[f"router-{i}"].popen
+                functools.partial(grpc_serving, port),
+                timeout_s,
+                f"router-{i}",
+                tier.procs[f"router-{i}"].popen,
             )
         for c in clusters:
             argv = [python, "-m", "globalrouter.reporter", "--cluster", c.name, "--region", c.region,
@@ -181,7 +197,7 @@ def start_global_tier(
         )
         for i in range(replicas):
             wait_until(
-                lambda r=i: all(m["available"] and m["ramp"] >= 1.0 for m in tier.members(r).values()),
+                functools.partial(tier.all_members_ramped, i),
                 timeout_s,
                 f"every member available at full weight at router-{i}",
             )

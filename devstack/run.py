@@ -15,11 +15,11 @@ from pathlib import Path
 
 import yaml
 
-from gateway.launch import DEFAULT_FLEET, POOL_KINDS, dev_trust, start_local_gateway
+from devstack.launch import DEFAULT_FLEET, POOL_KINDS, dev_trust, start_local_gateway
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="gateway.run", description=__doc__)
+    parser = argparse.ArgumentParser(prog="devstack.run", description=__doc__)
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port (0 = any free port)")
     parser.add_argument("--fleet", type=Path, help="modelsim fleet YAML (default: 2 models x 2 pods)")
     parser.add_argument("--workdir", type=Path, help="where configs, certificates and logs go")
