@@ -4,7 +4,7 @@ Each filter or scorer that takes a parameter declares it here as a small pydanti
 the registry (epp/scheduling/registry.py) names that model beside the plugin. A profile's
 `thresholds` is the union of them, so one config block (`thresholds: {queue, kvCache,
 staleAfterMs, prefixMinBlocks}`, pool-wide or per profile) sets every plugin's knobs, with
-one spelling per field (the camelCase alias or the Python name) and a bound on every value.
+one spelling per field (the camelCase name above) and a bound on every value.
 Defaults are GIE's published ones; `staleAfterMs` and `prefixMinBlocks` are ours.
 """
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class FreshParams(_Params):

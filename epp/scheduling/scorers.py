@@ -110,7 +110,7 @@ def lora_affinity(
 def prefix_cache(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """matched leading blocks / max(total blocks, prefix_min_blocks).
+    """matched leading blocks / max(total blocks, prefixMinBlocks).
 
     GIE divides by the prompt's own block count, so a 2-block prompt that matches scores
     1.0, as much as a 10k-token document hit, and outranks real load differences. Dividing

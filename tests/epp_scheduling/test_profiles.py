@@ -51,6 +51,10 @@ def test_round_trip():
         ({"weights": {"queue": 1}, "thresholds": {"queue": 0}}, "profiles.x.thresholds.queue"),
         ({"weights": {"queue": 1}, "thresholds": {"speed": 1}}, "profiles.x.thresholds.speed"),
         (
+            {"weights": {"queue": 1}, "thresholds": {"queue_saturated": 3}},
+            "profiles.x.thresholds.queue_saturated",
+        ),
+        (
             {"weights": {"queue": 1}, "thresholds": {"prefixMinBlocks": 2.5}},
             "profiles.x.thresholds.prefixMinBlocks",
         ),
