@@ -14,6 +14,7 @@ from typing import Any
 from epp.admin import start_admin_server
 from epp.context import EppContext
 from epp.discovery.static import static_endpoints
+from epp.flow_control import FlowController
 from epp.kv_events import KVEventMetrics, KVEventSubscribers
 from epp.kv_index import KVIndex
 from epp.pool import Endpoint, Pool
@@ -60,7 +61,11 @@ class EppApp:
         self.telemetry.attach_pool(self.pool.snapshot)
         self.scheduler = build_scheduler(config)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
-        self.ctx = EppContext(pool_name, self.pool, self.scheduler, self.store.current, self.telemetry)
+        self.flow = FlowController(self.telemetry.registry, config.flow_control)
+        self.pool.capacity_hook = self.flow.signal
+        self.ctx = EppContext(
+            pool_name, self.pool, self.scheduler, self.store.current, self.telemetry, flow=self.flow
+        )
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
         kv = pool_config.kv_events
@@ -82,6 +87,7 @@ class EppApp:
     def _apply(self, config: GatewayConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
         self.ctx.header_policy = HeaderPolicy.from_config(config)
+        self.flow.configure(config.flow_control)
         pool = config.pool(self.pool_name)
         self.ctx.fallback_endpoints = pool.fallback_endpoints
         if pool.kv_events is not None:
@@ -152,5 +158,6 @@ class EppApp:
         if self._discovery is not None:
             await self._discovery.stop()
         await self.scraper.stop()
+        await self.flow.stop()
         await self.kv_events.stop()
         await self._admin.cleanup()

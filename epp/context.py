@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from epp.flow_control import FlowController
 from epp.pool import Pool
 from epp.scheduling.base import Scheduler
 from epp.telemetry import Telemetry
@@ -21,3 +22,4 @@ class EppContext:
     telemetry: Telemetry
     header_policy: HeaderPolicy = field(default_factory=HeaderPolicy)  # which client headers count
     fallback_endpoints: int = 0  # extra ranked endpoints appended to the destination list
+    flow: FlowController | None = None  # the queue for a saturated pool (flowControl)

@@ -1,28 +1,34 @@
 """The EPP's per-request lifecycle on one ext_proc stream.
 
-headers+body in -> parse -> schedule -> admission -> destination header and `envoy.lb`
-metadata out; then response events for accounting. In-flight counts are returned in
+headers+body in -> parse -> schedule -> admission (or, with flow control, a wait in the EPP's
+queue while the pool is saturated) -> destination header and `envoy.lb` metadata out; then response events for accounting. In-flight counts are returned in
 `on_close`, which the stream layer calls exactly once whatever happens.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 
 from epp.admission import admit
 from epp.context import EppContext
+from epp.flow_control import FlowController, Outcome, ticket_for
+from epp.flow_queue import band_of
+from epp.pool import PoolSnapshot
 from epp.request import InferenceRequest, RequestError, parse_request
+from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.base import Decision
 from extproc.body import decode_json_object
-from extproc.errors import ErrorResponse, bad_request, unavailable
+from extproc.errors import ErrorResponse, bad_request, rate_limited, unavailable
 from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER
 from extproc.stream import RequestRoute
 
 log = logging.getLogger(__name__)
 
 METADATA_NAMESPACE = "envoy.lb"
+RESPONSES_PATH = "/v1/responses"
 
 
 class EppProcessor:
@@ -34,6 +40,7 @@ class EppProcessor:
         self._routed_at = 0.0
         self._status: int | None = None
         self._explain: str | None = None  # returned on the response when the client asked
+        self._body: dict | None = None  # the decoded request body
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         if not body and MODEL_HEADER not in headers:
@@ -44,13 +51,57 @@ class EppProcessor:
         if isinstance(request, ErrorResponse):
             self._ctx.telemetry.request_error(headers.get(MODEL_HEADER, ""), request.code)
             return request
-        decision = self._ctx.scheduler.pick(request, self._ctx.pool.snapshot())
-        refusal = admit(request, decision, self._ctx.config())
+        decision = self._ctx.scheduler.pick(request, self._snapshot(request))
         self._ctx.telemetry.scheduled(time.perf_counter() - started)
+        flow = self._ctx.flow
+        if (
+            flow is not None
+            and flow.enabled
+            and decision.ranked
+            and (decision.saturated or flow.must_queue(band_of(request.priority)))
+        ):
+            return await self._wait_in_queue(flow, request, headers)
+        refusal = admit(request, decision, self._ctx.config())
         if refusal is not None:
             self._ctx.telemetry.request_error(request.model, refusal.code)
             log.info("request %s refused: %s", request.request_id, refusal.code)
             return refusal
+        return self._route(request, decision, headers)
+
+    def _snapshot(self, request: InferenceRequest) -> PoolSnapshot:
+        """The pool, or only the pod holding `previous_response_id` (epp/scheduling/affinity.py)."""
+        return pin_to_producer(self._ctx.pool.snapshot(), request.previous_response_id)
+
+    async def _wait_in_queue(
+        self, flow: FlowController, request: InferenceRequest, headers: dict[str, str]
+    ) -> RequestRoute | ErrorResponse:
+        """Every candidate is saturated: wait in the EPP's queue (epp/flow_control.py)."""
+        config = self._ctx.config()
+
+        def attempt() -> RequestRoute | ErrorResponse | None:
+            decision = self._ctx.scheduler.pick(request, self._snapshot(request))
+            if decision.saturated and decision.ranked:
+                return None
+            return self._route(request, decision, headers)
+
+        ticket = ticket_for(request.priority, headers, self._ctx.header_policy, config.flow_control)
+        result = await flow.wait(ticket, attempt)
+        if result.outcome is Outcome.DISPATCHED and result.value is not None:
+            return result.value
+        if result.outcome is Outcome.OVERFLOW:
+            code, why = "flow_control_queue_full", f"the {ticket.band} queue is full"
+        else:
+            code, why = "flow_control_timeout", f"waited {result.waited_s:.2f} s in the {ticket.band} queue"
+        self._ctx.telemetry.request_error(request.model, code)
+        log.info("request %s refused: %s (tenant %s)", request.request_id, code, ticket.tenant)
+        return rate_limited(
+            f"the model pool is saturated; {why}; retry later", config.admission.retry_after_s, code
+        )
+
+    def _route(
+        self, request: InferenceRequest, decision: Decision, headers: dict[str, str]
+    ) -> RequestRoute | ErrorResponse:
+        """Send the request to the decision's best pod and take its in-flight slot."""
         if not decision.ranked:
             self._ctx.telemetry.request_error(request.model, "no_endpoint_available")
             return unavailable(f"no endpoint can serve model '{request.model}': {decision.reason}")
@@ -70,7 +121,19 @@ class EppProcessor:
             set_headers={DESTINATION_HEADER: destination},
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
             clear_route_cache=True,
+            body=self._tagged_body(headers, address),
         )
+
+    def _tagged_body(self, headers: dict[str, str], address: str) -> bytes | None:
+        """/v1/responses without a `request_id`: name the producing pod in the response id."""
+        data = self._body
+        if (
+            data is None
+            or headers.get(":path", "").split("?", 1)[0] != RESPONSES_PATH
+            or "request_id" in data
+        ):
+            return None
+        return json.dumps({**data, "request_id": response_id_for(address)}, separators=(",", ":")).encode()
 
     def _parse(self, headers: dict[str, str], body: bytes) -> InferenceRequest | ErrorResponse:
         if not body:
@@ -78,6 +141,7 @@ class EppProcessor:
         data = decode_json_object(body)
         if isinstance(data, ErrorResponse):
             return data
+        self._body = data
         model = data.get("model") or headers.get(MODEL_HEADER)
         if not isinstance(model, str):
             return bad_request("'model' must be a string", "invalid_model")
@@ -96,6 +160,7 @@ class EppProcessor:
                 headers=headers,
                 objective=objective.name,
                 priority=objective.priority,
+                session_key=headers.get(self._ctx.config().session_affinity.header.lower()),
             )
         except RequestError as exc:
             return bad_request(str(exc))

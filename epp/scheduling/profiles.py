@@ -22,6 +22,7 @@ SCORER_NAMES = (
     "inflight",
     "observed-speed",
     "queue-speed",
+    "session-affinity",
 )
 SCORER_ALIASES = {
     "kvCache": "kv-cache",
@@ -36,6 +37,7 @@ SCORER_ALIASES = {
     "observedSpeed": "observed-speed",
     "speed": "observed-speed",
     "queueSpeed": "queue-speed",
+    "sessionAffinity": "session-affinity",
 }
 # Totals are sums of weight x [0, 1]; bounding weights keeps them (and the picker's tie
 # quantisation, total / 1e-9) finite.

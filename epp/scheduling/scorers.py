@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from epp.pool import EndpointState
 from epp.request import InferenceRequest
+from epp.scheduling.affinity import session_affinity
 from epp.scheduling.prefix import PrefixIndex
 from epp.scheduling.profiles import DEFAULT_THRESHOLDS, Thresholds
 
@@ -216,4 +217,5 @@ SCORERS: dict[str, Scorer] = {
     "inflight": inflight,
     "observed-speed": observed_speed,
     "queue-speed": queue_speed,
+    "session-affinity": session_affinity,
 }
