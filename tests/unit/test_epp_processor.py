@@ -126,3 +126,18 @@ async def test_decision_is_explained_on_the_response_only_when_asked_and_allowed
 async def test_body_less_request_passes_through_untouched() -> None:
     result = await EppProcessor(make_ctx()).on_request({":method": "GET"}, b"")
     assert result == RequestRoute()
+
+
+def test_prompt_text_of_every_openai_shape() -> None:
+    from epp.request import prompt_text
+
+    assert prompt_text({"input": "embed me"}) == "embed me"
+    assert prompt_text({"input": ["a", "b"]}) == "ab"
+    assert prompt_text({"input": [1, 2]}) == "1,2,"
+    assert prompt_text({"instructions": "be brief", "input": "hi"}) == "system:be brief\nhi"
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "q1"}]},
+        {"role": "user", "content": "q2"},
+    ]
+    assert prompt_text({"input": items}) == "user:q1\nuser:q2\n"
+    assert prompt_text({"prompt": ["x", "y"]}) == "xy"
