@@ -156,11 +156,16 @@ class AdmissionConfig(_Model):
     retry_after_s: int = Field(default=1, ge=1, alias="retryAfterSeconds")
 
 
+# Envoy's ext_proc message timeout (gateway/envoy_config.py, 10 s) bounds how long the EPP may
+# hold a request before answering it: a longer wait would end in Envoy's 503, not our 429.
+MAX_FLOW_WAIT_MS = 9_000
+
+
 class FlowBand(_Model):
     """Bounds of one priority band's EPP queue (epp/flow_control.py)."""
 
     max_queue: int = Field(default=256, ge=0, le=100_000, alias="maxQueue")  # 0: never queue, refuse
-    max_wait_ms: int = Field(default=5_000, ge=1, le=600_000, alias="maxWaitMs")
+    max_wait_ms: int = Field(default=5_000, ge=1, le=MAX_FLOW_WAIT_MS, alias="maxWaitMs")
 
 
 class FlowControlConfig(_Model):
@@ -172,7 +177,7 @@ class FlowControlConfig(_Model):
     """
 
     enabled: bool = False
-    critical: FlowBand = Field(default_factory=lambda: FlowBand(max_queue=1024, max_wait_ms=30_000))
+    critical: FlowBand = Field(default_factory=lambda: FlowBand(max_queue=1024, max_wait_ms=MAX_FLOW_WAIT_MS))
     standard: FlowBand = Field(default_factory=FlowBand)
     sheddable: FlowBand = Field(default_factory=lambda: FlowBand(max_queue=64, max_wait_ms=1_000))
     ordering: Literal["fcfs", "edf"] = "fcfs"  # within a tenant: arrival or earliest deadline
