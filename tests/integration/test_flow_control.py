@@ -28,7 +28,7 @@ FLEET = {
 SHEDDABLE = {"x-gateway-inference-objective": "sheddable"}
 FLOW = {
     "enabled": True,
-    "standard": {"maxQueue": 1, "maxWaitMs": 60_000},
+    "standard": {"maxQueue": 1, "maxWaitMs": 9_000},
     "sheddable": {"maxQueue": 8, "maxWaitMs": 300},
 }
 

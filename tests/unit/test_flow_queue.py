@@ -113,7 +113,7 @@ def test_tenant_header_counts_only_for_trusted_requests_and_claims_always() -> N
 
 def test_ticket_takes_the_band_bound_and_a_shorter_client_deadline() -> None:
     config = FlowControlConfig(enabled=True)
-    assert ticket_for(1, {}, HeaderPolicy(), config).max_wait_s == 30.0
+    assert ticket_for(1, {}, HeaderPolicy(), config).max_wait_s == 9.0
     assert ticket_for(-1, {}, HeaderPolicy(), config).max_wait_s == 1.0
     assert ticket_for(0, {"x-gateway-deadline-ms": "250"}, HeaderPolicy(), config).max_wait_s == 0.25
     assert ticket_for(0, {"x-gateway-deadline-ms": "99999999"}, HeaderPolicy(), config).max_wait_s == 5.0
