@@ -22,8 +22,8 @@ SATURATED_KV = 0.9  # KV headroom: a full A10G pod preempts, which requeues requ
 DEFAULT_WEIGHTS = {"queue": 2, "kv-cache": 2, "prefix-cache": 3}
 FLOW_CONTROL: dict[str, Any] = {
     "enabled": True,
-    "critical": {"maxQueue": 1024, "maxWaitMs": 60_000},
-    "standard": {"maxQueue": 1024, "maxWaitMs": 60_000},
+    "critical": {"maxQueue": 1024, "maxWaitMs": 9_000},
+    "standard": {"maxQueue": 1024, "maxWaitMs": 9_000},
     "sheddable": {"maxQueue": 64, "maxWaitMs": 1_000},
 }
 
