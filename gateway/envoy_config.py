@@ -269,7 +269,10 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
                     "idle_timeout": "300s",
                     **({"retry_policy": _retry_policy()} if _override_host(pool, topo) else {}),
                 },
-                "request_headers_to_remove": [CLAIM_HEADER, TENANT_CLAIM_HEADER],  # the pod needs no client identity
+                "request_headers_to_remove": [
+                    CLAIM_HEADER,
+                    TENANT_CLAIM_HEADER,
+                ],  # the pod needs no client identity
             }
         )
         # 2) Before the EPP chose: run this pool's EPP. If it fails open, the fallback cluster serves.
