@@ -232,7 +232,15 @@ def effective_epp_config(config_path: Path) -> dict[str, Any]:
     )
 
 
-def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module: str = "epp"):
+def gateway_factory(
+    name: str,
+    *,
+    profile: Mapping[str, Any] | None,
+    epp_module: str = "epp",
+    config_extra: Mapping[str, Any] | None = None,
+):
+    """`config_extra`: fixed gateway config keys of a policy (bench/flow_policies.py)."""
+
     def factory(ctx: TargetContext) -> PolicyTarget:
         running: list[LocalGateway] = []
 
@@ -242,6 +250,7 @@ def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module:
             extra = (
                 epp_config(ctx.options if profile is not None else {}, profile) if epp_module == "epp" else {}
             )
+            extra = {**extra, **(config_extra or {})}
             # Blocking start on purpose (Envoy must be started by this long-lived thread);
             # the simulated pods are idle meanwhile.
             os.environ.setdefault("GATEWAY_ENVOY_LOG_LEVEL", "warn")
@@ -253,6 +262,8 @@ def gateway_factory(name: str, *, profile: Mapping[str, Any] | None, epp_module:
             if epp_module == "epp":
                 target.config["target_options"] = dict(ctx.options) if profile is not None else {}
                 target.config.update(effective_epp_config(gateway.config_path))
+                if config_extra:
+                    target.config["config_extra"] = json.loads(json.dumps(config_extra))
             else:  # the oracle ignores the EPP's profiles: record what it does instead
                 target.config.update(ORACLE_CONFIG)
             await asyncio.sleep(SETTLE_S)

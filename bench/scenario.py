@@ -31,6 +31,7 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
         "question_tokens": int,
         "answer_tokens": int,
         "staggered": bool,
+        "session_header": bool,
     },
     "docqa": {"documents": int, "document_tokens": int, "question_tokens": int, "output_tokens": int},
     "shared_prefix": {
@@ -42,6 +43,7 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
     },
     "lora": {"adapters": int, "zipf_s": float, "adapter_prefix": str},
     "long_short": {"long_fraction": float, "long_input_tokens": int, "long_output_tokens": int},
+    "priority_tenants": {"critical_fraction": float, "sheddable_fraction": float, "heavy_share": float},
 }
 _ARRIVAL_KEYS: dict[str, dict[str, type]] = {
     "poisson": {"rate": float},

@@ -203,6 +203,38 @@ def latency_stats(results: Sequence[RequestResult]) -> dict[str, Any]:
     return out
 
 
+def by_tag(results: Sequence[RequestResult], max_tags: int = 12) -> dict[str, dict[str, Any]]:
+    """`latency_stats` plus output tokens and 429 refusals per request tag, when the workload has
+    few tags (priority classes x tenants); {} for workloads with many (sessions, groups)."""
+    tags = sorted({r.tag for r in results})
+    if len(tags) > max_tags:
+        return {}
+    out = {}
+    for tag in tags:
+        mine = [r for r in results if r.tag == tag]
+        stats = latency_stats(mine)
+        stats["refused_429"] = sum(1 for r in mine if r.status == 429)
+        stats["output_tokens"] = sum(r.output_tokens for r in mine if r.ok)
+        out[tag] = stats
+    return out
+
+
+def session_stickiness(results: Sequence[RequestResult]) -> float | None:
+    """Share of a session's turns served by the pod that served its previous turn (tags
+    `session-<n>/turn-<k>`, in send order); None when the workload has no sessions."""
+    last: dict[str, str] = {}
+    same = total = 0
+    for r in sorted(results, key=lambda r: r.sent_s):
+        session, sep, _ = r.tag.partition("/turn-")
+        if not sep or not session.startswith("session-") or not r.ok or not r.pod:
+            continue
+        if session in last:
+            total += 1
+            same += last[session] == r.pod
+        last[session] = r.pod
+    return same / total if total else None
+
+
 def by_arrival_window(
     results: Sequence[RequestResult], end_s: float, windows: int = 10
 ) -> list[dict[str, float | int | None]]:
@@ -252,6 +284,12 @@ def phase_stats(
     pods = Counter(r.pod for r in steady if r.ok and r.pod)
     total = sum(pods.values())
     steady_stats["pod_share"] = {p: n / total for p, n in sorted(pods.items())} if total else {}
+    tags = by_tag(steady)
+    if tags:
+        steady_stats["by_tag"] = tags
+    sticky = session_stickiness(results)
+    if sticky is not None:
+        steady_stats["session_stickiness"] = sticky
     warm_stats = latency_stats(warm)
     warm_stats["output_tok_s"] = tokens_between(results, 0.0, w.start_s) / w.start_s if w.start_s > 0 else 0.0
     drain_tokens = tokens_between(results, w.end_s, math.inf)

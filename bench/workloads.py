@@ -140,6 +140,9 @@ def chat_body(model: str, messages: list[dict[str, str]], max_tokens: int) -> di
 
 
 Params = Mapping[str, Any]
+SESSION_HEADER = "x-session-id"
+TENANT_HEADER = "x-gateway-tenant"
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
 Workload = Callable[[list[float], Params, random.Random, TextSource], list[TraceRequest]]
 
 
@@ -171,6 +174,7 @@ def sessions_workload(
     system_tokens = int(p.get("system_tokens", 400))
     q_tokens, a_tokens = int(p.get("question_tokens", 80)), int(p.get("answer_tokens", 150))
     staggered = bool(p.get("staggered", False))
+    session_header = bool(p.get("session_header", False))  # x-session-id: the session's number
     histories: dict[int, list[dict[str, str]]] = {}
     next_id = 0
     live: list[int] = []
@@ -192,7 +196,8 @@ def sessions_workload(
             history.append({"role": "assistant", "content": text.text(a_tokens, rng)})
         history.append({"role": "user", "content": text.text(q_tokens, rng)})
         body = chat_body(p["model"], [dict(m) for m in history], a_tokens)
-        out.append(TraceRequest(t, body, tag=f"session-{sid}/turn-{turn}"))
+        headers = {SESSION_HEADER: f"session-{sid}"} if session_header else {}
+        out.append(TraceRequest(t, body, headers=headers, tag=f"session-{sid}/turn-{turn}"))
         if turn + 1 >= turns:
             live.remove(sid)
             del histories[sid]
@@ -270,6 +275,32 @@ def long_short_workload(
     return out
 
 
+def priority_tenants_workload(
+    times: list[float], p: Params, rng: random.Random, text: TextSource
+) -> list[TraceRequest]:
+    """Chats of three priority classes from two tenants of unequal rate, for flow control.
+
+    Each request is critical (`critical_fraction`), sheddable (`sheddable_fraction`) or standard,
+    independently of its tenant: `heavy` sends `heavy_share` of the requests, `light` the rest.
+    The class rides on `x-gateway-inference-objective` (profiles `critical` and `sheddable`; none
+    for standard), the tenant on `x-gateway-tenant`; the tag is `<class>/<tenant>`.
+    """
+    critical, sheddable = float(p.get("critical_fraction", 0.1)), float(p.get("sheddable_fraction", 0.3))
+    heavy = float(p.get("heavy_share", 0.8))
+    out = []
+    for t in times:
+        draw = rng.random()
+        cls = "critical" if draw < critical else "sheddable" if draw < critical + sheddable else "standard"
+        tenant = "heavy" if rng.random() < heavy else "light"
+        n_in, n_out = sharegpt_lengths(rng)
+        body = chat_body(p["model"], [{"role": "user", "content": text.text(n_in, rng)}], n_out)
+        headers = {TENANT_HEADER: tenant}
+        if cls != "standard":
+            headers[OBJECTIVE_HEADER] = cls
+        out.append(TraceRequest(t, body, headers=headers, tag=f"{cls}/{tenant}"))
+    return out
+
+
 WORKLOADS: dict[str, Workload] = {
     "chat": chat_workload,
     "sessions": sessions_workload,
@@ -277,6 +308,7 @@ WORKLOADS: dict[str, Workload] = {
     "shared_prefix": shared_prefix_workload,
     "lora": lora_workload,
     "long_short": long_short_workload,
+    "priority_tenants": priority_tenants_workload,
 }
 ARRIVALS = ("poisson", "gamma", "bursty")
 

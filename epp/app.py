@@ -17,6 +17,7 @@ from epp.admin import start_admin_server
 from epp.config import EppConfig
 from epp.context import EppContext
 from epp.discovery.static import static_endpoints
+from epp.flow_control import FlowController
 from epp.kv_events import KVEventMetrics, KVEventSubscribers
 from epp.kv_index import KVIndex
 from epp.pool import Endpoint, Pool
@@ -90,12 +91,15 @@ class EppApp:
         self.telemetry.attach_pool(self.pool.snapshot, lambda: self._thresholds)
         self.scheduler = build_scheduler(config)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
+        self.flow = FlowController(self.telemetry.registry, config.flow_control)
+        self.pool.capacity_hook = self.flow.signal
         self.ctx = EppContext(
             pool_name,
             self.pool,
             self.scheduler,
             self.store.current,
             self.telemetry,
+            flow=self.flow,
             conformance_test_mode=conformance_test_mode,
         )
         self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
@@ -137,6 +141,7 @@ class EppApp:
         """Derive everything per-request code reads from a validated config."""
         self.ctx.header_policy = HeaderPolicy.from_config(config, self._objective_priorities(config))
         self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
+        self.flow.configure(config.flow_control)
         pool = config.pool(self.pool_name)
         self.ctx.fallback_endpoints = pool.fallback_endpoints
         if pool.kv_events is not None:
@@ -268,6 +273,7 @@ class EppApp:
         if self._objective_watcher is not None:
             await self._objective_watcher.stop()
         await self.scraper.stop()
+        await self.flow.stop()
         await self.kv_events.stop()
         await self._admin.cleanup()
         self.ctx.tracing.shutdown()

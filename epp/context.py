@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from epp.config import EppConfig
+from epp.flow_control import FlowController
 from epp.pool import Pool
 from epp.scheduling.base import Scheduler
 from epp.telemetry import Telemetry
@@ -25,3 +26,4 @@ class EppContext:
     tracing: Tracing = field(default_factory=Tracing)  # off unless configured (gateway/tracing.py)
     # Conformance test mode only (epp/test_picker.py): a request header narrows the pool.
     conformance_test_mode: bool = False
+    flow: FlowController | None = None  # the queue for a saturated pool (flowControl)

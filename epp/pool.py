@@ -232,6 +232,8 @@ class Pool:
         self.speed_half_life_s = speed_half_life_s  # set again on every config reload
         # Called with the address of every routed request (the scraper wakes an idle pod's loop).
         self.routed_hook: Callable[[str], None] | None = None
+        # Called when capacity may have freed: a request finished or a scrape came in (flow control).
+        self.capacity_hook: Callable[[], None] | None = None
         self.set_endpoints(endpoints)
 
     # -- discovery edge -------------------------------------------------------------
@@ -259,6 +261,8 @@ class Pool:
         if live is not None:
             live.metrics = metrics
             live.failures = 0
+            if self.capacity_hook is not None:
+                self.capacity_hook()
 
     def record_scrape_failure(self, address: str) -> None:
         live = self._live.get(address)
@@ -286,6 +290,8 @@ class Pool:
         if live is not None:
             live.inflight_requests = max(0, live.inflight_requests - 1)
             live.inflight_tokens = max(0, live.inflight_tokens - tokens)
+        if self.capacity_hook is not None:
+            self.capacity_hook()
 
     def observe_speed(
         self,

@@ -1,13 +1,15 @@
 """The EPP's per-request lifecycle on one ext_proc stream.
 
-headers+body in -> parse -> schedule -> admission -> destination header and `envoy.lb`
-metadata out; then response events for accounting. In-flight counts are returned in
-`on_close`, which the stream layer calls exactly once whatever happens.
+headers+body in -> parse -> schedule -> admission (or, with flow control, a wait in the EPP's
+queue while the pool is saturated) -> destination header and `envoy.lb` metadata out; then
+response events for accounting. In-flight counts are returned in `on_close`, which the stream
+layer calls exactly once whatever happens.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -15,10 +17,14 @@ import uuid
 from epp import test_picker
 from epp.admission import admit
 from epp.context import EppContext
+from epp.flow_control import FlowController, Outcome, Result, ticket_for
+from epp.flow_queue import band_of
+from epp.pool import PoolSnapshot
 from epp.request import InferenceRequest, RequestError, parse_request
+from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.base import Decision
 from extproc.body import decode_json_object
-from extproc.errors import ErrorResponse, bad_request, unavailable
+from extproc.errors import ErrorResponse, bad_request, rate_limited, unavailable
 from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import ModelRoute
@@ -28,6 +34,7 @@ log = logging.getLogger(__name__)
 
 METADATA_NAMESPACE = "envoy.lb"
 SPAN_NAME = "epp.schedule"
+RESPONSES_PATH = "/v1/responses"
 
 
 class EppProcessor:
@@ -43,13 +50,14 @@ class EppProcessor:
         self._parsed: InferenceRequest | None = None
         self._decision: Decision | None = None
         self._scheduling_s = 0.0
+        self._body: dict | None = None  # the decoded request body
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         if not body and MODEL_HEADER not in headers:
             # Not an inference request (GET /v1/models, health): Envoy answers it on its own route.
             return RequestRoute()
         span = self._ctx.tracing.begin(SPAN_NAME, headers)  # None unless tracing is on
-        outcome = self._decide(headers, body)
+        outcome = await self._decide(headers, body)
         if span is None:
             return outcome
         error = outcome.code if isinstance(outcome, ErrorResponse) else None
@@ -59,24 +67,70 @@ class EppProcessor:
         # The upstream request carries this span as its parent (replacing BBR's traceparent).
         return dataclasses.replace(outcome, set_headers={**outcome.set_headers, **trace_headers})
 
-    def _decide(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+    async def _decide(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         started = time.perf_counter()
         request = self._parse(headers, body)
         if isinstance(request, ErrorResponse):
             self._ctx.telemetry.request_error(headers.get(MODEL_HEADER, ""), request.code)
             return request
         self._parsed = request
-        snapshot = self._ctx.pool.snapshot()
-        if self._ctx.conformance_test_mode:
-            snapshot = test_picker.restrict(headers, snapshot)
-        decision = self._decision = self._ctx.scheduler.pick(request, snapshot)
-        refusal = admit(request, decision, self._ctx.config())
+        decision = self._decision = self._ctx.scheduler.pick(request, self._snapshot(request, headers))
         self._scheduling_s = time.perf_counter() - started
         self._ctx.telemetry.scheduled(self._scheduling_s)
+        flow = self._ctx.flow
+        if (
+            flow is not None
+            and flow.enabled
+            and decision.ranked
+            and (decision.saturated or flow.must_queue(band_of(request.priority)))
+        ):
+            return await self._wait_in_queue(flow, request, headers)
+        refusal = admit(request, decision, self._ctx.config())
         if refusal is not None:
             self._ctx.telemetry.request_error(request.model, refusal.code)
             log.info("request %s refused: %s", request.request_id, refusal.code)
             return refusal
+        return self._route(request, decision, headers)
+
+    def _snapshot(self, request: InferenceRequest, headers: dict[str, str]) -> PoolSnapshot:
+        """The pool, or only the pod holding `previous_response_id` (epp/scheduling/affinity.py),
+        or in conformance test mode the pods the test header names (epp/test_picker.py)."""
+        snapshot = pin_to_producer(self._ctx.pool.snapshot(), request.previous_response_id)
+        if self._ctx.conformance_test_mode:
+            snapshot = test_picker.restrict(headers, snapshot)
+        return snapshot
+
+    async def _wait_in_queue(
+        self, flow: FlowController, request: InferenceRequest, headers: dict[str, str]
+    ) -> RequestRoute | ErrorResponse:
+        """Every candidate is saturated: wait in the EPP's queue (epp/flow_control.py)."""
+        config = self._ctx.config()
+
+        def attempt() -> RequestRoute | ErrorResponse | None:
+            decision = self._ctx.scheduler.pick(request, self._snapshot(request, headers))
+            if decision.saturated and decision.ranked:
+                return None
+            self._decision = decision
+            return self._route(request, decision, headers)
+
+        ticket = ticket_for(request.priority, headers, self._ctx.header_policy, config.flow_control)
+        result: Result[RequestRoute | ErrorResponse] = await flow.wait(ticket, attempt)
+        if result.outcome is Outcome.DISPATCHED and result.value is not None:
+            return result.value
+        if result.outcome is Outcome.OVERFLOW:
+            code, why = "flow_control_queue_full", f"the {ticket.band} queue is full"
+        else:
+            code, why = "flow_control_timeout", f"waited {result.waited_s:.2f} s in the {ticket.band} queue"
+        self._ctx.telemetry.request_error(request.model, code)
+        log.info("request %s refused: %s (tenant %s)", request.request_id, code, ticket.tenant)
+        return rate_limited(
+            f"the model pool is saturated; {why}; retry later", config.admission.retry_after_s, code
+        )
+
+    def _route(
+        self, request: InferenceRequest, decision: Decision, headers: dict[str, str]
+    ) -> RequestRoute | ErrorResponse:
+        """Send the request to the decision's best pod and take its in-flight slot."""
         if not decision.ranked:
             self._ctx.telemetry.request_error(request.model, "no_endpoint_available")
             return unavailable(f"no endpoint can serve model '{request.model}': {decision.reason}")
@@ -96,7 +150,19 @@ class EppProcessor:
             set_headers={DESTINATION_HEADER: destination},
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
             clear_route_cache=True,
+            body=self._tagged_body(headers, address),
         )
+
+    def _tagged_body(self, headers: dict[str, str], address: str) -> bytes | None:
+        """/v1/responses without a `request_id`: name the producing pod in the response id."""
+        data = self._body
+        if (
+            data is None
+            or headers.get(":path", "").split("?", 1)[0] != RESPONSES_PATH
+            or "request_id" in data
+        ):
+            return None
+        return json.dumps({**data, "request_id": response_id_for(address)}, separators=(",", ":")).encode()
 
     def _span_attributes(self, outcome: RequestRoute | ErrorResponse) -> Attributes:
         """The decision as span attributes: the chosen pod, its per-scorer scores, the profile,
@@ -137,6 +203,7 @@ class EppProcessor:
         data = decode_json_object(body)
         if isinstance(data, ErrorResponse):
             return data
+        self._body = data
         model = data.get("model") or headers.get(MODEL_HEADER)
         if not isinstance(model, str):
             return bad_request("'model' must be a string", "invalid_model")
@@ -162,6 +229,7 @@ class EppProcessor:
                 headers=headers,
                 objective=objective.name,
                 priority=objective.priority,
+                session_key=headers.get(config.session_affinity.header.lower()),
             )
         except RequestError as exc:
             return bad_request(str(exc))

@@ -34,6 +34,8 @@ class InferenceRequest:
     objective: str | None = None  # x-gateway-inference-objective
     priority: int = 0  # negative = sheddable
     headers: Mapping[str, str] = field(default_factory=dict)
+    session_key: str | None = None  # the sessionAffinity header's value
+    previous_response_id: str | None = None  # /v1/responses: the turn this one continues
 
     @property
     def expected_output_tokens(self) -> int:
@@ -50,11 +52,48 @@ class RequestError(ValueError):
     """The body is not a request the gateway can route (maps to HTTP 400)."""
 
 
-def prompt_text(body: Mapping[str, Any]) -> str:
-    """Concatenate the prompt-bearing parts of a chat or completions body, in order.
+def _message_text(message: Mapping[str, Any]) -> str:
+    """`role:text` lines of one chat message or Responses input item (string or typed parts)."""
+    content = message.get("content")
+    role = str(message.get("role", ""))
+    if isinstance(content, str):
+        return f"{role}:{content}\n"
+    parts: list[str] = []
+    if isinstance(content, list):
+        for item in content:
+            if isinstance(item, Mapping) and isinstance(item.get("text"), str):
+                parts.append(f"{role}:{item['text']}\n")
+    return "".join(parts)
 
-    The order matters: prefix affinity hashes the leading characters, so a multi-turn
-    chat shares its prefix with its previous turns.
+
+def _input_text(value: Any, field_name: str) -> str:
+    """`prompt` (completions), `input` (embeddings, responses): a string, or an array of
+    strings, token ids, token-id arrays or (responses) message items."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise RequestError(f"'{field_name}' must be a string or an array")
+    parts: list[str] = []
+    for item in value:
+        if isinstance(item, str):
+            parts.append(item)
+        elif isinstance(item, int) and not isinstance(item, bool):
+            parts.append(f"{item},")  # token ids hash as their decimal text
+        elif isinstance(item, list):
+            parts.append("".join(f"{t}," for t in item if isinstance(t, int)) + "\n")
+        elif isinstance(item, Mapping):
+            parts.append(_message_text(item))
+        else:
+            raise RequestError(f"'{field_name}' items must be strings, token ids or objects")
+    return "".join(parts)
+
+
+def prompt_text(body: Mapping[str, Any]) -> str:
+    """Concatenate the prompt-bearing parts of an OpenAI body, in the order the model reads them.
+
+    Chat: `messages`; completions: `prompt`; embeddings: `input`; responses: `instructions`
+    (the system prompt, read first) then `input`. The order matters: prefix affinity hashes the
+    leading characters, so a multi-turn chat shares its prefix with its previous turns.
     """
     if "messages" in body:
         messages = body["messages"]
@@ -64,21 +103,19 @@ def prompt_text(body: Mapping[str, Any]) -> str:
         for message in messages:
             if not isinstance(message, Mapping):
                 raise RequestError("each message must be an object")
-            content = message.get("content")
-            role = str(message.get("role", ""))
-            if isinstance(content, str):
-                parts.append(f"{role}:{content}\n")
-            elif isinstance(content, list):
-                for item in content:
-                    if isinstance(item, Mapping) and isinstance(item.get("text"), str):
-                        parts.append(f"{role}:{item['text']}\n")
+            parts.append(_message_text(message))
         return "".join(parts)
+    if "input" in body:
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise RequestError("'instructions' must be a string")
+        head = f"system:{instructions}\n" if instructions else ""
+        return head + _input_text(body["input"], "input")
     prompt = body.get("prompt", "")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return "".join(p for p in prompt if isinstance(p, str))
-    raise RequestError("'prompt' must be a string or an array of strings")
+    try:
+        return _input_text(prompt, "prompt")
+    except RequestError:
+        raise RequestError("'prompt' must be a string or an array of strings") from None
 
 
 def parse_request(
@@ -90,12 +127,13 @@ def parse_request(
     headers: Mapping[str, str],
     objective: str | None = None,
     priority: int = 0,
+    session_key: str | None = None,
 ) -> InferenceRequest:
     """Build the scheduling view of a decoded JSON body; raises RequestError on bad fields."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise RequestError("'model' must be a non-empty string")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
         raise RequestError("'max_tokens' must be an integer")
     stream = body.get("stream", False)
@@ -104,6 +142,9 @@ def parse_request(
     options = body.get("stream_options")
     include_usage = bool(isinstance(options, Mapping) and options.get("include_usage"))
     text = prompt_text(body)
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise RequestError("'previous_response_id' must be a string")
     return InferenceRequest(
         request_id=request_id,
         model=model,
@@ -117,4 +158,6 @@ def parse_request(
         objective=objective,
         priority=priority,
         headers=headers,
+        session_key=session_key or None,
+        previous_response_id=previous,
     )

@@ -12,6 +12,7 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"  # EPP: ip:port[,fallback.
 ROUTING_HEADERS = frozenset({MODEL_HEADER, BASE_MODEL_HEADER, DESTINATION_HEADER})
 
 CLAIM_HEADER = "x-gateway-trusted-claim"  # Envoy's jwt_authn only
+TENANT_CLAIM_HEADER = "x-gateway-tenant-claim"  # Envoy's jwt_authn only: flowControl.tenantClaim
 DECISION_HEADER = "x-gateway-decision"  # a trusted client asks for the EPP's scores
 OBJECTIVE_HEADER = "x-gateway-inference-objective"  # a client names a scheduling profile
 # Protocol: the endpoint that actually served the request (after retries), which a gateway

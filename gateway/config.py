@@ -150,6 +150,43 @@ class AdmissionConfig(_Model):
     retry_after_s: int = Field(default=1, ge=1, alias="retryAfterSeconds")
 
 
+# Envoy's ext_proc message timeout (gateway/envoy_config.py, 10 s) bounds how long the EPP may
+# hold a request before answering it: a longer wait would end in Envoy's 503, not our 429.
+MAX_FLOW_WAIT_MS = 9_000
+
+
+class FlowBand(_Model):
+    """Bounds of one priority band's EPP queue (epp/flow_control.py)."""
+
+    max_queue: int = Field(default=256, ge=0, le=100_000, alias="maxQueue")  # 0: never queue, refuse
+    max_wait_ms: int = Field(default=5_000, ge=1, le=MAX_FLOW_WAIT_MS, alias="maxWaitMs")
+
+
+class FlowControlConfig(_Model):
+    """Hold requests in the EPP while every candidate pod is saturated (off: shed/forward as before).
+
+    Bands by the objective's priority: > 0 critical, 0 standard, < 0 sheddable. The tenant (fair
+    share within a band) comes from `tenantClaim` (a verified JWT claim) or, for trusted requests
+    only, `tenantHeader` (epp/trust.py).
+    """
+
+    enabled: bool = False
+    critical: FlowBand = Field(default_factory=lambda: FlowBand(max_queue=1024, max_wait_ms=MAX_FLOW_WAIT_MS))
+    standard: FlowBand = Field(default_factory=FlowBand)
+    sheddable: FlowBand = Field(default_factory=lambda: FlowBand(max_queue=64, max_wait_ms=1_000))
+    ordering: Literal["fcfs", "edf"] = "fcfs"  # within a tenant: arrival or earliest deadline
+    tenant_header: str = Field(default="x-gateway-tenant", min_length=1, alias="tenantHeader")
+    tenant_claim: str | None = Field(
+        default=None, min_length=1, pattern=r"^[A-Za-z0-9_.:/-]+$", alias="tenantClaim"
+    )
+
+
+class SessionAffinityConfig(_Model):
+    """The request header whose value keys the `session-affinity` scorer."""
+
+    header: str = Field(default="x-session-id", min_length=1)
+
+
 class BbrConfig(_Model):
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, alias="maxRequestBodyBytes")
     default_model: str | None = Field(default=None, alias="defaultModel")
@@ -258,6 +295,10 @@ class GatewayConfig(_Model):
     thresholds: dict[str, Any] = Field(default_factory=dict)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig, alias="flowControl")
+    session_affinity: SessionAffinityConfig = Field(
+        default_factory=SessionAffinityConfig, alias="sessionAffinity"
+    )
     bbr: BbrConfig = Field(default_factory=BbrConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
 
@@ -293,6 +334,8 @@ class GatewayConfig(_Model):
                     f"pools.{pool.name}.fallbackEndpoints: Kubernetes pools route through ORIGINAL_DST, "
                     "which takes one address; set it to 0"
                 )
+        if self.flow_control.tenant_claim is not None and self.listener.jwt is None:
+            raise ValueError("flowControl.tenantClaim needs listener.jwt: only a verified token has claims")
         if self.bbr.default_model is not None and self.bbr.default_model not in names:
             raise ValueError(f"bbr.defaultModel: {self.bbr.default_model!r} is not a configured model")
         return self

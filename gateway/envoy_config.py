@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extproc.headers import CLAIM_HEADER, DESTINATION_HEADER, MODEL_HEADER
+from extproc.headers import CLAIM_HEADER, DESTINATION_HEADER, MODEL_HEADER, TENANT_CLAIM_HEADER
 from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig
 from gateway.envoy_blocks import (
     TYPES,
@@ -253,7 +253,10 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
                     "idle_timeout": "300s",
                     **({"retry_policy": _retry_policy()} if _override_host(pool, topo) else {}),
                 },
-                "request_headers_to_remove": [CLAIM_HEADER],  # the pod needs no client identity
+                "request_headers_to_remove": [
+                    CLAIM_HEADER,
+                    TENANT_CLAIM_HEADER,
+                ],  # the pod needs no client identity
             }
         )
         # 2) Before the EPP chose: run this pool's EPP. If it fails open, the fallback cluster serves.
@@ -278,7 +281,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
                 "name": f"{pool.name}-pick",
                 "match": {**path, "headers": [model_match]},
                 "route": {"cluster": fallback, "timeout": "0s", "idle_timeout": "300s"},
-                "request_headers_to_remove": [CLAIM_HEADER],
+                "request_headers_to_remove": [CLAIM_HEADER, TENANT_CLAIM_HEADER],
                 "typed_per_filter_config": {EPP_FILTER: epp_override},
             }
         )
@@ -493,6 +496,11 @@ def _jwt_filter(config: GatewayConfig) -> list[dict[str, Any]]:
     claim = config.listener.trust.jwt_claim
     if claim is not None:  # the EPP trusts the request when this equals the configured value
         provider["claim_to_headers"] = [{"header_name": CLAIM_HEADER, "claim_name": claim.name}]
+    tenant_claim = config.flow_control.tenant_claim
+    if tenant_claim is not None:  # the EPP's fair-share tenant (epp/flow_control.py)
+        provider.setdefault("claim_to_headers", []).append(
+            {"header_name": TENANT_CLAIM_HEADER, "claim_name": tenant_claim}
+        )
     return [
         {
             "name": "envoy.filters.http.jwt_authn",
@@ -559,6 +567,7 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
                                 MODEL_HEADER,
                                 "x-gateway-base-model-name",
                                 CLAIM_HEADER,
+                                TENANT_CLAIM_HEADER,
                             )
                         ]
                     },

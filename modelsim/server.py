@@ -19,6 +19,13 @@ from aiohttp import web
 
 from modelsim.clock import SimClock
 from modelsim.engine import Engine, Seq
+from modelsim.extra_api import (
+    ResponseStore,
+    embedding_response,
+    parse_embedding,
+    parse_responses,
+    responses_response,
+)
 from modelsim.kv_events import KVEventPublisher, KVEventsConfig
 from modelsim.metrics import DIALECTS, make_registry, render
 from modelsim.openai_api import (
@@ -102,6 +109,7 @@ class Pod:
         # W3C traceparent of the latest generation requests, in /sim/state: shows a test that
         # the gateway propagated the trace to the model server.
         self.recent_traceparents: deque[str] = deque(maxlen=32)
+        self.responses = ResponseStore()  # /v1/responses store: this pod's responses only
         self.host = "127.0.0.1"
         self.port = 0
         self._rng = random.Random(config.seed)
@@ -137,6 +145,8 @@ class Pod:
             [
                 web.post("/v1/chat/completions", self._chat),
                 web.post("/v1/completions", self._completions),
+                web.post("/v1/embeddings", self._embeddings),
+                web.post("/v1/responses", self._responses),
                 web.get("/v1/models", self._models),
                 web.get("/health", self._health),
                 web.get("/metrics", self._metrics),
@@ -394,6 +404,63 @@ class Pod:
             "predicted_ttft_s": e.predict_ttft(prompt_ids, adapter),
             "sim_time_s": self.clock.now(),
         }
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        """Each input is prefilled (one output token, not returned): the engine's timing and load."""
+        faulted = await self._apply_faults()
+        if faulted is not None:
+            return faulted
+        c = self.config
+        try:
+            req = parse_embedding(parse_json(await request.read()), c.model, c.adapters, c.profile.vocab_size)
+            for ids in req.inputs:
+                check_context(len(ids), 1, self.engine.max_model_len)
+            seqs = [self.engine.submit(ids, 1, req.adapter) for ids in req.inputs]
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        except ValueError as exc:
+            return _json(400, error_body(400, str(exc)), self.name)
+        try:
+            for seq in seqs:
+                while (ev := await seq.events.get()).finish_reason is None:
+                    pass
+                if ev.error is not None:
+                    return _json(500, error_body(500, ev.error), self.name)
+        finally:
+            for seq in seqs:
+                self.engine.abort(seq)
+        return _json(200, embedding_response(req), self.name)
+
+    async def _responses(self, request: web.Request) -> web.Response:
+        faulted = await self._apply_faults()
+        if faulted is not None:
+            return faulted
+        c = self.config
+        try:
+            body = parse_json(await request.read())
+            req = parse_responses(body, c.model, c.adapters, c.profile.vocab_size, self.responses)
+            check_context(len(req.prompt_ids), req.max_tokens, self.engine.max_model_len)
+            max_tokens = req.max_tokens or self.engine.default_max_tokens(req.prompt_ids, None)
+            seq = self.engine.submit(req.prompt_ids, max_tokens, req.adapter)
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        except ValueError as exc:
+            return _json(400, error_body(400, str(exc)), self.name)
+        try:
+            parts: list[str] = []
+            while (ev := await seq.events.get()).finish_reason is None:
+                parts.append(ev.text)
+            if ev.error is not None:
+                return _json(500, error_body(500, ev.error), self.name)
+        finally:
+            self.engine.abort(seq)
+        text = "".join(parts)
+        if req.store:
+            self.responses.put(req.response_id, [*req.messages, {"role": "assistant", "content": text}])
+        out = responses_response(
+            req, text, seq.num_prompt, seq.num_output, seq.cached_tokens, ev.finish_reason
+        )
+        return _json(200, out, self.name)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from epp.scheduling import filters, picker, scorers
+from epp.scheduling import affinity, filters, picker, scorers
 from epp.scheduling.params import FreshParams, PrefixParams, SaturationParams
 from epp.scheduling.scorers import Scorer
 
@@ -73,6 +73,7 @@ SCORERS: Mapping[str, ScorerEntry] = _table(
     ScorerEntry("inflight", scorers.inflight),
     ScorerEntry("observed-speed", scorers.observed_speed),
     ScorerEntry("queue-speed", scorers.queue_speed),
+    ScorerEntry("session-affinity", affinity.session_affinity),
 )
 
 PICKERS: Mapping[str, Plugin] = _table(

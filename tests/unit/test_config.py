@@ -146,3 +146,19 @@ def test_the_idle_scrape_interval_defaults_to_200_ms_but_never_below_the_fast_on
     assert parse_config(GOOD).scrape.max_interval() == 200
     assert parse_config({**GOOD, "scrape": {"intervalMs": 500}}).scrape.max_interval() == 500
     assert parse_config({**GOOD, "scrape": {"maxIntervalMs": 80}}).scrape.max_interval() == 80
+
+
+def test_flow_control_is_off_by_default_and_its_bounds_are_checked() -> None:
+    config = parse_config(GOOD)
+    assert not config.flow_control.enabled and config.session_affinity.header == "x-session-id"
+    on = parse_config(
+        {**GOOD, "flowControl": {"enabled": True, "standard": {"maxQueue": 3, "maxWaitMs": 200}}}
+    )
+    assert on.flow_control.standard.max_queue == 3 and on.flow_control.critical.max_wait_ms == 9000
+    with pytest.raises(ConfigError, match=r"flowControl\.standard\.maxWaitMs"):
+        parse_config({**GOOD, "flowControl": {"standard": {"maxWaitMs": 30_000}}})  # past Envoy's 10 s
+    with pytest.raises(ConfigError, match=r"tenantClaim needs listener\.jwt"):
+        parse_config({**GOOD, "flowControl": {"tenantClaim": "org"}})
+    with pytest.raises(ConfigError, match="unknown scorer"):
+        parse_epp_config({**GOOD, "profiles": {"p": {"weights": {"session-affinty": 1}}}})
+    assert parse_epp_config({**GOOD, "profiles": {"p": {"weights": {"session-affinity": 1}}}})

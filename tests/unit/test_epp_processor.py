@@ -163,3 +163,18 @@ async def test_conformance_mode_narrows_the_pool_and_reports_the_served_endpoint
     off = EppProcessor(make_ctx())  # outside test mode the header means nothing
     route = await off.on_request({"test-epp-endpoint-selection": B}, body())
     assert isinstance(route, RequestRoute) and route.set_headers[DESTINATION_HEADER].startswith(A)
+
+
+def test_prompt_text_of_every_openai_shape() -> None:
+    from epp.request import prompt_text
+
+    assert prompt_text({"input": "embed me"}) == "embed me"
+    assert prompt_text({"input": ["a", "b"]}) == "ab"
+    assert prompt_text({"input": [1, 2]}) == "1,2,"
+    assert prompt_text({"instructions": "be brief", "input": "hi"}) == "system:be brief\nhi"
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "q1"}]},
+        {"role": "user", "content": "q2"},
+    ]
+    assert prompt_text({"input": items}) == "user:q1\nuser:q2\n"
+    assert prompt_text({"prompt": ["x", "y"]}) == "xy"

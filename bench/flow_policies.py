@@ -1,0 +1,56 @@
+"""Policies for the flow-control and session-affinity benchmarks (`--policy-module bench.flow_policies`).
+
+- `epp-flow-off` / `epp-flow-on`: the full gateway with three priority classes (profiles
+  `critical`, priority 1, and `sheddable`, priority -1, over the default weights; standard is the
+  default profile), the tenant header trusted (`listener.trust.internal`, as behind an internal
+  API gateway that authenticated the tenant), pods saturated at `SATURATED_QUEUE` waiting
+  requests. Off: today's admission (sheddable 429 while saturated, the rest sent to the pods).
+  On: `FLOW_CONTROL`, requests wait in the EPP's queue while the pool is saturated.
+- `epp-affinity-off` / `epp-affinity-on`: default weights, without / with the
+  `session-affinity` scorer keyed on `x-session-id`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.gateway_policies import gateway_factory
+from bench.targets import register_policy
+
+SATURATED_QUEUE = 1
+SATURATED_KV = 0.9  # KV headroom: a full A10G pod preempts, which requeues requests ahead of new ones
+DEFAULT_WEIGHTS = {"queue": 2, "kv-cache": 2, "prefix-cache": 3}
+FLOW_CONTROL: dict[str, Any] = {
+    "enabled": True,
+    "critical": {"maxQueue": 1024, "maxWaitMs": 9_000},
+    "standard": {"maxQueue": 1024, "maxWaitMs": 9_000},
+    "sheddable": {"maxQueue": 64, "maxWaitMs": 1_000},
+}
+
+
+def _priorities(flow: bool) -> dict[str, Any]:
+    extra: dict[str, Any] = {
+        "profiles": {
+            "critical": {"weights": DEFAULT_WEIGHTS, "priority": 1},
+            "sheddable": {"weights": DEFAULT_WEIGHTS, "priority": -1},
+        },
+        "thresholds": {"queue": SATURATED_QUEUE, "kvCache": SATURATED_KV},
+        "listener": {"trust": {"internal": True}},
+    }
+    if flow:
+        extra["flowControl"] = FLOW_CONTROL
+    return extra
+
+
+AFFINITY: dict[str, Any] = {
+    "profiles": {"affinity": {"weights": {**DEFAULT_WEIGHTS, "session-affinity": 10}}},
+    "defaultProfile": "affinity",
+    "sessionAffinity": {"header": "x-session-id"},
+}
+
+register_policy(
+    "epp-flow-off", gateway_factory("epp-flow-off", profile=None, config_extra=_priorities(False))
+)
+register_policy("epp-flow-on", gateway_factory("epp-flow-on", profile=None, config_extra=_priorities(True)))
+register_policy("epp-affinity-off", gateway_factory("epp-affinity-off", profile=None))
+register_policy("epp-affinity-on", gateway_factory("epp-affinity-on", profile=None, config_extra=AFFINITY))
