@@ -9,7 +9,6 @@ from collections.abc import Callable
 
 import kubernetes
 
-from bbr.model_rewrites import ModelRewrites
 from bbr.router import BodyRouter
 from gateway.config import GatewayConfig
 from gateway.llmd_api import (
@@ -21,6 +20,7 @@ from gateway.llmd_api import (
     check_rewrite_targets,
 )
 from gateway.llmd_watch import LlmdResourceWatcher
+from gateway.model_rewrites import ModelRewrites
 
 
 async def follow_model_rewrites(
