@@ -229,7 +229,10 @@ def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
         "not_found",
         {"prefix": "/"},
     )
-    not_served["typed_per_filter_config"] = {BBR_FILTER: {"@type": TYPES["ext_proc_route"], "disabled": True}}
+    if not topo.single_hop:
+        not_served["typed_per_filter_config"] = {
+            BBR_FILTER: {"@type": TYPES["ext_proc_route"], "disabled": True}
+        }
     return [*routes, not_served]
 
 
