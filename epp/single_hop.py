@@ -11,7 +11,8 @@ sends the request to the chosen pod. The body is re-serialised only when a rewri
 the model. The response side (in-flight held to the response's end, retries moving the slot,
 the decision header) is the pool's `EppProcessor`, unchanged.
 
-`python -m epp.single_hop --config gateway.yaml --port 9002 [--metrics-port POOL=PORT ...]`
+`python -m epp.single_hop --config gateway.yaml --port 9002 [--metrics-port POOL=PORT ...]
+[--inference-model-rewrites NAMESPACE]`
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from extproc.server import (
 )
 from extproc.stream import ExtProcServicer, RequestRoute
 from gateway.config_store import ConfigStore, FileWatcher
+from gateway.llmd_api import add_api_group_argument
 from gateway.model_routing import ModelRouter, RoutedModel, encode_body
 from gateway.service_cli import follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
@@ -213,11 +215,19 @@ async def serve(args: argparse.Namespace) -> None:
     )
     await epp.start()
     resource = await follow_config_resource(epp.store, args.config_resource)
+    rewrites = None
+    if args.inference_model_rewrites:
+        from gateway.model_rewrite_source import follow_model_rewrites  # loads the kubernetes client
+
+        rewrites = await follow_model_rewrites(
+            epp.router, epp.store.current, args.inference_model_rewrites, group=args.llm_d_api_group
+        )
     ports = ", ".join(f"{name} {port}" for name, port in epp.metrics_ports.items())
     log.info("single-hop epp listening on %s:%d (metrics: %s)", args.host, epp.port, ports)
     await wait_for_shutdown_signal()
-    if resource is not None:
-        await resource.stop()
+    for follower in (resource, rewrites):
+        if follower is not None:
+            await follower.stop()
     await epp.stop(args.drain_seconds)
 
 
@@ -234,6 +244,12 @@ def main() -> None:
         metavar="POOL=PORT",
         help="a pool's /metrics and /debug/pool port (repeatable; a pool without one gets a free port)",
     )
+    parser.add_argument(
+        "--inference-model-rewrites",
+        metavar="NAMESPACE",
+        help="follow the InferenceModelRewrite resources of this namespace, as BBR does",
+    )
+    add_api_group_argument(parser)
     args = parser.parse_args()
     try:
         args.metrics_port = parse_metrics_ports(args.metrics_port)
