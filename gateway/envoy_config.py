@@ -12,6 +12,8 @@ Request path per pool (see README):
   route on the model header -> that pool's EPP ext_proc (per-route override) ->
   the pool's cluster, which reads the destination from `envoy.lb` metadata only, so a
   client-sent destination header can never steer traffic.
+Single-hop (`Topology.single_hop`, standalone Envoy only): strip -> one EPP ext_proc for every
+pool, which sets the model headers and the destination in one reply -> the pool's cluster.
 
 Pools with static endpoints use a STATIC cluster of exactly those pods with the OverrideHost
 load-balancing policy: the metadata value is `primary` or `primary,fallback1,fallback2` (ip:port,
@@ -296,13 +298,15 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
 SINGLE_HOP_CLUSTER = "epp"
 
 
-def _single_hop_entry(no_route: dict[str, Any]) -> None:
-    """Single-hop: where a request with no model header lands first, so where the one EPP
+def _single_hop_entry(route: dict[str, Any]) -> None:
+    """Single-hop: the routes a request can match before the EPP answers, i.e. where the one EPP
     filter reads its per-route settings (Envoy reads them once, before the EPP's reply clears
-    the route cache). They ask for response headers + trailers, as a pool route does in two-hop
-    mode, so the EPP holds the in-flight slot until the response ends; when the EPP lets a
-    request through without a model (no body), this very route answers Envoy's JSON 404."""
-    no_route["typed_per_filter_config"] = {
+    the route cache). That is `no-route` (no model header yet; when the EPP lets a request
+    through without a model, no body, this very route answers Envoy's JSON 404), and the pools'
+    `-picked` routes, which a client forging the routing headers matches until they are
+    stripped. They ask for response headers + trailers, as a pool route does in two-hop mode, so
+    the EPP holds the in-flight slot until the response ends."""
+    route["typed_per_filter_config"] = {
         EPP_FILTER: {
             "@type": TYPES["ext_proc_route"],
             "overrides": {"processing_mode": pool_processing_mode(response_headers=True)},
@@ -558,9 +562,8 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         )
     routes.extend(_served_routes(config, topo))
     if topo.single_hop:
-        epp_target = _single_hop_check(config, topo)
         for route in routes:
-            if route["name"] == "no-route":
+            if route["name"] == "no-route" or route["name"].endswith("-picked"):
                 _single_hop_entry(route)
     # Requests that reach no pool never talk to an EPP. This matters for Envoy's own replies to
     # malformed requests (headers too large -> 431): the EPP filter would hold the reply's headers
@@ -612,19 +615,23 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         ],
         "local_reply_config": _local_reply_config(),
     }
-    if topo.single_hop:
-        clusters = [ext_proc_cluster(SINGLE_HOP_CLUSTER, *epp_target, topo.extproc_tls)]
-    else:
-        if topo.bbr is None:
-            raise ValueError("two-hop mode needs BBR's address (Topology.bbr)")
-        clusters = [ext_proc_cluster("bbr", *topo.bbr, topo.extproc_tls)]
-        clusters += [
-            ext_proc_cluster(f"epp-{pool}", host, port, topo.extproc_tls)
-            for pool, (host, port) in topo.epps.items()
-        ]
-    clusters += _pool_clusters(config, topo)
+    clusters = [*_ext_proc_clusters(config, topo), *_pool_clusters(config, topo)]
     listener = topology_listener(topo, hcm)
     return bootstrap(topo.admin_port, [listener], clusters)
+
+
+def _ext_proc_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+    if topo.single_hop:
+        return [ext_proc_cluster(SINGLE_HOP_CLUSTER, *_single_hop_check(config, topo), topo.extproc_tls)]
+    if topo.bbr is None:
+        raise ValueError("two-hop mode needs BBR's address (Topology.bbr)")
+    return [
+        ext_proc_cluster("bbr", *topo.bbr, topo.extproc_tls),
+        *(
+            ext_proc_cluster(f"epp-{pool}", host, port, topo.extproc_tls)
+            for pool, (host, port) in topo.epps.items()
+        ),
+    ]
 
 
 def _routing_filters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:

@@ -174,9 +174,11 @@ def test_single_hop_renders_one_ext_proc_filter_held_to_the_response_end(tmp_pat
     assert {"epp", "pool-llama", "pool-qwen"} == clusters
     routes = {r["name"]: r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
     assert not [name for name in routes if name.endswith("-pick")]
-    entry = routes["no-route"]["typed_per_filter_config"]["gateway.epp"]["overrides"]["processing_mode"]
-    assert entry["response_header_mode"] == entry["response_trailer_mode"] == "SEND"
-    assert entry["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+    # A forged model + destination header matches `-picked` until the strip filter ran: the same.
+    for name in ("no-route", "llama-picked", "qwen-picked"):
+        entry = routes[name]["typed_per_filter_config"]["gateway.epp"]["overrides"]["processing_mode"]
+        assert entry["response_header_mode"] == entry["response_trailer_mode"] == "SEND", name
+        assert entry["request_body_mode"] == "FULL_DUPLEX_STREAMED"
     default, _ = epp_processing_modes(boot)
     assert default["response_header_mode"] == "SKIP"  # Envoy's own replies are not held
     for name in ("models-list", "path-not-served"):
