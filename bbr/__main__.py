@@ -30,7 +30,7 @@ async def serve(args: argparse.Namespace) -> None:
     resource = await follow_config_resource(store, args.config_resource)
     rewrites = None
     if args.inference_model_rewrites:
-        from bbr.rewrite_source import follow_model_rewrites  # loads the kubernetes client
+        from gateway.model_rewrite_source import follow_model_rewrites  # loads the kubernetes client
 
         rewrites = await follow_model_rewrites(
             router, store.current, args.inference_model_rewrites, group=args.llm_d_api_group

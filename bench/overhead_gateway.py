@@ -1,6 +1,7 @@
-"""What the gateway itself costs: Envoy alone vs Envoy + a do-nothing ext_proc vs the full gateway.
+"""What the gateway itself costs: Envoy alone vs Envoy + a do-nothing ext_proc vs the full gateway,
+two-hop (BBR, then the pool's EPP) and single-hop (one EPP stream routes and picks).
 
-All three front one fast stub pod (answers at once, a few SSE tokens) so that what is left is
+All four front one fast stub pod (answers at once, a few SSE tokens) so that what is left is
 the proxy path. Per setup, concurrency and request-body size: client-observed latency p50/p99
 (added = minus the direct-to-stub figure), req/s, and CPU time of the gateway's own processes
 (Envoy, ext_proc services; /proc/<pid>/stat utime+stime) turned into req/s per core.
@@ -46,6 +47,11 @@ from extproc.stream import ExtProcServicer, RequestOnlyProcessor, RequestRoute
 MODEL = "llama3.1-8b"
 BODY_SIZES = (1024, 32 * 1024, 256 * 1024)
 CONCURRENCY = (1, 32)
+# Both shapes of the request path (devstack.launch.start_local_gateway's `single_hop`).
+FULL_GATEWAYS = (
+    ("full gateway (Envoy + BBR + EPP)", False),
+    ("full gateway single-hop (Envoy + one EPP)", True),
+)
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 METRICS = (
@@ -299,15 +305,17 @@ async def run_overhead(work: Path, requests: int, tokens: int) -> list[Cell]:
         finally:
             noop.stop()
         pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
-        gateway = start_local_gateway(work / "gateway", pods=[pod])
-        try:
-            await asyncio.sleep(0.5)
-            full = Setup("full gateway (Envoy + BBR + EPP)", gateway.url,
-                         ssl.create_default_context(cafile=str(gateway.certs.ca)),
-                         [p.popen.pid for p in gateway.procs.values()], gateway.stop)  # fmt: skip
-            cells += await measure(full, BODY_SIZES, CONCURRENCY, requests, tokens)
-        finally:
-            gateway.stop()
+        for name, single_hop in FULL_GATEWAYS:
+            gateway = start_local_gateway(
+                work / ("gateway-single-hop" if single_hop else "gateway"), pods=[pod], single_hop=single_hop
+            )
+            try:
+                await asyncio.sleep(0.5)
+                full = Setup(name, gateway.url, ssl.create_default_context(cafile=str(gateway.certs.ca)),
+                             [p.popen.pid for p in gateway.procs.values()], gateway.stop)  # fmt: skip
+                cells += await measure(full, BODY_SIZES, CONCURRENCY, requests, tokens)
+            finally:
+                gateway.stop()
     finally:
         stub_proc.terminate()
         await stub_proc.wait()

@@ -1,4 +1,5 @@
-"""Bring up a whole local gateway: simulated fleet, BBR, one EPP per pool, real Envoy (HTTPS).
+"""Bring up a whole local gateway: simulated fleet, BBR, one EPP per pool, real Envoy (HTTPS)
+(or, single-hop, one EPP for every pool and no BBR).
 
 Used by `make run`, the integration tests and the benchmarks, so all three exercise the
 same processes and the same rendered Envoy bootstrap. Every process is a child of the
@@ -187,6 +188,7 @@ class LocalGateway:
     bbr_port: int
     procs: dict[str, Proc] = field(default_factory=dict)
     pool_kind: PoolKind = "static"
+    single_hop: bool = False  # one EPP process ("epp") for every pool, no BBR
 
     @property
     def url(self) -> str:
@@ -308,6 +310,7 @@ def start_local_gateway(
     bbr_args: Sequence[str] = (),
     epp_args: Sequence[str] = (),
     service_env: Mapping[str, str] | None = None,
+    single_hop: bool = False,
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
 
@@ -316,8 +319,12 @@ def start_local_gateway(
     `epp_module` swaps the endpoint picker for another with the same CLI (the benchmarks'
     oracle, `bench.oracle`). `pool_kind` picks the pool clusters' kind (see `PoolKind`).
     `bbr_args` / `epp_args` are appended to those services' command lines and `service_env`
-    added to their environment (e.g. a KUBECONFIG for resource watches).
+    added to their environment (e.g. a KUBECONFIG for resource watches). `single_hop`: no BBR,
+    one EPP process (`epp.single_hop`, named "epp" in `procs`) for every pool, one ext_proc
+    filter in Envoy; `epp_ports` then maps every pool to its port.
     """
+    if single_hop and (epp_module != "epp" or bbr_args):
+        raise ValueError("single_hop runs epp.single_hop and no BBR: epp_module and bbr_args do not apply")
     workdir.mkdir(parents=True, exist_ok=True)
     certs = make_certs(workdir / "certs")
     python = sys.executable
@@ -345,67 +352,73 @@ def start_local_gateway(
                 "--tls-client-ca",
                 str(certs.ca),
             ]
-        bbr_port = free_port()
-        procs["bbr"] = _spawn(
-            "bbr",
-            [
-                python,
-                "-m",
-                "bbr",
-                "--config",
-                str(config_path),
-                "--port",
-                str(bbr_port),
-                *tls_args,
-                *bbr_args,
-            ],
-            workdir,
-            service_env,
-        )
-        metrics_ports = {}
-        for name in pool_names:
-            metrics_ports[name] = free_port()
-            procs[f"epp-{name}"] = _spawn(
-                f"epp-{name}",
+        tls = certs if mtls else None
+        metrics_ports = {name: free_port() for name in pool_names}
+        if single_hop:
+            bbr_port = 0
+            epp_ports = dict.fromkeys(pool_names, epp_ports[pool_names[0]])
+            procs["epp"] = _spawn(
+                "epp",
                 [
-                    python,
-                    "-m",
-                    epp_module,
-                    "--config",
-                    str(config_path),
-                    "--pool",
-                    name,
-                    "--port",
-                    str(epp_ports[name]),
-                    "--metrics-port",
-                    str(metrics_ports[name]),
+                    *(python, "-m", "epp.single_hop", "--config", str(config_path)),
+                    *("--port", str(epp_ports[pool_names[0]])),
+                    *(a for name in pool_names for a in ("--metrics-port", f"{name}={metrics_ports[name]}")),
                     *tls_args,
                     *epp_args,
                 ],
                 workdir,
                 service_env,
             )
-        tls = certs if mtls else None
-        wait_until(lambda: grpc_serving(bbr_port, tls), timeout_s, "bbr", procs["bbr"].popen)
-        for name in pool_names:
             wait_until(
-                functools.partial(grpc_serving, epp_ports[name], tls),
+                functools.partial(grpc_serving, epp_ports[pool_names[0]], tls),
                 timeout_s,
-                f"epp-{name}",
-                procs[f"epp-{name}"].popen,
+                "epp",
+                procs["epp"].popen,
             )
+        else:
+            bbr_port = free_port()
+            procs["bbr"] = _spawn(
+                "bbr",
+                [
+                    *(python, "-m", "bbr", "--config", str(config_path)),
+                    *("--port", str(bbr_port), *tls_args, *bbr_args),
+                ],
+                workdir,
+                service_env,
+            )
+            for name in pool_names:
+                procs[f"epp-{name}"] = _spawn(
+                    f"epp-{name}",
+                    [
+                        *(python, "-m", epp_module, "--config", str(config_path), "--pool", name),
+                        *("--port", str(epp_ports[name]), "--metrics-port", str(metrics_ports[name])),
+                        *tls_args,
+                        *epp_args,
+                    ],
+                    workdir,
+                    service_env,
+                )
+            wait_until(lambda: grpc_serving(bbr_port, tls), timeout_s, "bbr", procs["bbr"].popen)
+            for name in pool_names:
+                wait_until(
+                    functools.partial(grpc_serving, epp_ports[name], tls),
+                    timeout_s,
+                    f"epp-{name}",
+                    procs[f"epp-{name}"].popen,
+                )
 
         listen_port = listen_port or free_port()
         admin_port = free_port()
         topo = Topology(
             listen_port=listen_port,
             admin_port=admin_port,
-            bbr=("127.0.0.1", bbr_port),
+            bbr=None if single_hop else ("127.0.0.1", bbr_port),
             epps={name: ("127.0.0.1", port) for name, port in epp_ports.items()},
             server_cert=certs.server_cert,
             server_key=certs.server_key,
             extproc_tls=ExtProcTls(certs.client_cert, certs.client_key, certs.ca) if mtls else None,
             original_dst_pools=frozenset(pool_names) if pool_kind == "original_dst" else frozenset(),
+            single_hop=single_hop,
         )
         bootstrap = write_bootstrap(parse_config(config), topo, workdir / "envoy.json")
         procs["envoy"] = _spawn(
@@ -440,6 +453,7 @@ def start_local_gateway(
             bbr_port=bbr_port,
             procs=procs,
             pool_kind=pool_kind,
+            single_hop=single_hop,
         )
     except BaseException:
         for proc in procs.values():

@@ -1,6 +1,7 @@
 """`make run`: the whole gateway on this machine until Ctrl-C.
 
-Starts a simulated fleet (two models, two pods each), BBR, one EPP per model pool and a
+Starts a simulated fleet (two models, two pods each), BBR, one EPP per model pool (or, with
+`--single-hop`, one EPP for every pool and no BBR) and a
 real Envoy on HTTPS, prints a request that works, and stops every process on exit.
 """
 
@@ -30,6 +31,11 @@ def main() -> None:
         default="static",
         help="pool clusters: static (OverrideHost) or original_dst (as in Kubernetes)",
     )
+    parser.add_argument(
+        "--single-hop",
+        action="store_true",
+        help="one EPP for every pool and one ext_proc hop per request (no BBR)",
+    )
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="inference-gateway-"))
     fleet = yaml.safe_load(args.fleet.read_text()) if args.fleet else DEFAULT_FLEET
@@ -42,15 +48,17 @@ def main() -> None:
         mtls=args.mtls,
         pool_kind=args.pool_kind,
         config_patch=dev_trust,
+        single_hop=args.single_hop,
     )
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         models = sorted({p["model"] for p in gw.pods})
+        path = "one EPP for every pool (single hop)" if gw.single_hop else "BBR -> EPP per pool"
         print(
             f"""
-The gateway is up: Envoy on {gw.url} -> BBR -> EPP per pool -> {len(gw.pods)} simulated pods.
+The gateway is up: Envoy on {gw.url} -> {path} -> {len(gw.pods)} simulated pods.
 
 Send a request (any of the models: {", ".join(models)}):
 

@@ -54,6 +54,14 @@ class KubernetesPool:
     version: str = "v1"
 
 
+@dataclass(frozen=True, slots=True)
+class SharedRuntime:
+    """What the pools of one multi-pool EPP process share."""
+
+    store: ConfigStore[EppConfig]
+    tracing: Tracing
+
+
 def build_scheduler(config: EppConfig, previous: WeightedScheduler | None = None) -> WeightedScheduler:
     return WeightedScheduler(
         config.scheduler_profiles(),
@@ -76,12 +84,16 @@ class EppApp:
         health_port: int | None = None,
         kubernetes: KubernetesPool | None = None,
         conformance_test_mode: bool = False,
+        shared: SharedRuntime | None = None,
     ) -> None:
         """`health_port`: also serve the gRPC health service alone there (the reference EPP's
         9003); `kubernetes`: discover the pool from this InferencePool whatever the config
-        says (`--pool-name`); `conformance_test_mode`: see epp/test_picker.py."""
-        self.store = ConfigStore.from_file(config_path, EppConfig)
-        self._watcher = FileWatcher(self.store, config_path)
+        says (`--pool-name`); `conformance_test_mode`: see epp/test_picker.py; `shared`: one
+        pool of a process serving several (epp/single_hop.py), which owns the config store,
+        tracing and the gRPC server, so this app starts no ext_proc server of its own."""
+        self._shared = shared
+        self.store = shared.store if shared else ConfigStore.from_file(config_path, EppConfig)
+        self._watcher = FileWatcher(self.store, config_path) if shared is None else None
         config = self.store.current()
         pool_config = config.pool(pool_name)  # KeyError early if the pool is unknown
         self.pool_name = pool_name
@@ -102,8 +114,11 @@ class EppApp:
             flow=self.flow,
             conformance_test_mode=conformance_test_mode,
         )
-        self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
-        self.store.subscribe(self.ctx.tracing.warn_on_change(config.tracing))
+        if shared is not None:
+            self.ctx.tracing = shared.tracing
+        else:
+            self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
+            self.store.subscribe(self.ctx.tracing.warn_on_change(config.tracing))
         if conformance_test_mode:
             log.warning(test_picker.WARNING, test_picker.SELECTION_HEADER)
             self.telemetry.conformance_test_mode()
@@ -245,8 +260,11 @@ class EppApp:
             await self._discovery.start()
         self.scraper.sync()
         self._sync_kv_events()
-        self.grpc = await start_grpc_service(self.servicer, host=self._host, port=self._port, tls=self._tls)
-        self.port = self.grpc.port
+        if self._shared is None:
+            self.grpc = await start_grpc_service(
+                self.servicer, host=self._host, port=self._port, tls=self._tls
+            )
+            self.port = self.grpc.port
         if self._health_port is not None:  # after discovery's first list: ready means synced
             self.health = await start_health_server(self._host, self._health_port)
             self.health_port = self.health.port
@@ -257,7 +275,8 @@ class EppApp:
             self.pool.snapshot,
             extra=lambda: {"kv_events": self.kv_events.debug()},
         )
-        self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
+        if self._watcher is not None:
+            self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:
@@ -276,4 +295,5 @@ class EppApp:
         await self.flow.stop()
         await self.kv_events.stop()
         await self._admin.cleanup()
-        self.ctx.tracing.shutdown()
+        if self._shared is None:
+            self.ctx.tracing.shutdown()

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 import uuid
+from typing import Any
 
 from epp import test_picker
 from epp.admission import admit
@@ -57,19 +58,27 @@ class EppProcessor:
             # Not an inference request (GET /v1/models, health): Envoy answers it on its own route.
             return RequestRoute()
         span = self._ctx.tracing.begin(SPAN_NAME, headers)  # None unless tracing is on
-        outcome = await self._decide(headers, body)
+        outcome = await self._decide(headers, self._parse(headers, body))
         if span is None:
             return outcome
         error = outcome.code if isinstance(outcome, ErrorResponse) else None
-        trace_headers = self._ctx.tracing.finish(span, lambda: self._span_attributes(outcome), error)
+        trace_headers = self._ctx.tracing.finish(span, lambda: self.span_attributes(outcome), error)
         if isinstance(outcome, ErrorResponse):
             return outcome
         # The upstream request carries this span as its parent (replacing BBR's traceparent).
         return dataclasses.replace(outcome, set_headers={**outcome.set_headers, **trace_headers})
 
-    async def _decide(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+    async def schedule(
+        self, headers: dict[str, str], data: dict[str, Any], route: ModelRoute
+    ) -> RequestRoute | ErrorResponse:
+        """A body already decoded and routed to this pool (the single-hop EPP did BBR's part):
+        parse, schedule, admit (or queue). The caller traces."""
+        return await self._decide(headers, self._parse_routed(headers, data, route))
+
+    async def _decide(
+        self, headers: dict[str, str], request: InferenceRequest | ErrorResponse
+    ) -> RequestRoute | ErrorResponse:
         started = time.perf_counter()
-        request = self._parse(headers, body)
         if isinstance(request, ErrorResponse):
             self._ctx.telemetry.request_error(headers.get(MODEL_HEADER, ""), request.code)
             return request
@@ -164,7 +173,7 @@ class EppProcessor:
             return None
         return json.dumps({**data, "request_id": response_id_for(address)}, separators=(",", ":")).encode()
 
-    def _span_attributes(self, outcome: RequestRoute | ErrorResponse) -> Attributes:
+    def span_attributes(self, outcome: RequestRoute | ErrorResponse) -> Attributes:
         """The decision as span attributes: the chosen pod, its per-scorer scores, the profile,
         how many candidates were ranked, the scheduling time, and the outcome."""
         attrs: dict[str, str | int | float] = {"gateway.pool": self._ctx.pool_name}
@@ -203,7 +212,6 @@ class EppProcessor:
         data = decode_json_object(body)
         if isinstance(data, ErrorResponse):
             return data
-        self._body = data
         model = data.get("model") or headers.get(MODEL_HEADER)
         if not isinstance(model, str):
             return bad_request("'model' must be a string", "invalid_model")
@@ -219,6 +227,13 @@ class EppProcessor:
                 )
             # The reference EPP's contract: the route chose this pool; the pods validate the name.
             route = ModelRoute(pool.name, pool.models[0].name, None)
+        return self._parse_routed(headers, data, route)
+
+    def _parse_routed(
+        self, headers: dict[str, str], data: dict[str, Any], route: ModelRoute
+    ) -> InferenceRequest | ErrorResponse:
+        self._body = data
+        config = self._ctx.config()
         objective = self._ctx.header_policy.objective(headers, route.base_model)  # epp/trust.py
         try:
             return parse_request(

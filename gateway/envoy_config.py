@@ -12,6 +12,8 @@ Request path per pool (see README):
   route on the model header -> that pool's EPP ext_proc (per-route override) ->
   the pool's cluster, which reads the destination from `envoy.lb` metadata only, so a
   client-sent destination header can never steer traffic.
+Single-hop (`Topology.single_hop`, standalone Envoy only): strip -> one EPP ext_proc for every
+pool, which sets the model headers and the destination in one reply -> the pool's cluster.
 
 Pools with static endpoints use a STATIC cluster of exactly those pods with the OverrideHost
 load-balancing policy: the metadata value is `primary` or `primary,fallback1,fallback2` (ip:port,
@@ -74,7 +76,7 @@ class Topology:
 
     listen_port: int
     admin_port: int
-    bbr: tuple[str, int]
+    bbr: tuple[str, int] | None  # None in single-hop mode
     epps: Mapping[str, tuple[str, int]]  # pool name -> EPP host, port (an IP or a DNS name)
     server_cert: Path | None  # None: plain HTTP listener (TLS terminated in front, e.g. an NLB)
     server_key: Path | None
@@ -85,6 +87,9 @@ class Topology:
     fallback_endpoints: Mapping[str, list[str]] = field(default_factory=dict)  # FailOpen pools
     # Static pools rendered as ORIGINAL_DST (the Kubernetes cluster kind) instead of OverrideHost.
     original_dst_pools: frozenset[str] = frozenset()
+    # Single-hop mode (epp/single_hop.py): no BBR; one EPP serves every pool (each entry of
+    # `epps` names it) and one ext_proc stream both routes by model and picks the pod.
+    single_hop: bool = False
 
 
 def _is_ip(host: str) -> bool:
@@ -226,7 +231,10 @@ def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
         "not_found",
         {"prefix": "/"},
     )
-    not_served["typed_per_filter_config"] = {BBR_FILTER: {"@type": TYPES["ext_proc_route"], "disabled": True}}
+    if not topo.single_hop:
+        not_served["typed_per_filter_config"] = {
+            BBR_FILTER: {"@type": TYPES["ext_proc_route"], "disabled": True}
+        }
     return [*routes, not_served]
 
 
@@ -259,6 +267,8 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
                 ],  # the pod needs no client identity
             }
         )
+        if topo.single_hop:  # the one EPP already chose, on the entry route (`_single_hop_entry`)
+            continue
         # 2) Before the EPP chose: run this pool's EPP. If it fails open, the fallback cluster serves.
         epp_override: dict[str, Any] = {
             "@type": TYPES["ext_proc_route"],
@@ -286,6 +296,37 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
             }
         )
     return routes
+
+
+SINGLE_HOP_CLUSTER = "epp"
+
+
+def _single_hop_entry(route: dict[str, Any]) -> None:
+    """Single-hop: the routes a request can match before the EPP answers, i.e. where the one EPP
+    filter reads its per-route settings (Envoy reads them once, before the EPP's reply clears
+    the route cache). That is `no-route` (no model header yet; when the EPP lets a request
+    through without a model, no body, this very route answers Envoy's JSON 404), and the pools'
+    `-picked` routes, which a client forging the routing headers matches until they are
+    stripped. They ask for response headers + trailers, as a pool route does in two-hop mode, so
+    the EPP holds the in-flight slot until the response ends."""
+    route["typed_per_filter_config"] = {
+        EPP_FILTER: {
+            "@type": TYPES["ext_proc_route"],
+            "overrides": {"processing_mode": pool_processing_mode(response_headers=True)},
+        }
+    }
+
+
+def _single_hop_check(config: GatewayConfig, topo: Topology) -> tuple[str, int]:
+    """The one EPP's address; single-hop cannot fail open per pool (one stream before the pool
+    is known), so a FailOpen pool needs the two-hop shape."""
+    targets = set(topo.epps.values())
+    if len(targets) != 1 or set(topo.epps) != {pool.name for pool in config.pools}:
+        raise ValueError("single-hop: every pool must map to the same EPP in Topology.epps")
+    failopen = [pool.name for pool in config.pools if pool.failure_mode == "FailOpen"]
+    if failopen:
+        raise ValueError(f"single-hop mode cannot fail open (pools {', '.join(failopen)}): use two-hop")
+    return next(iter(targets))
 
 
 def _retry_policy() -> dict[str, Any]:
@@ -528,12 +569,16 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
             }
         )
     routes.extend(_served_routes(config, topo))
+    if topo.single_hop:
+        for route in routes:
+            if route["name"] == "no-route" or route["name"].endswith("-picked"):
+                _single_hop_entry(route)
     # Requests that reach no pool never talk to an EPP. This matters for Envoy's own replies to
     # malformed requests (headers too large -> 431): the EPP filter would hold the reply's headers
     # for an ext_proc round trip while the codec closes the connection, and the client would get
     # an empty reply instead of the JSON 431.
     for route in routes:
-        if "direct_response" in route:
+        if "direct_response" in route and EPP_FILTER not in route.get("typed_per_filter_config", {}):
             route.setdefault("typed_per_filter_config", {})[EPP_FILTER] = {
                 "@type": TYPES["ext_proc_route"],
                 "disabled": True,
@@ -574,26 +619,48 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
                 },
             },
             *_jwt_filter(config),
-            _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, disabled=False),
-            # Each pool route points this filter at its own EPP (ExtProcPerRoute). The per-route config is read when the filter runs, i.e. after
-            # BBR has cleared the route cache, so it follows the model header.
-            # Outside pool routes (e.g. Envoy's own reply to a malformed request, which has no
-            # route) the EPP must not hold the response: the default skips response headers.
-            _ext_proc_filter(
-                EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=False, disabled=False
-            ),
+            *_routing_filters(config, topo),
             router_filter(),
         ],
         "local_reply_config": _local_reply_config(),
     }
-    clusters = [ext_proc_cluster("bbr", *topo.bbr, topo.extproc_tls)]
-    clusters += [
-        ext_proc_cluster(f"epp-{pool}", host, port, topo.extproc_tls)
-        for pool, (host, port) in topo.epps.items()
-    ]
-    clusters += _pool_clusters(config, topo)
+    clusters = [*_ext_proc_clusters(config, topo), *_pool_clusters(config, topo)]
     listener = topology_listener(topo, hcm)
     return bootstrap(topo.admin_port, [listener], clusters)
+
+
+def _ext_proc_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+    if topo.single_hop:
+        return [ext_proc_cluster(SINGLE_HOP_CLUSTER, *_single_hop_check(config, topo), topo.extproc_tls)]
+    if topo.bbr is None:
+        raise ValueError("two-hop mode needs BBR's address (Topology.bbr)")
+    return [
+        ext_proc_cluster("bbr", *topo.bbr, topo.extproc_tls),
+        *(
+            ext_proc_cluster(f"epp-{pool}", host, port, topo.extproc_tls)
+            for pool, (host, port) in topo.epps.items()
+        ),
+    ]
+
+
+def _routing_filters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+    """Two-hop: BBR then the pool's EPP; single-hop: the one EPP, which does both."""
+    if topo.single_hop:
+        # Off the entry route (Envoy's own replies, direct responses) it must not hold the
+        # response: the default skips response headers, `_single_hop_entry` asks for them.
+        return [
+            _ext_proc_filter(EPP_FILTER, SINGLE_HOP_CLUSTER, topo, response_headers=False, disabled=False)
+        ]
+    return [
+        _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, disabled=False),
+        # Each pool route points this filter at its own EPP (ExtProcPerRoute). The per-route config is read when the filter runs, i.e. after
+        # BBR has cleared the route cache, so it follows the model header.
+        # Outside pool routes (e.g. Envoy's own reply to a malformed request, which has no
+        # route) the EPP must not hold the response: the default skips response headers.
+        _ext_proc_filter(
+            EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=False, disabled=False
+        ),
+    ]
 
 
 def write_bootstrap(config: GatewayConfig, topo: Topology, path: Path) -> Path:

@@ -9,7 +9,7 @@ moved serve the same schema as `inference.networking.x-k8s.io/v1alpha2`):
   negative = sheddable). The EPP applies it (epp/trust.py).
 - InferenceModelRewrite `spec: {poolRef, rules: [{matches?: [{model: {type?: Exact, value}}],
   targets: [{modelRewrite, weight?}]}]}`: a request for a matched model is sent, by weight, to
-  one of the targets. BBR applies it (bbr/model_rewrites.py).
+  one of the targets. BBR applies it (gateway/model_rewrites.py).
 
 This module is pure (no Kubernetes client): pydantic models of the specs, `LastGood` (each
 resource's last valid version, rejections logged and counted), and how a `poolRef` names one of

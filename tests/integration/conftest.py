@@ -20,13 +20,35 @@ def add_canary(config: dict) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    gw = start_local_gateway(tmp_path_factory.mktemp("gateway"), fleet=FAST_FLEET, config_patch=add_canary)
+# The two shapes of the request path: BBR + one EPP per pool (the default, and what a Gateway API
+# implementation runs), and single-hop (one EPP for every pool, one ext_proc stream).
+MODES = ("two-hop", "single-hop")
+
+
+def canary_gateway(tmp_path_factory: pytest.TempPathFactory, mode: str = "two-hop") -> Iterator[LocalGateway]:
+    gw = start_local_gateway(
+        tmp_path_factory.mktemp(f"gateway-{mode}"),
+        fleet=FAST_FLEET,
+        config_patch=add_canary,
+        single_hop=mode == "single-hop",
+    )
     try:
         yield gw
     finally:
         gw.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
+    yield from canary_gateway(tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def gateway_each_mode(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalGateway]:
+    """The same gateway in both modes: request-path tests run twice, one start per mode."""
+    yield from canary_gateway(tmp_path_factory, request.param)
 
 
 def chat(model: str, content: str = "Hello there", **extra: object) -> dict[str, object]:

@@ -147,3 +147,57 @@ def test_pool_routes_keep_the_epp_stream_until_the_response_ends(tmp_path: Path)
     # One held stream per in-flight request: Envoy's default cap of 1,024 must not apply.
     for pool in ("llama", "qwen", "kube"):
         assert clusters[f"epp-{pool}"]["circuit_breakers"]["thresholds"][0]["max_requests"] >= 100_000
+
+
+def _single_hop(tmp: Path, config: dict) -> tuple[dict, Path]:
+    topo = dataclasses.replace(
+        _topology(tmp, False),
+        bbr=None,
+        epps=dict.fromkeys((p["name"] for p in config["pools"]), ("127.0.0.1", 19002)),
+        single_hop=True,
+    )
+    path = write_bootstrap(parse_config(config), topo, tmp / "envoy.json")
+    return render_bootstrap(parse_config(config), topo), path
+
+
+def test_single_hop_renders_one_ext_proc_filter_held_to_the_response_end(tmp_path: Path) -> None:
+    """One ext_proc filter to one EPP cluster; the entry route (no model header yet) asks for
+    response headers + trailers, since Envoy reads the filter's per-route settings there,
+    before the EPP's reply re-routes the request to the pool's `-picked` route."""
+    config = {"pools": [CONFIG["pools"][0], {**CONFIG["pools"][1], "failureMode": "FailClose"}]}
+    boot, path = _single_hop(tmp_path, config)
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_procs = [f for f in hcm["http_filters"] if "ext_proc" in f["typed_config"]["@type"]]
+    assert [f["name"] for f in ext_procs] == ["gateway.epp"]
+    assert ext_procs[0]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "epp"
+    clusters = {c["name"] for c in boot["static_resources"]["clusters"]}
+    assert {"epp", "pool-llama", "pool-qwen"} == clusters
+    routes = {r["name"]: r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
+    assert not [name for name in routes if name.endswith("-pick")]
+    # A forged model + destination header matches `-picked` until the strip filter ran: the same.
+    for name in ("no-route", "llama-picked", "qwen-picked"):
+        entry = routes[name]["typed_per_filter_config"]["gateway.epp"]["overrides"]["processing_mode"]
+        assert entry["response_header_mode"] == entry["response_trailer_mode"] == "SEND", name
+        assert entry["request_body_mode"] == "FULL_DUPLEX_STREAMED"
+    default, _ = epp_processing_modes(boot)
+    assert default["response_header_mode"] == "SKIP"  # Envoy's own replies are not held
+    for name in ("models-list", "path-not-served"):
+        assert routes[name]["typed_per_filter_config"]["gateway.epp"]["disabled"] is True
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_single_hop_refuses_fail_open_and_several_epps(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot fail open"):
+        _single_hop(tmp_path, CONFIG)
+    topo = dataclasses.replace(_topology(tmp_path, False), bbr=None, single_hop=True)
+    with pytest.raises(ValueError, match="same EPP"):
+        render_bootstrap(
+            parse_config({"pools": [CONFIG["pools"][0], {**CONFIG["pools"][1], "failureMode": "FailClose"}]}),
+            topo,
+        )

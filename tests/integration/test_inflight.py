@@ -5,9 +5,10 @@ the response-headers reply (its behaviour when neither response body nor trailer
 for), the slot would be freed at the first token. Both pool kinds run here: the static pool's
 OverrideHost cluster and the ORIGINAL_DST cluster that Kubernetes-discovered pools get
 (the launcher's `pool_kind="original_dst"`, so Envoy routes to the metadata's address exactly
-as in a cluster); and a FailOpen pool, whose EPP runs in BUFFERED mode (there
+as in a cluster); a FailOpen pool, whose EPP runs in BUFFERED mode (there
 Envoy kept the stream to the response's end even without trailers: measured, its cases pass
-with either trailer mode, while the other kinds' all fail without trailers).
+with either trailer mode, while the other kinds' all fail without trailers); and single-hop
+mode, where the one EPP's stream takes its response settings from the entry route.
 
 Every check ends with the exactly-once invariant: the EPP's running-requests gauge (never
 clamped, so a double release shows as -1) is 0 and as many requests finished as were routed.
@@ -39,18 +40,20 @@ def _fail_open(config: dict[str, Any]) -> None:
     config["pools"][0]["failureMode"] = "FailOpen"
 
 
-@pytest.fixture(scope="module", params=["static", "original_dst", "static_failopen"])
+@pytest.fixture(scope="module", params=["static", "original_dst", "static_failopen", "single_hop"])
 def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
     gw = start_local_gateway(
         tmp_path_factory.mktemp(f"inflight-{request.param}"),
         fleet=FLEET,
         config_patch=_fail_open if request.param == "static_failopen" else None,
         pool_kind="original_dst" if request.param == "original_dst" else "static",
+        single_hop=request.param == "single_hop",
     )
     try:
         bootstrap = (gw.workdir / "envoy.json").read_text()
         assert ('"ORIGINAL_DST"' in bootstrap) == (request.param == "original_dst")
         assert ('"BUFFERED"' in bootstrap) == (request.param == "static_failopen")
+        assert ('"gateway.bbr"' in bootstrap) == (request.param != "single_hop")
         yield gw
     finally:
         gw.stop()

@@ -1,4 +1,5 @@
-"""Real HTTPS requests through the real Envoy, BBR, EPP and simulated pods."""
+"""Real HTTPS requests through the real Envoy, BBR, EPP and simulated pods, in both modes of the
+request path (two-hop BBR + EPP per pool, and single-hop: one EPP for every pool)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,21 @@ from devstack.launch import LocalGateway
 from tests.integration.conftest import chat
 
 LLAMA, QWEN = "llama-3.1-8b-instruct", "qwen3-32b"
+
+
+@pytest.fixture(scope="module")
+def gateway(gateway_each_mode: LocalGateway) -> LocalGateway:
+    return gateway_each_mode
+
+
+def test_each_mode_runs_its_own_processes(gateway: LocalGateway) -> None:
+    bootstrap = (gateway.workdir / "envoy.json").read_text()
+    if gateway.single_hop:
+        assert set(gateway.procs) == {"fleet", "epp", "envoy"}
+        assert '"gateway.bbr"' not in bootstrap
+    else:
+        assert {"bbr", "epp-llama-3-1-8b-instruct", "epp-qwen3-32b"} <= set(gateway.procs)
+        assert '"gateway.bbr"' in bootstrap
 
 
 async def test_each_model_reaches_only_its_own_pods(gateway: LocalGateway) -> None:

@@ -1,4 +1,5 @@
-"""The EPP's scheduling through the real Envoy, on pods whose state the tests control.
+"""The EPP's scheduling through the real Envoy, on pods whose state the tests control, in both
+modes of the request path (two-hop and single-hop).
 
 Pods allow 2 running sequences, so requests sent straight to a pod (bypassing the gateway)
 build a real queue that the EPP can only learn about by scraping `/metrics`.
@@ -16,7 +17,7 @@ import yaml
 
 from devstack.launch import LocalGateway, dev_trust, start_local_gateway
 from tests.integration.busy_pods import busy, pod_address, pool_state, wait_for
-from tests.integration.conftest import chat
+from tests.integration.conftest import MODES, chat
 
 MODEL = "llama-3.1-8b-instruct"
 POOL = "llama-3-1-8b-instruct"
@@ -39,9 +40,17 @@ def _patch(config: dict) -> None:
     config["pools"][0]["models"][0]["objectives"] = ["sheddable"]
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    gw = start_local_gateway(tmp_path_factory.mktemp("sched"), fleet=FLEET, config_patch=_patch)
+@pytest.fixture(scope="module", params=MODES)
+def gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalGateway]:
+    """Both modes: decisions, admission, trusted headers and reloads are the pool's EPP either way."""
+    gw = start_local_gateway(
+        tmp_path_factory.mktemp(f"sched-{request.param}"),
+        fleet=FLEET,
+        config_patch=_patch,
+        single_hop=request.param == "single-hop",
+    )
     try:
         yield gw
     finally:

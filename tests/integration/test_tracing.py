@@ -27,9 +27,8 @@ def receiver() -> Iterator[OtlpReceiver]:
         r.stop()
 
 
-@pytest.fixture(scope="module")
-def traced_gateway(
-    tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver
+def _traced(
+    tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver, single_hop: bool
 ) -> Iterator[LocalGateway]:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")  # the SDK's batch delay (5 s by default)
@@ -38,11 +37,26 @@ def traced_gateway(
             tmp_path_factory.mktemp("traced"),
             fleet=FAST_FLEET,
             config_extra={"tracing": {"enabled": True, "endpoint": f"http://127.0.0.1:{receiver.port}"}},
+            single_hop=single_hop,
         )
     try:
         yield gw
     finally:
         gw.stop()
+
+
+@pytest.fixture(scope="module")
+def traced_gateway(
+    tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver
+) -> Iterator[LocalGateway]:
+    yield from _traced(tmp_path_factory, receiver, single_hop=False)
+
+
+@pytest.fixture(scope="module")
+def traced_single_hop(
+    tmp_path_factory: pytest.TempPathFactory, receiver: OtlpReceiver
+) -> Iterator[LocalGateway]:
+    yield from _traced(tmp_path_factory, receiver, single_hop=True)
 
 
 def format_trace(spans: list[ReceivedSpan]) -> str:
@@ -155,3 +169,44 @@ async def test_a_refused_request_is_an_error_span_with_its_reason(
     assert bbr.attributes["gateway.outcome"] == "model_not_found"
     assert bbr.attributes["http.response.status_code"] == 404
     assert "epp.schedule" not in spans  # BBR answered; no pool was asked
+
+
+async def test_single_hop_is_one_span_with_the_routing_and_the_decision(
+    traced_single_hop: LocalGateway, receiver: OtlpReceiver
+) -> None:
+    trace_id, client_span, traceparent = _traceparent()
+    async with traced_single_hop.client() as client:
+        r = await client.post(
+            "/v1/chat/completions", json=chat("sql-lora"), headers={"traceparent": traceparent}
+        )
+        refused_trace, _, refused_parent = _traceparent()
+        refused = await client.post(
+            "/v1/chat/completions", json=chat("no-such-model"), headers={"traceparent": refused_parent}
+        )
+    assert r.status_code == 200, r.text
+    assert refused.status_code == 404
+    spans = await _spans(receiver, trace_id, {"epp.schedule"})
+    assert set(spans) == {"epp.schedule"}  # no BBR hop, so no BBR span
+    epp = spans["epp.schedule"]
+    assert epp.parent_span_id == client_span and epp.service == "inference-gateway-epp"
+    a = epp.attributes
+    pod = next(p for p in traced_single_hop.pods if p["name"] == r.headers["x-modelsim-pod"])
+    assert a["gateway.endpoint"] == pod["address"] == a["gateway.destination"]
+    assert (a["gen_ai.request.model"], a["gateway.model"], a["gateway.target_model"]) == (
+        "sql-lora",
+        "sql-lora",
+        LLAMA,
+    )
+    assert (a["gateway.pool"], a["gateway.adapter"], a["gateway.rewritten"]) == (
+        pool_name_for(LLAMA),
+        "sql-lora",
+        False,
+    )
+    assert a["gateway.outcome"] == "routed" and "gateway.score.total" in a
+    async with httpx.AsyncClient(base_url=f"http://{pod['address']}") as sim:
+        state = (await sim.get("/sim/state")).json()
+    assert f"00-{trace_id}-{epp.span_id}-01" in state["recent_traceparents"]
+    refusal = (await _spans(receiver, refused_trace, {"epp.schedule"}))["epp.schedule"]
+    assert refusal.status_code == 2  # STATUS_CODE_ERROR
+    assert refusal.attributes["gateway.outcome"] == "model_not_found"
+    assert refusal.attributes["http.response.status_code"] == 404

@@ -20,15 +20,17 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-from bbr.rewrite_source import follow_model_rewrites
 from bbr.router import BodyRouter
 from devstack.launch import free_port
 from epp.app import EppApp
+from epp.single_hop import SingleHopEpp
+from extproc.errors import ErrorResponse
 from extproc.headers import MODEL_HEADER, OBJECTIVE_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import parse_config
 from gateway.config_resource import ConfigResourceWatcher
 from gateway.config_store import ConfigStore
+from gateway.model_rewrite_source import follow_model_rewrites
 from tests.fakes.kube_apiserver import (
     GATEWAY_CONFIGS,
     INFERENCE_MODEL_REWRITES,
@@ -337,6 +339,36 @@ async def test_rewrites_follow_alongside_the_inference_gateway_config(
     finally:
         await rewrites.stop()
         await config_watch.stop()
+
+
+async def test_the_single_hop_epp_follows_rewrites_as_bbr_does(
+    kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient, tmp_path: Path
+) -> None:
+    """Single-hop mode routes by model itself (epp/single_hop.py): the same watch feeds its router."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    epp = SingleHopEpp(path)
+    await epp.start()
+    watcher = await follow_model_rewrites(
+        epp.router, epp.store.current, "default", api_client=api_client, backoff_s=0.05
+    )
+    try:
+        await asyncio.to_thread(kube.wait_watching, INFERENCE_MODEL_REWRITES)
+
+        def resolved() -> tuple[str, str, bool] | int:
+            out = epp.router.resolve(epp.store.current(), {"model": "assistant"})
+            return (
+                out.status
+                if isinstance(out, ErrorResponse)
+                else (out.model, out.route.pool, out.body_changed)
+            )
+
+        assert resolved() == 404
+        kube.apply(INFERENCE_MODEL_REWRITES, rewrite("alias", [rule([("llama", None)], "assistant")]))
+        await until(lambda: resolved() == ("llama", "llama", True), "rename applied", within=5)
+    finally:
+        await watcher.stop()
+        await epp.stop()
 
 
 def test_bbr_loads_the_kubernetes_client_only_when_asked_to_watch() -> None:

@@ -82,3 +82,22 @@ def test_every_committed_rendering_serves_only_the_api(out: str, argv: list[str]
     in_cluster = out.startswith("deploy/")
     assert address == ("0.0.0.0" if in_cluster else "127.0.0.1")
     assert ("transport_socket" in lst["filter_chains"][0]) != in_cluster
+
+
+def test_single_hop_names_one_epp_for_every_pool(tmp_path: Path) -> None:
+    config = yaml.safe_load((ROOT / "envoy/example-gateway.yaml").read_text())
+    argv = ["--config", "envoy/example-gateway.yaml", "--single-hop", "127.0.0.1:9002", *TLS]
+    with pytest.raises(SystemExit, match="cannot fail open"):  # the example has a FailOpen pool
+        render_yaml(argv)
+    for pool in config["pools"]:
+        pool.pop("failureMode", None)
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    argv[1] = str(tmp_path / "gateway.yaml")
+    boot = yaml.safe_load(render_yaml(argv))
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_procs = [f["name"] for f in hcm["http_filters"] if "ext_proc" in f["typed_config"]["@type"]]
+    assert ext_procs == ["gateway.epp"]
+    clusters = [c["name"] for c in boot["static_resources"]["clusters"] if not c["name"].startswith("pool-")]
+    assert clusters == ["epp"]
+    with pytest.raises(SystemExit, match="replaces --bbr"):
+        render_yaml([*argv, "--bbr", "127.0.0.1:9004"])

@@ -1,4 +1,5 @@
-"""Follows the InferenceModelRewrites of one namespace into a `BodyRouter`.
+"""Follows the InferenceModelRewrites of one namespace into a router (BBR's `BodyRouter`, or the
+single-hop EPP's `ModelRouter`).
 
 Imported only when `--inference-model-rewrites` is given: it loads the `kubernetes` client.
 """
@@ -6,11 +7,10 @@ Imported only when `--inference-model-rewrites` is given: it loads the `kubernet
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import kubernetes
 
-from bbr.model_rewrites import ModelRewrites
-from bbr.router import BodyRouter
 from gateway.config import GatewayConfig
 from gateway.llmd_api import (
     GROUP,
@@ -21,10 +21,15 @@ from gateway.llmd_api import (
     check_rewrite_targets,
 )
 from gateway.llmd_watch import LlmdResourceWatcher
+from gateway.model_rewrites import ModelRewrites
+
+
+class RewriteTarget(Protocol):
+    def set_model_rewrites(self, rewrites: ModelRewrites) -> None: ...
 
 
 async def follow_model_rewrites(
-    router: BodyRouter,
+    router: RewriteTarget,
     config: Callable[[], GatewayConfig],
     namespace: str,
     *,

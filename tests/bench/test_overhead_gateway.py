@@ -1,0 +1,29 @@
+"""The gateway-overhead table (bench/overhead_gateway.py) carries both full-gateway modes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.overhead_gateway import FULL_GATEWAYS, Cell, render
+from bench.report import write_section
+
+
+def test_both_modes_get_rows_added_against_direct(tmp_path: Path) -> None:
+    names = ["direct to stub (no proxy)", *(name for name, _ in FULL_GATEWAYS)]
+    cells = [
+        Cell(name, 1, 1024, 10, 0, 1.0 + i, 2.0 + i, 100.0, None if i == 0 else 2.5)
+        for i, name in enumerate(names)
+    ]
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n")
+    write_section(
+        str(doc), "gateway-overhead", render(cells, [], "python -m bench.overhead_gateway", "1.0 / 1.0")
+    )
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line
+        for line in doc.read_text().splitlines()
+        if line.startswith("| ")
+    }
+    single = rows["full gateway single-hop (Envoy + one EPP)"]
+    assert "| +2.00 | +2.00 |" in single and "| 400 |" in single  # added vs direct; 1 s / 2.5 ms
+    assert "| +1.00 | +1.00 |" in rows["full gateway (Envoy + BBR + EPP)"]
