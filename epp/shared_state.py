@@ -1,12 +1,14 @@
 """In-flight counts shared by a pool's EPP replicas through Redis.
 
 Every replica routes its own share of the requests (Envoy balances ext_proc streams over
-them), so each knows only its own in-flight per pod. Every `publishIntervalMs` a background
-loop sends one script call that (1) replaces this replica's hash (pod -> "requests,tokens")
+them), so each knows only its own in-flight per pod. A background loop looks at its own counts
+every `publishIntervalMs` (a dict scan, no I/O) and, when they changed or `idleIntervalMs`
+passed, sends one script call that (1) replaces this replica's hash (pod -> "requests,tokens")
 and sets it to expire after `ttlMs`, (2) registers the replica in the pool's set and (3)
 returns every other live replica's hash. The totals go into `Pool.set_remote_inflight`, and
-snapshots add them to the local counts: a scheduling decision reads memory, never Redis, and
-is at most one interval behind the other replicas. A replica that dies stops being counted
+snapshots add them to the local counts: a scheduling decision reads memory, never Redis. A
+busy replica is one publish interval behind the others; an idle one, one idle interval (a
+round trip costs ~0.5-1 ms of Python CPU, so 50 a second while idle would be 2-5 % of a core). A replica that dies stops being counted
 when its hash expires (its in-flight requests died with it); one that stops cleanly deletes
 its hash at once. Redis unreachable or slow: the remote share is dropped (local counts only),
 the error logged and counted, and requests are never failed for it.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import secrets
 import socket
@@ -29,6 +32,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from epp.pool import Pool
@@ -127,7 +132,7 @@ class SharedInflight:
             config.redis,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            retry_on_error=[],
+            retry=Retry(NoBackoff(), 0),  # no hidden retries: the loop's own cadence retries
             max_connections=4,
         )
         self._script = self._redis.register_script(_SCRIPT)
@@ -161,14 +166,14 @@ class SharedInflight:
 
     async def sync_once(self) -> bool:
         """One round trip: publish ours, read theirs. False (and local counts only) on failure."""
+        return await self._round_trip(self.pool.local_inflight())
+
+    async def _round_trip(self, local: Mapping[str, tuple[int, int]]) -> bool:
         args: list[str | int] = [self.config.ttl_ms, self.replica_id, self._hash_prefix]
-        for pod, (requests, tokens) in list(self.pool.local_inflight().items())[:MAX_PODS_PER_CALL]:
+        for pod, (requests, tokens) in list(local.items())[:MAX_PODS_PER_CALL]:
             args += [pod, f"{requests},{tokens}"]
-        try:
-            reply = await asyncio.wait_for(
-                self._script(keys=[self._set_key, self._hash_prefix + self.replica_id], args=args),
-                self.config.timeout_ms / 1000,
-            )
+        try:  # bounded by the client's socket timeouts (timeoutMs)
+            reply = await self._script(keys=[self._set_key, self._hash_prefix + self.replica_id], args=args)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
             return False
@@ -198,10 +203,19 @@ class SharedInflight:
 
     async def run(self) -> None:
         interval = self.config.publish_interval_ms / 1000
+        idle = self.config.idle_interval_ms / 1000
+        # Down: retry every half TTL, so a dead Redis costs a connect attempt, not 50 a second.
+        retry = max(idle, self.config.ttl_ms / 2000)
+        loop = asyncio.get_running_loop()
+        published: Mapping[str, tuple[int, int]] | None = None
+        last, ok = -math.inf, True
         while True:
-            ok = await self.sync_once()
-            # Down: retry at most once a TTL, so a dead Redis costs a connect attempt, not 50/s.
-            await asyncio.sleep(interval if ok else max(interval, self.config.ttl_ms / 2000))
+            local = self.pool.local_inflight()
+            now = loop.time()
+            if (local != published and ok) or now - last >= (idle if ok else retry):
+                ok = await self._round_trip(local)
+                published, last = local, now
+            await asyncio.sleep(interval)
 
     def start(self) -> None:
         self._task = spawn("shared-state", f"shared state {self._set_key}", self.run)

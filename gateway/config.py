@@ -141,20 +141,24 @@ def is_ip(host: str) -> bool:
 
 class SharedStateConfig(_Model):
     """State the EPP replicas of a pool share through Redis (epp/shared_state.py): each
-    replica publishes its per-pod in-flight counts every `publishIntervalMs` under a key that
-    expires after `ttlMs` (a dead replica's share disappears then) and reads the others' in
-    the same round trip. Off (None) by default; Redis unreachable = local counts only."""
+    replica publishes its per-pod in-flight counts under a key that expires after `ttlMs` (a
+    dead replica's share disappears then) and reads the others' in the same round trip: within
+    `publishIntervalMs` of a change of its own counts, else every `idleIntervalMs`. Off (None)
+    by default; Redis unreachable = local counts only."""
 
     redis: str = Field(min_length=1, pattern=r"^(redis|rediss|unix)://")
     publish_interval_ms: int = Field(default=20, ge=5, le=1000, alias="publishIntervalMs")
+    idle_interval_ms: int = Field(default=200, ge=5, le=10_000, alias="idleIntervalMs")
     ttl_ms: int = Field(default=1000, ge=50, le=60_000, alias="ttlMs")
     timeout_ms: int = Field(default=200, ge=10, le=10_000, alias="timeoutMs")
     key_prefix: str = Field(default="igw:epp", min_length=1, pattern=r"^[A-Za-z0-9:_.-]+$", alias="keyPrefix")
 
     @model_validator(mode="after")
     def _ttl_covers_publishing(self) -> SharedStateConfig:
-        if self.ttl_ms < 3 * self.publish_interval_ms:
-            raise ValueError("ttlMs must be at least 3 x publishIntervalMs, or live replicas expire")
+        if self.idle_interval_ms < self.publish_interval_ms:
+            raise ValueError("idleIntervalMs must be at least publishIntervalMs")
+        if self.ttl_ms < 3 * self.idle_interval_ms:
+            raise ValueError("ttlMs must be at least 3 x idleIntervalMs, or live idle replicas expire")
         return self
 
 
