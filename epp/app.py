@@ -113,7 +113,13 @@ class EppApp:
         # In-flight counts shared with the pool's other replicas (sharedState; read once).
         self.shared: SharedInflight | None = None
         if config.shared_state is not None:
-            self.shared = SharedInflight(self.pool, pool_name, config.shared_state, self.telemetry.registry)
+            self.shared = SharedInflight(
+                self.pool,
+                pool_name,
+                config.shared_state,
+                self.telemetry.registry,
+                prefix_index=self.scheduler.prefix_index,  # kept across reloads (build_scheduler)
+            )
         self._shared_config = config.shared_state
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
         self._kubernetes = kubernetes or (

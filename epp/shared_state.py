@@ -5,7 +5,10 @@ them), so each knows only its own in-flight per pod. A background loop looks at 
 every `publishIntervalMs` (a dict scan, no I/O) and, when they changed or `idleIntervalMs`
 passed, sends one script call that (1) replaces this replica's hash (pod -> "requests,tokens")
 and sets it to expire after `ttlMs`, (2) registers the replica in the pool's set and (3)
-returns every other live replica's hash. The totals go into `Pool.set_remote_inflight`, and
+returns every other live replica's hash; with `prefixIndex` (the default) the same call appends
+this replica's routing decisions since the last one (pod, prompt block hashes) to the pool's
+capped stream and returns the entries after the last one read, which the approximate prefix
+index `learn`s, so every replica's index sees every replica's traffic. The totals go into `Pool.set_remote_inflight`, and
 snapshots add them to the local counts: a scheduling decision reads memory, never Redis. A
 busy replica is one publish interval behind the others; an idle one, one idle interval (a
 round trip costs ~0.5-1 ms of Python CPU, so 50 a second while idle would be 2-5 % of a core). A replica that dies stops being counted
@@ -14,9 +17,8 @@ its hash at once. Redis unreachable or slow: the remote share is dropped (local 
 the error logged and counted, and requests are never failed for it.
 
 All keys of a pool share one hash tag (`{pool}`), so the script stays in one Redis Cluster
-slot. The approximate prefix index and adapter residency stay per replica (docs/architecture.md,
-"EPP replicas"); the KV-event index is the same on every replica because each subscribes to
-every pod.
+slot. Adapter residency stays per replica (docs/architecture.md, "EPP replicas"); the
+KV-event index is the same on every replica because each subscribes to every pod.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgpack
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.asyncio.retry import Retry
@@ -37,41 +41,57 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from epp.pool import Pool
+from epp.scheduling.prefix import PrefixIndex
 from gateway.config import SharedStateConfig
 from gateway.supervise import spawn
 
 log = logging.getLogger(__name__)
 
-# KEYS: 1 the pool's replica set, 2 this replica's hash.
-# ARGV: 1 ttl_ms, 2 this replica's id, 3 the prefix of every replica's hash key, 4.. pod, counts.
-# Returns {id1, {pod, counts, ...}, id2, {...}, ...} for the other live replicas.
+# KEYS: 1 the pool's replica set, 2 this replica's hash, 3 the pool's routing-decision stream.
+# ARGV: 1 ttl_ms, 2 this replica's id, 3 the prefix of every replica's hash key, 4 the last
+# stream id read ("" = none yet: read from the oldest kept), 5 this replica's decisions since
+# the last call (msgpack, "" = none), 6 the stream's cap, 7 whether to read the stream (0/1),
+# 8.. pod, counts.
+# Returns {{id1, {pod, counts, ...}, id2, ...}, {stream entries after ARGV[4]}}.
 _SCRIPT = """
 local ttl = tonumber(ARGV[1])
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], '_', '1')
-if #ARGV > 3 then
-  redis.call('HSET', KEYS[2], unpack(ARGV, 4))
+if #ARGV > 7 then
+  redis.call('HSET', KEYS[2], unpack(ARGV, 8))
 end
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('SADD', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ttl * 100)
-local out = {}
+local peers = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if id ~= ARGV[2] then
     local vals = redis.call('HGETALL', ARGV[3] .. id)
     if #vals == 0 then
       redis.call('SREM', KEYS[1], id)
     else
-      out[#out + 1] = id
-      out[#out + 1] = vals
+      peers[#peers + 1] = id
+      peers[#peers + 1] = vals
     end
   end
 end
-return out
+if ARGV[5] ~= '' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'r', ARGV[2], 'b', ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], ttl * 100)
+end
+local entries = {}
+if ARGV[7] == '1' then
+  local from = '-'
+  if ARGV[4] ~= '' then from = '(' .. ARGV[4] end
+  entries = redis.call('XRANGE', KEYS[3], from, '+', 'COUNT', 1000)
+end
+return {peers, entries}
 """
 
 # Pods per script call: Lua's unpack takes at most a few thousand values.
 MAX_PODS_PER_CALL = 2000
+# Routing decisions waiting for the next call, at most (the oldest dropped beyond).
+MAX_OUTBOX = 5000
 
 
 def default_replica_id() -> str:
@@ -112,7 +132,8 @@ def sum_peers(peers: Mapping[str, Mapping[str, tuple[int, int]]]) -> dict[str, t
 
 
 class SharedInflight:
-    """Publishes this replica's in-flight per pod and feeds the others' into the Pool."""
+    """Publishes this replica's in-flight per pod and feeds the others' into the Pool; with a
+    `prefix_index`, shares its routing decisions too and teaches the index the others'."""
 
     def __init__(
         self,
@@ -123,8 +144,16 @@ class SharedInflight:
         *,
         replica_id: str | None = None,
         client: aioredis.Redis | None = None,
+        prefix_index: PrefixIndex | None = None,
     ) -> None:
         self.pool = pool
+        self.prefix_index = prefix_index if config.prefix_index else None
+        self._outbox: deque[tuple[str, Sequence[int]]] = deque(maxlen=MAX_OUTBOX)
+        self._last_id = ""
+        self.learned = 0  # peers' routing decisions taught to the prefix index
+        self.bad_entries = 0
+        if self.prefix_index is not None:
+            self.prefix_index.on_add = self._on_add
         self.config = config
         self.replica_id = replica_id or default_replica_id()
         timeout = config.timeout_ms / 1000
@@ -139,6 +168,7 @@ class SharedInflight:
         tag = f"{config.key_prefix}:{{{pool_name}}}"
         self._set_key = f"{tag}:replicas"
         self._hash_prefix = f"{tag}:inflight:"
+        self._stream_key = f"{tag}:prefix"
         self.peers: dict[str, dict[str, tuple[int, int]]] = {}
         self.connected = False
         self.errors = 0
@@ -168,16 +198,28 @@ class SharedInflight:
         """One round trip: publish ours, read theirs. False (and local counts only) on failure."""
         return await self._round_trip(self.pool.local_inflight())
 
+    def _on_add(self, address: str, hashes: Sequence[int]) -> None:
+        self._outbox.append((address, hashes))
+
     async def _round_trip(self, local: Mapping[str, tuple[int, int]]) -> bool:
-        args: list[str | int] = [self.config.ttl_ms, self.replica_id, self._hash_prefix]
+        decisions = b""
+        if self._outbox:
+            decisions = msgpack.packb([[a, list(h)] for a, h in self._outbox])
+            self._outbox.clear()  # lost if the call fails: the index is a guess anyway
+        args: list[str | int | bytes] = [
+            *(self.config.ttl_ms, self.replica_id, self._hash_prefix, self._last_id, decisions),
+            *(self.config.prefix_stream_max_len, 1 if self.prefix_index is not None else 0),
+        ]
         for pod, (requests, tokens) in list(local.items())[:MAX_PODS_PER_CALL]:
             args += [pod, f"{requests},{tokens}"]
+        keys = [self._set_key, self._hash_prefix + self.replica_id, self._stream_key]
         try:  # bounded by the client's socket timeouts (timeoutMs)
-            reply = await self._script(keys=[self._set_key, self._hash_prefix + self.replica_id], args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
+            peers, entries = await self._script(keys=keys, args=args)
+        except (RedisError, OSError, TimeoutError, ValueError) as exc:
             self._failed(exc)
             return False
-        self.peers = parse_peers(reply)
+        self._learn(entries)
+        self.peers = parse_peers(peers)
         self.pool.set_remote_inflight(sum_peers(self.peers))
         if not self.connected:
             log.info("shared state: connected (replica %s, %d peers)", self.replica_id, len(self.peers))
@@ -185,6 +227,26 @@ class SharedInflight:
         self._m_up.set(1)
         self._m_peers.set(len(self.peers))
         return True
+
+    def _learn(self, entries: list[Any]) -> None:
+        """Teach the prefix index the other replicas' routing decisions from the stream."""
+        index = self.prefix_index
+        if index is None:
+            return
+        me = self.replica_id
+        for entry_id, flat in entries:
+            self._last_id = _text(entry_id)
+            fields = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
+            if _text(fields.get("r", b"")) == me:
+                continue
+            try:
+                decisions = msgpack.unpackb(fields.get("b", b""))
+                for address, hashes in decisions:
+                    if isinstance(address, str) and address in self.pool:
+                        index.learn(address, [h for h in hashes if isinstance(h, int)])
+                        self.learned += 1
+            except (ValueError, TypeError, msgpack.UnpackException):  # not ours: skip the entry
+                self.bad_entries += 1
 
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
@@ -212,7 +274,8 @@ class SharedInflight:
         while True:
             local = self.pool.local_inflight()
             now = loop.time()
-            if (local != published and ok) or now - last >= (idle if ok else retry):
+            changed = local != published or bool(self._outbox)
+            if (changed and ok) or now - last >= (idle if ok else retry):
                 ok = await self._round_trip(local)
                 published, last = local, now
             await asyncio.sleep(interval)
@@ -239,5 +302,6 @@ class SharedInflight:
             "replica": self.replica_id,
             "connected": self.connected,
             "errors": self.errors,
+            "prefix_decisions_learned": self.learned,
             "peers": {rid: {pod: list(c) for pod, c in counts.items()} for rid, counts in self.peers.items()},
         }

@@ -152,6 +152,10 @@ class SharedStateConfig(_Model):
     ttl_ms: int = Field(default=1000, ge=50, le=60_000, alias="ttlMs")
     timeout_ms: int = Field(default=200, ge=10, le=10_000, alias="timeoutMs")
     key_prefix: str = Field(default="igw:epp", min_length=1, pattern=r"^[A-Za-z0-9:_.-]+$", alias="keyPrefix")
+    # Share routing decisions (pod, prompt block hashes) so every replica's approximate prefix
+    # index learns every replica's traffic, through a Redis stream capped at `prefixStreamMaxLen`.
+    prefix_index: bool = Field(default=True, alias="prefixIndex")
+    prefix_stream_max_len: int = Field(default=10_000, ge=100, le=10_000_000, alias="prefixStreamMaxLen")
 
     @model_validator(mode="after")
     def _ttl_covers_publishing(self) -> SharedStateConfig:

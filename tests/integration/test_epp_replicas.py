@@ -123,11 +123,18 @@ async def test_requests_through_envoy_land_on_both_replicas(
     before = [await r.routed() for r in replicas]
     async with gw.client() as client:
         for i in range(20):
-            assert (await client.post("/v1/chat/completions", json=chat(LLAMA, f"r{i}"))).status_code == 200
+            body = chat(LLAMA, "a shared system prompt long enough for several blocks " * 20 + f"r{i}")
+            assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
     delta = [await r.routed() - b for r, b in zip(replicas, before, strict=True)]
     assert sum(delta) == 20 and min(delta) >= 5, delta  # Envoy's round robin over the two
     for r in replicas:
         assert await r.metric("gateway_shared_state_peers", inference_pool=POOL) == 1
+
+        # Each replica's prefix index learned the other's routing decisions (the shared stream).
+        async def learned(r: Replica = r) -> bool:
+            return (await r.pool())["shared_state"]["prefix_decisions_learned"] >= min(delta)
+
+        await until(learned, f"{r.name} learns the other's decisions")
     await settled(replicas)
 
 

@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
 
 from devstack.redis_server import RedisServer, start_redis
 from epp.pool import Endpoint, Metrics, Pool
+from epp.scheduling.prefix import PrefixIndex
 from epp.shared_state import SharedInflight, parse_peers, sum_peers
 from gateway.config import ConfigError, SharedStateConfig, parse_config
 from gateway.envoy_config import ext_proc_cluster
@@ -159,3 +161,32 @@ async def test_redis_unreachable_falls_back_to_local_counts(redis: RedisServer, 
     assert shared.errors == 1 and not shared.connected
     assert pool.snapshot().by_address()[POD_A].inflight_requests == 1  # the stale remote share is gone
     await shared.stop()
+
+
+async def test_routing_decisions_reach_the_other_replicas_prefix_index(redis: RedisServer) -> None:
+    pool_a, _ = _replica(redis.url, "t4")
+    pool_b, _ = _replica(redis.url, "t4")
+    index_a, index_b = PrefixIndex(), PrefixIndex()
+    config = SharedStateConfig.model_validate({"redis": redis.url, "keyPrefix": "t4"})
+    a = SharedInflight(pool_a, "p", config, CollectorRegistry(), replica_id="a", prefix_index=index_a)
+    b = SharedInflight(pool_b, "p", config, CollectorRegistry(), replica_id="b", prefix_index=index_b)
+    hashes = index_a.hashes("m", "a long shared system prompt " * 40)
+    assert len(hashes) >= 4
+    index_a.add(POD_A, hashes)  # what the scheduler does for a request a routed
+    index_a.add("10.9.9.9:1", hashes)  # a pod b's pool does not have: never learned
+    # Junk on the stream (another writer, a corrupt entry) is skipped, not fatal.
+    client = Redis.from_url(redis.url)
+    await client.xadd("t4:{p}:prefix", {"r": "x", "b": b"\xc1not msgpack"})
+    await client.aclose()
+    assert await a.sync_once() and await b.sync_once()
+    assert index_b.match(hashes, POD_A) == len(hashes) and index_b.match(hashes, POD_B) == 0
+    assert b.learned == 1 and b.bad_entries == 1
+    assert await a.sync_once() and a.learned == 0  # its own decisions are not learned twice
+    # A replica started later warms its index from the stream's history.
+    late_index = PrefixIndex()
+    late = SharedInflight(
+        _replica(redis.url, "t4")[0], "p", config, CollectorRegistry(), prefix_index=late_index
+    )
+    assert await late.sync_once() and late_index.match(hashes, POD_A) == len(hashes)
+    for s in (a, b, late):
+        await s.stop()
