@@ -7,7 +7,8 @@ fixed concurrency; per setup: req/s, client p50/p99, CPU per request of the EPP 
 setups take turns `--rounds` times so machine load drifts over all of them alike; the load
 average is printed before and after (the cores are shared with whatever else runs).
 
-python -m bench.replicas_bench [--replicas 1 2] [--requests 1500] [--concurrency 32] [--rounds 2]
+python -m bench.replicas_bench [--setups 1 2 2-inflight] [--requests 1500] [--concurrency 32] [--rounds 2]
+(a setup is a replica count; `-inflight`: share in-flight counts only, not prefix decisions)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ IDLE_WINDOW_S = 2.0
 class Run:
     replicas: int
     shared: bool
+    prefix_shared: bool
     requests: int
     errors: int
     req_s: float
@@ -57,7 +59,10 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.replicas} EPP{'s' if self.replicas > 1 else ''}" + (" + Redis" if self.shared else "")
+        label = f"{self.replicas} EPP{'s' if self.replicas > 1 else ''}"
+        if self.shared:
+            label += " + Redis (in-flight" + (" + prefix decisions)" if self.prefix_shared else " only)")
+        return label
 
 
 def _routed(gw: LocalGateway, pool: str) -> list[float]:
@@ -77,7 +82,13 @@ def _routed(gw: LocalGateway, pool: str) -> list[float]:
 
 
 async def one_run(
-    gw: LocalGateway, redis: RedisServer | None, replicas: int, requests: int, concurrency: int, tokens: int
+    gw: LocalGateway,
+    redis: RedisServer | None,
+    replicas: int,
+    prefix: bool,
+    requests: int,
+    concurrency: int,
+    tokens: int,
 ) -> Run:
     pool = next(iter(gw.epp_ports))
     epp_pids = [gw.procs[name].popen.pid for name in gw.epp_replica_names(pool)]
@@ -101,6 +112,7 @@ async def one_run(
     return Run(
         replicas,
         redis is not None,
+        prefix,
         requests,
         errors,
         len(latencies) / wall if wall else 0.0,
@@ -115,23 +127,26 @@ async def one_run(
 
 
 async def run(
-    replica_counts: Sequence[int], requests: int, concurrency: int, rounds: int, tokens: int
+    setups: Sequence[str], requests: int, concurrency: int, rounds: int, tokens: int
 ) -> list[list[Run]]:
     work = Path(tempfile.mkdtemp(prefix="bench-replicas-"))
     stub_proc, stub = await start_stub(tokens)
     redis = start_redis(work / "redis")
     pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
-    gateways: list[tuple[int, LocalGateway, RedisServer | None]] = []
+    gateways: list[tuple[int, bool, LocalGateway, RedisServer | None]] = []
     try:
-        for n in replica_counts:
-            extra = {"sharedState": {"redis": redis.url}} if n > 1 else None
-            gw = start_local_gateway(work / f"gw-{n}", pods=[pod], epp_replicas=n, config_extra=extra)
-            gateways.append((n, gw, redis if n > 1 else None))
+        for setup in setups:
+            count, _, variant = setup.partition("-")
+            n, prefix = int(count), variant != "inflight"
+            shared = {"redis": redis.url, "keyPrefix": f"bench{setup}", "prefixIndex": prefix}
+            extra = {"sharedState": shared} if n > 1 else None
+            gw = start_local_gateway(work / f"gw-{setup}", pods=[pod], epp_replicas=n, config_extra=extra)
+            gateways.append((n, prefix, gw, redis if n > 1 else None))
         await asyncio.sleep(1.0)
         results: list[list[Run]] = [[] for _ in gateways]
         for _ in range(rounds):
-            for i, (n, gw, r) in enumerate(gateways):
-                result = await one_run(gw, r, n, requests, concurrency, tokens)
+            for i, (n, prefix, gw, r) in enumerate(gateways):
+                result = await one_run(gw, r, n, prefix, requests, concurrency, tokens)
                 results[i].append(result)
                 print(
                     f"{result.label}: {result.req_s:.0f} req/s, p50 {result.p50_ms:.1f} ms, p99 {result.p99_ms:.1f} ms, "
@@ -142,7 +157,7 @@ async def run(
                 )
         return results
     finally:
-        for _, gw, _ in gateways:
+        for _, _, gw, _ in gateways:
             gw.stop()
         redis.stop()
         stub_proc.terminate()
@@ -173,14 +188,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--setups", nargs="+", default=["1", "2", "2-inflight"])
     parser.add_argument("--requests", type=int, default=1500)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=4)
     args = parser.parse_args(argv)
     print(f"load before: {os.getloadavg()}", flush=True)
-    results = asyncio.run(run(args.replicas, args.requests, args.concurrency, args.rounds, args.tokens))
+    results = asyncio.run(run(args.setups, args.requests, args.concurrency, args.rounds, args.tokens))
     print(f"load after: {os.getloadavg()}  (cores: {os.cpu_count()})")
     print(summary(results))
     return 0

@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 # stream id read ("" = none yet: read from the oldest kept), 5 this replica's decisions since
 # the last call (msgpack, "" = none), 6 the stream's cap, 7 whether to read the stream (0/1),
 # 8.. pod, counts.
-# Returns {{id1, {pod, counts, ...}, id2, ...}, {stream entries after ARGV[4]}}.
+# Returns {{id1, {pod, counts, ...}, id2, ...}, {the other replicas' decision blobs after
+# ARGV[4]}, the last stream id read}.
 _SCRIPT = """
 local ttl = tonumber(ARGV[1])
 redis.call('DEL', KEYS[2])
@@ -79,13 +80,21 @@ if ARGV[5] ~= '' then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'r', ARGV[2], 'b', ARGV[5])
   redis.call('PEXPIRE', KEYS[3], ttl * 100)
 end
-local entries = {}
+local blobs, last = {}, ARGV[4]
 if ARGV[7] == '1' then
   local from = '-'
   if ARGV[4] ~= '' then from = '(' .. ARGV[4] end
-  entries = redis.call('XRANGE', KEYS[3], from, '+', 'COUNT', 1000)
+  for _, entry in ipairs(redis.call('XRANGE', KEYS[3], from, '+', 'COUNT', 1000)) do
+    last = entry[1]
+    local fields, from_us, blob = entry[2], false, nil
+    for i = 1, #fields - 1, 2 do
+      if fields[i] == 'r' and fields[i + 1] == ARGV[2] then from_us = true end
+      if fields[i] == 'b' then blob = fields[i + 1] end
+    end
+    if not from_us then blobs[#blobs + 1] = blob or '' end
+  end
 end
-return {peers, entries}
+return {peers, blobs, last}
 """
 
 # Pods per script call: Lua's unpack takes at most a few thousand values.
@@ -214,11 +223,12 @@ class SharedInflight:
             args += [pod, f"{requests},{tokens}"]
         keys = [self._set_key, self._hash_prefix + self.replica_id, self._stream_key]
         try:  # bounded by the client's socket timeouts (timeoutMs)
-            peers, entries = await self._script(keys=keys, args=args)
+            peers, blobs, last_id = await self._script(keys=keys, args=args)
         except (RedisError, OSError, TimeoutError, ValueError) as exc:
             self._failed(exc)
             return False
-        self._learn(entries)
+        self._last_id = _text(last_id)
+        self._learn(blobs)
         self.peers = parse_peers(peers)
         self.pool.set_remote_inflight(sum_peers(self.peers))
         if not self.connected:
@@ -228,20 +238,14 @@ class SharedInflight:
         self._m_peers.set(len(self.peers))
         return True
 
-    def _learn(self, entries: list[Any]) -> None:
+    def _learn(self, blobs: list[bytes]) -> None:
         """Teach the prefix index the other replicas' routing decisions from the stream."""
         index = self.prefix_index
         if index is None:
             return
-        me = self.replica_id
-        for entry_id, flat in entries:
-            self._last_id = _text(entry_id)
-            fields = {_text(flat[i]): flat[i + 1] for i in range(0, len(flat) - 1, 2)}
-            if _text(fields.get("r", b"")) == me:
-                continue
+        for blob in blobs:
             try:
-                decisions = msgpack.unpackb(fields.get("b", b""))
-                for address, hashes in decisions:
+                for address, hashes in msgpack.unpackb(blob):
                     if isinstance(address, str) and address in self.pool:
                         index.learn(address, [h for h in hashes if isinstance(h, int)])
                         self.learned += 1
