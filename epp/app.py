@@ -23,7 +23,7 @@ from epp.pool import Endpoint, Pool
 from epp.processor import EppProcessor
 from epp.scheduling.weighted import WeightedScheduler
 from epp.scrape import Scraper
-from epp.shared_state import SharedInflight
+from epp.shared_state import SharedState
 from epp.telemetry import Telemetry
 from epp.trust import HeaderPolicy
 from extproc.server import GrpcService, TlsFiles, start_grpc_service, start_health_server
@@ -111,9 +111,9 @@ class EppApp:
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
         self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics)
         # In-flight counts shared with the pool's other replicas (sharedState; read once).
-        self.shared: SharedInflight | None = None
+        self.shared: SharedState | None = None
         if config.shared_state is not None:
-            self.shared = SharedInflight(
+            self.shared = SharedState(
                 self.pool,
                 pool_name,
                 config.shared_state,

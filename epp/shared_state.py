@@ -140,7 +140,7 @@ def sum_peers(peers: Mapping[str, Mapping[str, tuple[int, int]]]) -> dict[str, t
     return totals
 
 
-class SharedInflight:
+class SharedState:
     """Publishes this replica's in-flight per pod and feeds the others' into the Pool; with a
     `prefix_index`, shares its routing decisions too and teaches the index the others'."""
 

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from devstack.redis_server import RedisServer, start_redis
 from epp.pool import Endpoint, Metrics, Pool
 from epp.scheduling.prefix import PrefixIndex
-from epp.shared_state import SharedInflight, parse_peers, sum_peers
+from epp.shared_state import SharedState, parse_peers, sum_peers
 from gateway.config import ConfigError, SharedStateConfig, parse_config
 from gateway.envoy_config import ext_proc_cluster
 
@@ -100,7 +100,7 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         server.stop()
 
 
-def _replica(redis_url: str, name: str, ttl_ms: int = 300) -> tuple[Pool, SharedInflight]:
+def _replica(redis_url: str, name: str, ttl_ms: int = 300) -> tuple[Pool, SharedState]:
     pool = Pool([Endpoint(POD_A, frozenset({"m"})), Endpoint(POD_B, frozenset({"m"}))])
     config = SharedStateConfig.model_validate(
         {
@@ -111,7 +111,7 @@ def _replica(redis_url: str, name: str, ttl_ms: int = 300) -> tuple[Pool, Shared
             "keyPrefix": name,
         }
     )
-    return pool, SharedInflight(pool, "p", config, CollectorRegistry(), replica_id=name + "-r")
+    return pool, SharedState(pool, "p", config, CollectorRegistry(), replica_id=name + "-r")
 
 
 async def test_replicas_see_each_other_and_a_silent_one_expires(redis: RedisServer) -> None:
@@ -168,8 +168,8 @@ async def test_routing_decisions_reach_the_other_replicas_prefix_index(redis: Re
     pool_b, _ = _replica(redis.url, "t4")
     index_a, index_b = PrefixIndex(), PrefixIndex()
     config = SharedStateConfig.model_validate({"redis": redis.url, "keyPrefix": "t4"})
-    a = SharedInflight(pool_a, "p", config, CollectorRegistry(), replica_id="a", prefix_index=index_a)
-    b = SharedInflight(pool_b, "p", config, CollectorRegistry(), replica_id="b", prefix_index=index_b)
+    a = SharedState(pool_a, "p", config, CollectorRegistry(), replica_id="a", prefix_index=index_a)
+    b = SharedState(pool_b, "p", config, CollectorRegistry(), replica_id="b", prefix_index=index_b)
     hashes = index_a.hashes("m", "a long shared system prompt " * 40)
     assert len(hashes) >= 4
     index_a.add(POD_A, hashes)  # what the scheduler does for a request a routed
@@ -184,7 +184,7 @@ async def test_routing_decisions_reach_the_other_replicas_prefix_index(redis: Re
     assert await a.sync_once() and a.learned == 0  # its own decisions are not learned twice
     # A replica started later warms its index from the stream's history.
     late_index = PrefixIndex()
-    late = SharedInflight(
+    late = SharedState(
         _replica(redis.url, "t4")[0], "p", config, CollectorRegistry(), prefix_index=late_index
     )
     assert await late.sync_once() and late_index.match(hashes, POD_A) == len(hashes)
