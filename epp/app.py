@@ -24,6 +24,7 @@ from epp.pool import Endpoint, Pool
 from epp.processor import EppProcessor
 from epp.scheduling.weighted import WeightedScheduler
 from epp.scrape import Scraper
+from epp.shared_state import SharedState
 from epp.telemetry import Telemetry
 from epp.trust import HeaderPolicy
 from extproc.server import GrpcService, TlsFiles, start_grpc_service, start_health_server
@@ -128,6 +129,17 @@ class EppApp:
         self.kv_index = KVIndex(kv.max_blocks if kv else KVIndex().max_blocks)
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
         self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics)
+        # In-flight counts shared with the pool's other replicas (sharedState; read once).
+        self.shared_state: SharedState | None = None
+        if config.shared_state is not None:
+            self.shared_state = SharedState(
+                self.pool,
+                pool_name,
+                config.shared_state,
+                self.telemetry.registry,
+                prefix_index=self.scheduler.prefix_index,  # kept across reloads (build_scheduler)
+            )
+        self._shared_config = config.shared_state
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
         self._kubernetes = kubernetes or (
             KubernetesPool(pool_config.kubernetes.namespace, pool_config.kubernetes.pool_name)
@@ -175,6 +187,8 @@ class EppApp:
         except KeyError:
             log.error("reloaded config has no pool %r; keeping the previous pool settings", self.pool_name)
             return
+        if config.shared_state != self._shared_config:
+            log.warning("sharedState changed: it is read at start; restart the EPP to apply it")
         self.scheduler = build_scheduler(config, self.scheduler)
         self.ctx.scheduler = self.scheduler
         self._apply(config)
@@ -273,10 +287,19 @@ class EppApp:
             self._metrics_port,
             self.telemetry,
             self.pool.snapshot,
-            extra=lambda: {"kv_events": self.kv_events.debug()},
+            extra=self._debug_extra,
         )
+        if self.shared_state is not None:
+            self.shared_state.start()
         if self._watcher is not None:
             self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
+
+    def _debug_extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"kv_events": self.kv_events.debug()}
+        if self.shared_state is not None:
+            extra["shared_state"] = self.shared_state.debug()
+            extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
+        return extra
 
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:
@@ -291,6 +314,8 @@ class EppApp:
             await self._discovery.stop()
         if self._objective_watcher is not None:
             await self._objective_watcher.stop()
+        if self.shared_state is not None:  # after the drain: the last streams' slots are released
+            await self.shared_state.stop()
         await self.scraper.stop()
         await self.flow.stop()
         await self.kv_events.stop()

@@ -137,7 +137,9 @@ class EndpointState:
     endpoint: Endpoint
     metrics: Metrics | None  # None until the first successful scrape
     metrics_age: float  # seconds since the last successful scrape (inf if never)
-    inflight_requests: int = 0  # routed by this EPP and not finished
+    # Routed and not finished: by this EPP, plus what the pool's other replicas publish
+    # (epp/shared_state.py) when replicas share state.
+    inflight_requests: int = 0
     inflight_tokens: int = 0  # their estimated prompt+output tokens
     ttft_ewma: float | None = None  # smoothed observed time to first byte, seconds
     tpot_ewma: float | None = None  # smoothed observed time per output token, seconds
@@ -228,6 +230,9 @@ class Pool:
         speed_half_life_s: float = DEFAULT_SPEED_HALF_LIFE_S,
     ) -> None:
         self._live: dict[str, _Live] = {}
+        # The other EPP replicas' in-flight per pod (requests, tokens), replaced wholesale by
+        # the shared-state loop; empty when replicas do not share state or Redis is down.
+        self._remote: Mapping[str, tuple[int, int]] = {}
         self._unhealthy_after = unhealthy_after
         self.speed_half_life_s = speed_half_life_s  # set again on every config reload
         # Called with the address of every routed request (the scraper wakes an idle pod's loop).
@@ -314,8 +319,21 @@ class Pool:
             live.tpot.observe(tpot, now, self.speed_half_life_s)
 
     def inflight(self, address: str) -> int:
+        """This replica's own in-flight requests on `address`."""
         live = self._live.get(address)
         return live.inflight_requests if live is not None else 0
+
+    def local_inflight(self) -> dict[str, tuple[int, int]]:
+        """This replica's own (requests, tokens) per pod with any in flight: what it publishes."""
+        return {
+            a: (live.inflight_requests, live.inflight_tokens)
+            for a, live in self._live.items()
+            if live.inflight_requests or live.inflight_tokens
+        }
+
+    def set_remote_inflight(self, counts: Mapping[str, tuple[int, int]]) -> None:
+        """The other replicas' (requests, tokens) per pod; added to this replica's in snapshots."""
+        self._remote = counts
 
     def inflight_total(self) -> int:
         return sum(live.inflight_requests for live in self._live.values())
@@ -324,17 +342,18 @@ class Pool:
     def snapshot(self, now: float | None = None) -> PoolSnapshot:
         now = time.monotonic() if now is None else now
         half_life = self.speed_half_life_s
+        remote, none = self._remote, (0, 0)
         states = tuple(
             EndpointState(
                 endpoint=live.endpoint,
                 metrics=live.metrics,
                 metrics_age=(now - live.metrics.scraped_at) if live.metrics else float("inf"),
-                inflight_requests=live.inflight_requests,
-                inflight_tokens=live.inflight_tokens,
+                inflight_requests=live.inflight_requests + remote.get(address, none)[0],
+                inflight_tokens=live.inflight_tokens + remote.get(address, none)[1],
                 ttft_ewma=live.ttft.current(now, half_life),
                 tpot_ewma=live.tpot.current(now, half_life),
                 healthy=live.failures < self._unhealthy_after,
             )
-            for live in self._live.values()
+            for address, live in self._live.items()
         )
         return PoolSnapshot(endpoints=states, taken_at=now)

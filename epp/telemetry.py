@@ -54,7 +54,8 @@ class _PoolCollector(Collector):
         ready.add_metric([self._pool], sum(1 for s in snap.endpoints if s.healthy and s.metrics is not None))
         inflight = GaugeMetricFamily(
             "inference_pool_inflight_requests",
-            "Requests routed and not finished",
+            "Requests routed and not finished (with sharedState: by every EPP replica of the pool, "
+            "so do not sum it over replicas)",
             labels=["name", "endpoint"],
         )
         for s in snap.endpoints:

@@ -100,9 +100,70 @@ class KvEventsConfig(_Model):
     max_blocks: int = Field(default=1_000_000, ge=1, le=100_000_000, alias="maxBlocks")
 
 
+MAX_EPP_REPLICAS = 32
+
+
 class EppAddress(_Model):
+    """Where Envoy reaches the pool's EPP. `replicas` > 1: several active-active EPP processes
+    (share their in-flight counts with `sharedState`). With an IP `host` they listen on
+    `port`, `port + 1`, ... (one Envoy endpoint each); with a DNS name, the name must resolve
+    to every replica (a headless Service) and Envoy balances over what it resolves."""
+
     host: str = "127.0.0.1"
     port: int = Field(default=9002, ge=0, lt=65536)
+    replicas: int = Field(default=1, ge=1, le=MAX_EPP_REPLICAS)
+
+    @model_validator(mode="after")
+    def _replica_ports(self) -> EppAddress:
+        if self.replicas > 1 and self.port + self.replicas - 1 >= 65536:
+            raise ValueError(f"port {self.port} + {self.replicas} replicas runs past 65535")
+        return self
+
+    def addresses(self) -> list[tuple[str, int]]:
+        return replica_addresses(self.host, self.port, self.replicas)
+
+
+def replica_addresses(host: str, port: int, replicas: int) -> list[tuple[str, int]]:
+    """The (host, port) of each EPP replica as Envoy's cluster lists them: consecutive ports on
+    an IP; a DNS name once (it resolves to every replica)."""
+    if replicas == 1 or not is_ip(host):
+        return [(host, port)]
+    return [(host, port + i) for i in range(replicas)]
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+class SharedStateConfig(_Model):
+    """State the EPP replicas of a pool share through Redis (epp/shared_state.py): each
+    replica publishes its per-pod in-flight counts under a key that expires after `ttlMs` (a
+    dead replica's share disappears then) and reads the others' in the same round trip: within
+    `publishIntervalMs` of a change of its own counts, else every `idleIntervalMs`. Off (None)
+    by default; Redis unreachable = local counts only."""
+
+    redis: str = Field(min_length=1, pattern=r"^(redis|rediss|unix)://")
+    publish_interval_ms: int = Field(default=20, ge=5, le=1000, alias="publishIntervalMs")
+    idle_interval_ms: int = Field(default=200, ge=5, le=10_000, alias="idleIntervalMs")
+    ttl_ms: int = Field(default=1000, ge=50, le=60_000, alias="ttlMs")
+    timeout_ms: int = Field(default=200, ge=10, le=10_000, alias="timeoutMs")
+    key_prefix: str = Field(default="igw:epp", min_length=1, pattern=r"^[A-Za-z0-9:_.-]+$", alias="keyPrefix")
+    # Share routing decisions (pod, prompt block hashes) so every replica's approximate prefix
+    # index learns every replica's traffic, through a Redis stream capped at `prefixStreamMaxLen`.
+    prefix_index: bool = Field(default=True, alias="prefixIndex")
+    prefix_stream_max_len: int = Field(default=10_000, ge=100, le=10_000_000, alias="prefixStreamMaxLen")
+
+    @model_validator(mode="after")
+    def _ttl_covers_publishing(self) -> SharedStateConfig:
+        if self.idle_interval_ms < self.publish_interval_ms:
+            raise ValueError("idleIntervalMs must be at least publishIntervalMs")
+        if self.ttl_ms < 3 * self.idle_interval_ms:
+            raise ValueError("ttlMs must be at least 3 x idleIntervalMs, or live idle replicas expire")
+        return self
 
 
 class PoolConfig(_Model):
@@ -301,6 +362,7 @@ class GatewayConfig(_Model):
     )
     bbr: BbrConfig = Field(default_factory=BbrConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    shared_state: SharedStateConfig | None = Field(default=None, alias="sharedState")
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:

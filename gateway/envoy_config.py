@@ -28,7 +28,6 @@ its tests run the very cluster kind Kubernetes deployments use.
 from __future__ import annotations
 
 import copy
-import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.headers import CLAIM_HEADER, DESTINATION_HEADER, MODEL_HEADER, TENANT_CLAIM_HEADER
-from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig
+from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig, is_ip, replica_addresses
 from gateway.envoy_blocks import (
     TYPES,
     bootstrap,
@@ -77,7 +76,9 @@ class Topology:
     listen_port: int
     admin_port: int
     bbr: tuple[str, int] | None  # None in single-hop mode
-    epps: Mapping[str, tuple[str, int]]  # pool name -> EPP host, port (an IP or a DNS name)
+    # pool name -> EPP host, port (an IP or a DNS name); with `pools[].epp.replicas` > 1 and an
+    # IP, the replicas listen on port, port + 1, ... (`EppAddress.addresses`).
+    epps: Mapping[str, tuple[str, int]]
     server_cert: Path | None  # None: plain HTTP listener (TLS terminated in front, e.g. an NLB)
     server_key: Path | None
     listen_host: str = "127.0.0.1"
@@ -92,31 +93,52 @@ class Topology:
     single_hop: bool = False
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+# Several EPP replicas behind one cluster: a dead replica leaves the rotation at its first
+# failed health check (gRPC health, service "") or refused connection, so new ext_proc streams
+# go to the live ones; streams it held fail (their requests get the pool's failure mode).
+_REPLICA_HEALTH_CHECK = {
+    "timeout": "1s",
+    "interval": "1s",
+    "no_traffic_interval": "1s",
+    "unhealthy_threshold": 1,
+    "healthy_threshold": 1,
+    "grpc_health_check": {},
+}
+_REPLICA_OUTLIER_DETECTION = {
+    "split_external_local_origin_errors": True,
+    "consecutive_local_origin_failure": 1,
+    "interval": "1s",
+    "base_ejection_time": "5s",
+    "max_ejection_percent": 100,
+}
 
 
-def ext_proc_cluster(name: str, host: str, port: int, tls: ExtProcTls | None) -> dict[str, Any]:
-    """An ext_proc service: a fixed IP locally, a Service DNS name in Kubernetes."""
-    cluster = grpc_cluster(name, [(host, port)], cluster_type="STATIC" if _is_ip(host) else "STRICT_DNS")
+def ext_proc_cluster(
+    name: str, host: str, port: int, tls: ExtProcTls | None, *, replicas: int = 1
+) -> dict[str, Any]:
+    """An ext_proc service: a fixed IP locally, a Service DNS name in Kubernetes. `replicas`
+    > 1: that many endpoints on consecutive ports (IP) or whatever the name resolves to (a
+    headless Service), health-checked so that losing one moves new streams to the others."""
+    ip = is_ip(host)
+    endpoints = replica_addresses(host, port, replicas)
+    cluster = grpc_cluster(name, endpoints, cluster_type="STATIC" if ip else "STRICT_DNS")
+    if replicas > 1:
+        cluster["health_checks"] = [copy.deepcopy(_REPLICA_HEALTH_CHECK)]
+        cluster["outlier_detection"] = copy.deepcopy(_REPLICA_OUTLIER_DETECTION)
     # Each in-flight request holds one EPP stream until its response ends (see
     # `pool_processing_mode`), so Envoy's default of 1,024 requests per cluster would cap a pool
     # at 1,024 concurrent requests (measured with the limit at 2: the 3rd stream got a 503).
     cluster["circuit_breakers"] = copy.deepcopy(_POOL_CIRCUIT_BREAKERS)  # a copy: no YAML anchors
-    if not _is_ip(host):
+    if not ip:
         cluster["dns_lookup_family"] = "V4_PREFERRED"
     if tls is not None:
         # The service must present a certificate for the very name (or IP) Envoy dials.
-        san = {"san_type": "IP_ADDRESS" if _is_ip(host) else "DNS", "matcher": {"exact": host}}
+        san = {"san_type": "IP_ADDRESS" if ip else "DNS", "matcher": {"exact": host}}
         cluster["transport_socket"] = {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {
                 "@type": TYPES["tls_up"],
-                "sni": "localhost" if _is_ip(host) else host,
+                "sni": "localhost" if ip else host,
                 "common_tls_context": {
                     "tls_certificates": [
                         {
@@ -634,10 +656,11 @@ def _ext_proc_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, 
         return [ext_proc_cluster(SINGLE_HOP_CLUSTER, *_single_hop_check(config, topo), topo.extproc_tls)]
     if topo.bbr is None:
         raise ValueError("two-hop mode needs BBR's address (Topology.bbr)")
+    replicas = {pool.name: pool.epp.replicas for pool in config.pools}
     return [
         ext_proc_cluster("bbr", *topo.bbr, topo.extproc_tls),
         *(
-            ext_proc_cluster(f"epp-{pool}", host, port, topo.extproc_tls)
+            ext_proc_cluster(f"epp-{pool}", host, port, topo.extproc_tls, replicas=replicas.get(pool, 1))
             for pool, (host, port) in topo.epps.items()
         ),
     ]

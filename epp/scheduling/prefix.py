@@ -24,7 +24,7 @@ most of them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import takewhile
 
 import xxhash
@@ -81,6 +81,9 @@ class PrefixIndex:
         self.max_blocks = max_blocks
         self._pods: dict[str, OrderedDict[int, None]] = {}
         self._holders: dict[int, str | set[str]] = {}  # hash -> the pod, or pods, holding it
+        # Told of every `add` (this process's routing decisions), e.g. to share them with the
+        # pool's other EPP replicas (epp/shared_state.py), which `learn` them.
+        self.on_add: Callable[[str, Sequence[int]], None] | None = None
 
     def hashes(
         self, model: str, prompt: str, block_chars: int | None = None, adapter: str | None = None
@@ -88,6 +91,13 @@ class PrefixIndex:
         return prompt_hashes(model, prompt, block_chars or self.block_chars, self.max_blocks, adapter)
 
     def add(self, address: str, hashes: Sequence[int]) -> None:
+        """This process routed a prompt with these blocks to `address`: `learn` it, and tell
+        `on_add`."""
+        if self.on_add is not None:
+            self.on_add(address, hashes)
+        self.learn(address, hashes)
+
+    def learn(self, address: str, hashes: Sequence[int]) -> None:
         """Remember that `address` now caches these blocks (leading blocks most recent).
 
         `hashes` are a prompt's leading blocks from the first (what `hashes()` returns, or a

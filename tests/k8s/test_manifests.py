@@ -520,6 +520,24 @@ def test_envoy_bootstrap_routes_by_metadata_to_services_that_exist(target: str) 
     assert not regex.fullmatch("meta-llama/Llama-3X1-8B-Instruct")
 
 
+@pytest.mark.parametrize("target", ["base", "overlays/eks-hyperpod"])
+def test_epp_replicas_are_each_reached_and_health_checked(target: str) -> None:
+    """Several EPP pods: the Service is headless (Envoy's STRICT_DNS resolves every pod IP; a
+    ClusterIP would put all streams on one HTTP/2 connection to one pod), the config names
+    as many replicas as the Deployment runs, and Envoy health-checks the EPP cluster."""
+    objs = render(target)
+    replicas = find(objs, "Deployment", "epp")["spec"]["replicas"]
+    assert replicas > 1
+    assert find(objs, "Service", "epp")["spec"]["clusterIP"] == "None"
+    assert parse_config(_gateway_config(objs)).pools[0].epp.replicas == replicas
+    (cluster,) = [
+        c for c in _bootstrap(target)["static_resources"]["clusters"] if c["name"].startswith("epp-")
+    ]
+    assert cluster["type"] == "STRICT_DNS"
+    assert cluster["health_checks"][0]["grpc_health_check"] == {}
+    assert cluster["outlier_detection"]["consecutive_local_origin_failure"] == 1
+
+
 def test_plaintext_bootstrap_differs_from_base_only_by_tls() -> None:
     plain, mtls = _bootstrap("overlays/dev"), _bootstrap("base")
     assert plain == _without_transport_sockets(plain)

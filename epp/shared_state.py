@@ -1,0 +1,311 @@
+"""In-flight counts shared by a pool's EPP replicas through Redis.
+
+Every replica routes its own share of the requests (Envoy balances ext_proc streams over
+them), so each knows only its own in-flight per pod. A background loop looks at its own counts
+every `publishIntervalMs` (a dict scan, no I/O) and, when they changed or `idleIntervalMs`
+passed, sends one script call that (1) replaces this replica's hash (pod -> "requests,tokens")
+and sets it to expire after `ttlMs`, (2) registers the replica in the pool's set and (3)
+returns every other live replica's hash; with `prefixIndex` (the default) the same call appends
+this replica's routing decisions since the last one (pod, prompt block hashes) to the pool's
+capped stream and returns the entries after the last one read, which the approximate prefix
+index `learn`s, so every replica's index sees every replica's traffic. The totals go into `Pool.set_remote_inflight`, and
+snapshots add them to the local counts: a scheduling decision reads memory, never Redis. A
+busy replica is one publish interval behind the others; an idle one, one idle interval (a
+round trip costs ~0.5-1 ms of Python CPU, so 50 a second while idle would be 2-5 % of a core). A replica that dies stops being counted
+when its hash expires (its in-flight requests died with it); one that stops cleanly deletes
+its hash at once. Redis unreachable or slow: the remote share is dropped (local counts only),
+the error logged and counted, and requests are never failed for it.
+
+All keys of a pool share one hash tag (`{pool}`), so the script stays in one Redis Cluster
+slot. Adapter residency stays per replica (docs/architecture.md, "EPP replicas"); the
+KV-event index is the same on every replica because each subscribes to every pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import secrets
+import socket
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from epp.pool import Pool
+from epp.scheduling.prefix import PrefixIndex
+from gateway.config import SharedStateConfig
+from gateway.supervise import spawn
+
+log = logging.getLogger(__name__)
+
+# KEYS: 1 the pool's replica set, 2 this replica's hash, 3 the pool's routing-decision stream.
+# ARGV: 1 ttl_ms, 2 this replica's id, 3 the prefix of every replica's hash key, 4 the last
+# stream id read ("" = none yet: read from the oldest kept), 5 this replica's decisions since
+# the last call (msgpack, "" = none), 6 the stream's cap, 7 whether to read the stream (0/1),
+# 8.. pod, counts.
+# Returns {{id1, {pod, counts, ...}, id2, ...}, {the other replicas' decision blobs after
+# ARGV[4]}, the last stream id read}.
+_SCRIPT = """
+local ttl = tonumber(ARGV[1])
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], '_', '1')
+if #ARGV > 7 then
+  redis.call('HSET', KEYS[2], unpack(ARGV, 8))
+end
+redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('SADD', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ttl * 100)
+local peers = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if id ~= ARGV[2] then
+    local vals = redis.call('HGETALL', ARGV[3] .. id)
+    if #vals == 0 then
+      redis.call('SREM', KEYS[1], id)
+    else
+      peers[#peers + 1] = id
+      peers[#peers + 1] = vals
+    end
+  end
+end
+if ARGV[5] ~= '' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'r', ARGV[2], 'b', ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], ttl * 100)
+end
+local blobs, last = {}, ARGV[4]
+if ARGV[7] == '1' then
+  local from = '-'
+  if ARGV[4] ~= '' then from = '(' .. ARGV[4] end
+  for _, entry in ipairs(redis.call('XRANGE', KEYS[3], from, '+', 'COUNT', 1000)) do
+    last = entry[1]
+    local fields, from_us, blob = entry[2], false, nil
+    for i = 1, #fields - 1, 2 do
+      if fields[i] == 'r' and fields[i + 1] == ARGV[2] then from_us = true end
+      if fields[i] == 'b' then blob = fields[i + 1] end
+    end
+    if not from_us then blobs[#blobs + 1] = blob or '' end
+  end
+end
+return {peers, blobs, last}
+"""
+
+# Pods per script call: Lua's unpack takes at most a few thousand values.
+MAX_PODS_PER_CALL = 2000
+# Routing decisions waiting for the next call, at most (the oldest dropped beyond).
+MAX_OUTBOX = 5000
+
+
+def default_replica_id() -> str:
+    """Unique per process (a restarted replica is a new one: its old hash just expires)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def parse_peers(reply: list[Any]) -> dict[str, dict[str, tuple[int, int]]]:
+    """The script's reply -> replica id -> pod -> (requests, tokens); malformed entries skipped."""
+    peers: dict[str, dict[str, tuple[int, int]]] = {}
+    for i in range(0, len(reply) - 1, 2):
+        flat = reply[i + 1]
+        counts: dict[str, tuple[int, int]] = {}
+        for j in range(0, len(flat) - 1, 2):
+            pod = _text(flat[j])
+            if pod == "_":
+                continue
+            requests, _, tokens = _text(flat[j + 1]).partition(",")
+            try:
+                counts[pod] = (max(0, int(requests)), max(0, int(tokens or 0)))
+            except ValueError:
+                continue
+        peers[_text(reply[i])] = counts
+    return peers
+
+
+def sum_peers(peers: Mapping[str, Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    totals: dict[str, tuple[int, int]] = {}
+    for counts in peers.values():
+        for pod, (requests, tokens) in counts.items():
+            r, t = totals.get(pod, (0, 0))
+            totals[pod] = (r + requests, t + tokens)
+    return totals
+
+
+class SharedState:
+    """Publishes this replica's in-flight per pod and feeds the others' into the Pool; with a
+    `prefix_index`, shares its routing decisions too and teaches the index the others'."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        pool_name: str,
+        config: SharedStateConfig,
+        registry: CollectorRegistry,
+        *,
+        replica_id: str | None = None,
+        client: aioredis.Redis | None = None,
+        prefix_index: PrefixIndex | None = None,
+    ) -> None:
+        self.pool = pool
+        self.prefix_index = prefix_index if config.prefix_index else None
+        self._outbox: deque[tuple[str, Sequence[int]]] = deque(maxlen=MAX_OUTBOX)
+        self._last_id = ""
+        self.learned = 0  # peers' routing decisions taught to the prefix index
+        self.bad_entries = 0
+        if self.prefix_index is not None:
+            self.prefix_index.on_add = self._on_add
+        self.config = config
+        self.replica_id = replica_id or default_replica_id()
+        timeout = config.timeout_ms / 1000
+        self._redis = client or aioredis.Redis.from_url(
+            config.redis,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),  # no hidden retries: the loop's own cadence retries
+            max_connections=4,
+        )
+        self._script = self._redis.register_script(_SCRIPT)
+        tag = f"{config.key_prefix}:{{{pool_name}}}"
+        self._set_key = f"{tag}:replicas"
+        self._hash_prefix = f"{tag}:inflight:"
+        self._stream_key = f"{tag}:prefix"
+        self.peers: dict[str, dict[str, tuple[int, int]]] = {}
+        self.connected = False
+        self.errors = 0
+        self._task: asyncio.Task[None] | None = None
+        labels = {"inference_pool": pool_name}
+        self._m_errors = Counter(
+            "gateway_shared_state_errors",
+            "Shared-state round trips that failed (Redis unreachable, slow or erroring); "
+            "the EPP then schedules on its own in-flight counts",
+            ["inference_pool"],
+            registry=registry,
+        ).labels(**labels)
+        self._m_up = Gauge(
+            "gateway_shared_state_up",
+            "1 while the last shared-state round trip succeeded",
+            ["inference_pool"],
+            registry=registry,
+        ).labels(**labels)
+        self._m_peers = Gauge(
+            "gateway_shared_state_peers",
+            "Other live EPP replicas of this pool",
+            ["inference_pool"],
+            registry=registry,
+        ).labels(**labels)
+
+    async def sync_once(self) -> bool:
+        """One round trip: publish ours, read theirs. False (and local counts only) on failure."""
+        return await self._round_trip(self.pool.local_inflight())
+
+    def _on_add(self, address: str, hashes: Sequence[int]) -> None:
+        self._outbox.append((address, hashes))
+
+    async def _round_trip(self, local: Mapping[str, tuple[int, int]]) -> bool:
+        decisions = b""
+        if self._outbox:
+            decisions = msgpack.packb([[a, list(h)] for a, h in self._outbox])
+            self._outbox.clear()  # lost if the call fails: the index is a guess anyway
+        args: list[str | int | bytes] = [
+            *(self.config.ttl_ms, self.replica_id, self._hash_prefix, self._last_id, decisions),
+            *(self.config.prefix_stream_max_len, 1 if self.prefix_index is not None else 0),
+        ]
+        for pod, (requests, tokens) in list(local.items())[:MAX_PODS_PER_CALL]:
+            args += [pod, f"{requests},{tokens}"]
+        keys = [self._set_key, self._hash_prefix + self.replica_id, self._stream_key]
+        try:  # bounded by the client's socket timeouts (timeoutMs)
+            peers, blobs, last_id = await self._script(keys=keys, args=args)
+        except (RedisError, OSError, TimeoutError, ValueError) as exc:
+            self._failed(exc)
+            return False
+        self._last_id = _text(last_id)
+        self._learn(blobs)
+        self.peers = parse_peers(peers)
+        self.pool.set_remote_inflight(sum_peers(self.peers))
+        if not self.connected:
+            log.info("shared state: connected (replica %s, %d peers)", self.replica_id, len(self.peers))
+        self.connected = True
+        self._m_up.set(1)
+        self._m_peers.set(len(self.peers))
+        return True
+
+    def _learn(self, blobs: list[bytes]) -> None:
+        """Teach the prefix index the other replicas' routing decisions from the stream."""
+        index = self.prefix_index
+        if index is None:
+            return
+        for blob in blobs:
+            try:
+                for address, hashes in msgpack.unpackb(blob):
+                    if isinstance(address, str) and address in self.pool:
+                        index.learn(address, [h for h in hashes if isinstance(h, int)])
+                        self.learned += 1
+            except (ValueError, TypeError, msgpack.UnpackException):  # not ours: skip the entry
+                self.bad_entries += 1
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        self._m_errors.inc()
+        self._m_up.set(0)
+        self._m_peers.set(0)
+        self.peers = {}
+        self.pool.set_remote_inflight({})
+        if self.connected or self.errors in (1, 10, 100) or self.errors % 1000 == 0:
+            log.warning(
+                "shared state: redis unavailable (%s: %s); scheduling on this replica's in-flight only",
+                type(exc).__name__,
+                exc,
+            )
+        self.connected = False
+
+    async def run(self) -> None:
+        interval = self.config.publish_interval_ms / 1000
+        idle = self.config.idle_interval_ms / 1000
+        # Down: retry every half TTL, so a dead Redis costs a connect attempt, not 50 a second.
+        retry = max(idle, self.config.ttl_ms / 2000)
+        loop = asyncio.get_running_loop()
+        published: Mapping[str, tuple[int, int]] | None = None
+        last, ok = -math.inf, True
+        while True:
+            local = self.pool.local_inflight()
+            now = loop.time()
+            changed = local != published or bool(self._outbox)
+            if (changed and ok) or now - last >= (idle if ok else retry):
+                ok = await self._round_trip(local)
+                published, last = local, now
+            await asyncio.sleep(interval)
+
+    def start(self) -> None:
+        self._task = spawn("shared-state", f"shared state {self._set_key}", self.run)
+
+    async def stop(self) -> None:
+        """Stop publishing and remove our share now (not after the TTL)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        try:
+            await asyncio.wait_for(self._redis.delete(self._hash_prefix + self.replica_id), 1.0)
+        except (RedisError, OSError, TimeoutError):
+            pass
+        await self._redis.aclose()
+
+    def debug(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica_id,
+            "connected": self.connected,
+            "errors": self.errors,
+            "prefix_decisions_learned": self.learned,
+            "peers": {rid: {pod: list(c) for pod, c in counts.items()} for rid, counts in self.peers.items()},
+        }

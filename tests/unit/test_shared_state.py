@@ -1,0 +1,192 @@
+"""EPP replicas: the config (`pools[].epp.replicas`, `sharedState`), the rendered EPP cluster,
+and the shared in-flight counts against a real redis-server (epp/shared_state.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+
+from devstack.redis_server import RedisServer, start_redis
+from epp.pool import Endpoint, Metrics, Pool
+from epp.scheduling.prefix import PrefixIndex
+from epp.shared_state import SharedState, parse_peers, sum_peers
+from gateway.config import ConfigError, SharedStateConfig, parse_config
+from gateway.envoy_config import ext_proc_cluster
+
+POD_A, POD_B = "10.0.0.1:8000", "10.0.0.2:8000"
+
+
+def _config(epp: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"pools": [{"name": "p", "models": [{"name": "m"}], "epp": epp}], **extra}
+
+
+def test_replicas_listen_on_consecutive_ports_of_an_ip_and_once_for_a_name() -> None:
+    ip = parse_config(_config({"host": "127.0.0.1", "port": 9002, "replicas": 3})).pools[0].epp
+    assert ip.addresses() == [("127.0.0.1", 9002), ("127.0.0.1", 9003), ("127.0.0.1", 9004)]
+    dns = parse_config(_config({"host": "epp.ns.svc", "port": 9002, "replicas": 3})).pools[0].epp
+    assert dns.addresses() == [("epp.ns.svc", 9002)]
+    assert parse_config(_config({})).pools[0].epp.replicas == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_config({"replicas": 0}), "replicas"),
+        (_config({"replicas": 33}), "replicas"),
+        (_config({"port": 65535, "replicas": 2}), "runs past 65535"),
+        (_config({}, sharedState={"redis": "http://x"}), "sharedState.redis"),
+        (_config({}, sharedState={"redis": "redis://x", "ttlMs": 100}), "3 x idleIntervalMs"),
+        (_config({}, sharedState={"redis": "redis://x", "publishIntervalMs": 50, "idleIntervalMs": 20}), "idleInterval"),
+        (_config({}, sharedState={"redis": "redis://x", "bogus": 1}), "bogus"),
+    ],
+)  # fmt: skip
+def test_bad_replica_settings_are_refused_by_name(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data)
+
+
+def test_the_epp_cluster_lists_every_replica_and_health_checks_them() -> None:
+    cluster = ext_proc_cluster("epp-p", "127.0.0.1", 9002, None, replicas=2)
+    hosts = [
+        e["endpoint"]["address"]["socket_address"]
+        for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    ]
+    assert [h["port_value"] for h in hosts] == [9002, 9003]
+    assert cluster["health_checks"][0]["grpc_health_check"] == {}
+    assert "outlier_detection" in cluster
+    single = ext_proc_cluster("epp-p", "127.0.0.1", 9002, None)
+    assert (
+        "health_checks" not in single and len(single["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 1
+    )
+
+
+def test_peer_replies_parse_and_sum_skipping_junk() -> None:
+    reply = [
+        b"r1",
+        [b"_", b"1", POD_A.encode(), b"2,300", b"bad", b"x,y"],
+        b"r2",
+        [b"_", b"1", POD_A.encode(), b"1,10"],
+    ]
+    peers = parse_peers(reply)
+    assert peers == {"r1": {POD_A: (2, 300)}, "r2": {POD_A: (1, 10)}}
+    assert sum_peers(peers) == {POD_A: (3, 310)}
+
+
+def test_a_pool_adds_the_other_replicas_counts_to_its_own() -> None:
+    pool = Pool([Endpoint(POD_A, frozenset({"m"})), Endpoint(POD_B, frozenset({"m"}))])
+    pool.record_metrics(POD_A, Metrics(waiting=0, running=0, scraped_at=time.monotonic()))
+    pool.on_routed(POD_A, 100)
+    pool.set_remote_inflight({POD_A: (2, 50), "10.9.9.9:1": (5, 5)})  # unknown pods are ignored
+    state = pool.snapshot().by_address()
+    assert (state[POD_A].inflight_requests, state[POD_A].inflight_tokens) == (3, 150)
+    assert state[POD_A].queue == 3  # all three unseen by the scrape
+    assert state[POD_B].inflight_requests == 0
+    assert pool.local_inflight() == {POD_A: (1, 100)} and pool.inflight(POD_A) == 1
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = start_redis(Path(tmp_path_factory.mktemp("redis")))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _replica(redis_url: str, name: str, ttl_ms: int = 300) -> tuple[Pool, SharedState]:
+    pool = Pool([Endpoint(POD_A, frozenset({"m"})), Endpoint(POD_B, frozenset({"m"}))])
+    config = SharedStateConfig.model_validate(
+        {
+            "redis": redis_url,
+            "publishIntervalMs": 10,
+            "idleIntervalMs": 50,
+            "ttlMs": ttl_ms,
+            "keyPrefix": name,
+        }
+    )
+    return pool, SharedState(pool, "p", config, CollectorRegistry(), replica_id=name + "-r")
+
+
+async def test_replicas_see_each_other_and_a_silent_one_expires(redis: RedisServer) -> None:
+    url = redis.url
+    pool_a, a = _replica(url, "t1")
+    pool_b, b = _replica(url, "t1")
+    b.replica_id = "t1-other"
+    pool_a.on_routed(POD_A, 10)
+    pool_a.on_routed(POD_A, 10)
+    pool_b.on_routed(POD_B, 7)
+    assert await a.sync_once() and await b.sync_once() and await a.sync_once()
+    assert pool_b.snapshot().by_address()[POD_A].inflight_requests == 2
+    assert pool_a.snapshot().by_address()[POD_B].inflight_tokens == 7
+    # `a` goes silent (a killed process): `b` stops counting its share once the TTL passes.
+    deadline = time.monotonic() + 5
+    while pool_b.snapshot().by_address()[POD_A].inflight_requests:
+        assert time.monotonic() < deadline, "a silent replica's share never expired"
+        await asyncio.sleep(0.05)
+        assert await b.sync_once()
+    assert b.peers == {}
+    await a.stop()
+    await b.stop()
+
+
+async def test_a_clean_stop_removes_the_share_at_once(redis: RedisServer) -> None:
+    pool_a, a = _replica(redis.url, "t2", ttl_ms=60_000)
+    pool_b, b = _replica(redis.url, "t2")
+    b.replica_id = "t2-other"
+    pool_a.on_routed(POD_A, 1)
+    assert await a.sync_once() and await b.sync_once()
+    assert pool_b.snapshot().by_address()[POD_A].inflight_requests == 1
+    await a.stop()  # a TTL of a minute: only the delete can make it disappear now
+    assert await b.sync_once()
+    assert pool_b.snapshot().by_address()[POD_A].inflight_requests == 0
+    await b.stop()
+
+
+async def test_redis_unreachable_falls_back_to_local_counts(redis: RedisServer, tmp_path: Path) -> None:
+    down = start_redis(tmp_path / "down")
+    pool, shared = _replica(down.url, "t3")
+    pool.on_routed(POD_A, 1)
+    pool.set_remote_inflight({POD_A: (4, 4)})
+    down.stop()
+    started = time.monotonic()
+    assert not await shared.sync_once()
+    assert time.monotonic() - started < 2  # no hidden retries with backoff
+    assert shared.errors == 1 and not shared.connected
+    assert pool.snapshot().by_address()[POD_A].inflight_requests == 1  # the stale remote share is gone
+    await shared.stop()
+
+
+async def test_routing_decisions_reach_the_other_replicas_prefix_index(redis: RedisServer) -> None:
+    pool_a, _ = _replica(redis.url, "t4")
+    pool_b, _ = _replica(redis.url, "t4")
+    index_a, index_b = PrefixIndex(), PrefixIndex()
+    config = SharedStateConfig.model_validate({"redis": redis.url, "keyPrefix": "t4"})
+    a = SharedState(pool_a, "p", config, CollectorRegistry(), replica_id="a", prefix_index=index_a)
+    b = SharedState(pool_b, "p", config, CollectorRegistry(), replica_id="b", prefix_index=index_b)
+    hashes = index_a.hashes("m", "a long shared system prompt " * 40)
+    assert len(hashes) >= 4
+    index_a.add(POD_A, hashes)  # what the scheduler does for a request a routed
+    index_a.add("10.9.9.9:1", hashes)  # a pod b's pool does not have: never learned
+    # Junk on the stream (another writer, a corrupt entry) is skipped, not fatal.
+    client = Redis.from_url(redis.url)
+    await client.xadd("t4:{p}:prefix", {"r": "x", "b": b"\xc1not msgpack"})
+    await client.aclose()
+    assert await a.sync_once() and await b.sync_once()
+    assert index_b.match(hashes, POD_A) == len(hashes) and index_b.match(hashes, POD_B) == 0
+    assert b.learned == 1 and b.bad_entries == 1
+    assert await a.sync_once() and a.learned == 0  # its own decisions are not learned twice
+    # A replica started later warms its index from the stream's history.
+    late_index = PrefixIndex()
+    late = SharedState(
+        _replica(redis.url, "t4")[0], "p", config, CollectorRegistry(), prefix_index=late_index
+    )
+    assert await late.sync_once() and late_index.match(hashes, POD_A) == len(hashes)
+    for s in (a, b, late):
+        await s.stop()
