@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from bbr.router import BodyRouter
@@ -31,12 +30,8 @@ class BbrProcessor(RequestOnlyProcessor):
             return self._router.route(headers, body)
         note: dict[str, str | bool] = {}
         outcome = self._router.route(headers, body, note)
-        error = outcome.code if isinstance(outcome, ErrorResponse) else None
-        trace_headers = self._tracing.finish(span, lambda: span_attributes(note, outcome), error)
-        if isinstance(outcome, ErrorResponse):
-            return outcome
         # The EPP's span (and so the model server) continue from this one.
-        return dataclasses.replace(outcome, set_headers={**outcome.set_headers, **trace_headers})
+        return self._tracing.finish_route(span, outcome, lambda: span_attributes(note, outcome))
 
 
 def span_attributes(note: dict[str, str | bool], outcome: RequestRoute | ErrorResponse) -> Attributes:

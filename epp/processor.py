@@ -8,7 +8,6 @@ layer calls exactly once whatever happens.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
@@ -59,14 +58,8 @@ class EppProcessor:
             return RequestRoute()
         span = self._ctx.tracing.begin(SPAN_NAME, headers)  # None unless tracing is on
         outcome = await self._decide(headers, self._parse(headers, body))
-        if span is None:
-            return outcome
-        error = outcome.code if isinstance(outcome, ErrorResponse) else None
-        trace_headers = self._ctx.tracing.finish(span, lambda: self.span_attributes(outcome), error)
-        if isinstance(outcome, ErrorResponse):
-            return outcome
         # The upstream request carries this span as its parent (replacing BBR's traceparent).
-        return dataclasses.replace(outcome, set_headers={**outcome.set_headers, **trace_headers})
+        return self._ctx.tracing.finish_route(span, outcome, lambda: self.span_attributes(outcome))
 
     async def schedule(
         self, headers: dict[str, str], data: dict[str, Any], route: ModelRoute

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,13 +62,7 @@ class SingleHopProcessor:
             return RequestRoute(clear_route_cache=True)
         span = self._epp.tracing.begin(SPAN_NAME, headers)  # None unless tracing is on
         outcome = await self._route(headers, body)
-        if span is None:
-            return outcome
-        error = outcome.code if isinstance(outcome, ErrorResponse) else None
-        trace_headers = self._epp.tracing.finish(span, lambda: self._span_attributes(outcome), error)
-        if isinstance(outcome, ErrorResponse):
-            return outcome
-        return dataclasses.replace(outcome, set_headers={**outcome.set_headers, **trace_headers})
+        return self._epp.tracing.finish_route(span, outcome, lambda: self._span_attributes(outcome))
 
     async def _route(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         data = decode_json_object(body)  # the only parse of this body

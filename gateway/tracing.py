@@ -17,11 +17,14 @@ OTEL_TRACES_SAMPLER[_ARG], OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, OTEL_BSP
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Union
 
+from extproc.errors import ErrorResponse
+from extproc.stream import RequestRoute
 from gateway.config import GatewayConfig, TracingConfig
 
 if TYPE_CHECKING:
@@ -103,6 +106,22 @@ class Tracing:
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=self._in_context(span))
         return carrier
+
+    def finish_route(
+        self,
+        span: Span | None,
+        outcome: RequestRoute | ErrorResponse,
+        describe: Callable[[], Attributes],
+    ) -> RequestRoute | ErrorResponse:
+        """End a decision's span (if any) and, for a route, set the trace headers that make the
+        next hop (the EPP, or the model server) continue from it. An error marks the span."""
+        if span is None:
+            return outcome
+        error = outcome.code if isinstance(outcome, ErrorResponse) else None
+        trace_headers = self.finish(span, describe, error)
+        if isinstance(outcome, ErrorResponse):
+            return outcome
+        return dataclasses.replace(outcome, set_headers={**outcome.set_headers, **trace_headers})
 
     def warn_on_change(self, started_with: TracingConfig) -> Callable[[GatewayConfig], None]:
         """A config-store listener: tracing is set up once, so say when a reload changes it."""
