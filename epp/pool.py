@@ -149,6 +149,9 @@ class EndpointState:
     # (max(0, in-flight - waiting - running); other replicas' requests only ever make the
     # pod's counts larger, so this never double counts). None while waiting is unknown.
     queue: float | None = field(init=False, default=None)
+    # Requests of this EPP that finished on the pod since its last scrape: each let the engine
+    # admit one waiting request, so the scraped waiting count is that much too high by now.
+    finished_since_scrape: int = 0
 
     def __post_init__(self) -> None:
         # Cheap comparisons only: one record per pod per scheduling decision.
@@ -167,6 +170,9 @@ class EndpointState:
         if m is not None:
             waiting = m.waiting
             if waiting is not None:
+                done = self.finished_since_scrape
+                if done > 0:
+                    waiting = waiting - done if waiting > done else 0.0
                 unseen = self.inflight_requests - waiting - (m.running or 0.0)
                 object.__setattr__(self, "queue", waiting + unseen if unseen > 0 else waiting)
 
@@ -214,6 +220,7 @@ class _Live:
     metrics: Metrics | None = None
     inflight_requests: int = 0
     inflight_tokens: int = 0
+    finished_since_scrape: int = 0
     ttft: _Speed = field(default_factory=_Speed)
     tpot: _Speed = field(default_factory=_Speed)
     failures: int = 0
@@ -266,6 +273,7 @@ class Pool:
         if live is not None:
             live.metrics = metrics
             live.failures = 0
+            live.finished_since_scrape = 0
             if self.capacity_hook is not None:
                 self.capacity_hook()
 
@@ -295,8 +303,18 @@ class Pool:
         if live is not None:
             live.inflight_requests = max(0, live.inflight_requests - 1)
             live.inflight_tokens = max(0, live.inflight_tokens - tokens)
+            live.finished_since_scrape += 1
         if self.capacity_hook is not None:
             self.capacity_hook()
+
+    def move_inflight(self, old: str, new: str, tokens: int) -> None:
+        """A retry served the request on `new` instead of `old`: move its slot, as if routed
+        there in the first place (nothing finished on `old`)."""
+        live = self._live.get(old)
+        if live is not None:
+            live.inflight_requests = max(0, live.inflight_requests - 1)
+            live.inflight_tokens = max(0, live.inflight_tokens - tokens)
+        self.on_routed(new, tokens)
 
     def observe_speed(
         self,
@@ -353,6 +371,7 @@ class Pool:
                 ttft_ewma=live.ttft.current(now, half_life),
                 tpot_ewma=live.tpot.current(now, half_life),
                 healthy=live.failures < self._unhealthy_after,
+                finished_since_scrape=live.finished_since_scrape,
             )
             for address, live in self._live.items()
         )

@@ -250,8 +250,7 @@ class EppProcessor:
         served = headers.get(SERVED_HEADER)
         if served and served != self._address and self._request is not None:
             # A retry moved the request to another endpoint of the ranked list: account it there.
-            self._ctx.pool.on_finished(self._address, self._request.estimated_tokens)
-            self._ctx.pool.on_routed(served, self._request.estimated_tokens)
+            self._ctx.pool.move_inflight(self._address, served, self._request.estimated_tokens)
             self._address = served
         out = {DECISION_HEADER: self._explain} if self._explain else {}
         if self._ctx.conformance_test_mode:
