@@ -53,8 +53,6 @@ def request(prompt: str, profile: str, n: int) -> InferenceRequest:
         prompt=prompt,
         prompt_tokens=len(prompt) // 4,
         max_tokens=200,
-        stream=True,
-        include_usage=False,
         objective=profile,
     )
 

@@ -29,8 +29,6 @@ class InferenceRequest:
     prompt: str  # prompt text used for prefix-affinity hashing
     prompt_tokens: int  # estimated prompt tokens
     max_tokens: int | None
-    stream: bool
-    include_usage: bool
     objective: str | None = None  # x-gateway-inference-objective
     priority: int = 0  # negative = sheddable
     headers: Mapping[str, str] = field(default_factory=dict)
@@ -136,11 +134,8 @@ def parse_request(
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
         raise RequestError("'max_tokens' must be an integer")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
+    if not isinstance(body.get("stream", False), bool):  # refused here, with a clear 400
         raise RequestError("'stream' must be a boolean")
-    options = body.get("stream_options")
-    include_usage = bool(isinstance(options, Mapping) and options.get("include_usage"))
     text = prompt_text(body)
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
@@ -153,8 +148,6 @@ def parse_request(
         prompt=text,
         prompt_tokens=max(1, len(text) // CHARS_PER_TOKEN),
         max_tokens=max_tokens,
-        stream=stream,
-        include_usage=include_usage,
         objective=objective,
         priority=priority,
         headers=headers,

@@ -75,7 +75,5 @@ def req(
         prompt=prompt,
         prompt_tokens=max(1, len(prompt) // 4),
         max_tokens=max_tokens,
-        stream=False,
-        include_usage=False,
         objective=objective,
     )

@@ -275,8 +275,6 @@ requests = st.builds(
         prompt=prompt,
         prompt_tokens=len(prompt) // 4,
         max_tokens=max_tokens,
-        stream=False,
-        include_usage=False,
         objective=objective,
     ),
     prompt=st.sampled_from(["", "hi", "x" * 5000]),
