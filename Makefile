@@ -16,11 +16,16 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	# xds-protos ships its own, older copy of opentelemetry/proto/*: whichever package pip
+	# installs last owns those files, and the OTLP exporter needs opentelemetry-proto's. So it
+	# goes in last, over them (a fresh venv otherwise fails to export traces, at random).
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall -c constraints.txt opentelemetry-proto
 	touch $(STAMP)
 
 # The benchmarks also need the peer routers (the `bench` extra); nothing else installs them.
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,bench]'
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall -c constraints.txt opentelemetry-proto
 	touch $(BENCH_STAMP)
 
 venv: $(STAMP)

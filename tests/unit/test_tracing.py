@@ -118,3 +118,12 @@ def test_a_reload_that_changes_tracing_is_logged_as_needing_a_restart(
     assert not caplog.records
     check(parse_config({**base, "tracing": {"enabled": True}}))
     assert "restarts" in caplog.text
+
+
+def test_the_otlp_protos_are_opentelemetry_protos_own() -> None:
+    """xds-protos ships an older copy of opentelemetry/proto/*; if it was installed over
+    opentelemetry-proto, the OTLP exporter cannot even be imported (the Makefile installs
+    opentelemetry-proto last for that reason)."""
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    assert hasattr(common_pb2, "InstrumentationScope"), "opentelemetry-proto's files were overwritten"
