@@ -101,7 +101,8 @@ KNOB_MAPPING: tuple[tuple[str, str, str], ...] = (
     (
         "`c_p_ms_per_token` x (prefill + decode tokens of the step)",
         "prefill `coefficients[0]` = `c_p_ms_per_token` (x prompt tokens of the batch)",
-        "xpyd-sim has no compute term for decode tokens (none: decode coefficients[1] = 0)",
+        "xpyd-sim: no compute term for decode tokens (decode coefficients[1] = 0), and no max(): "
+        "its prefill of P tokens costs t0 + c_p x P even when modelsim's step would be memory-bound (t0 + w)",
     ),
     (
         "`max_num_batched_tokens` (prefill chunks + decode tokens per step; chunked prefill)",
