@@ -62,12 +62,23 @@ def render(all_runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]]) ->
     return "\n".join(lines) + "\n"
 
 
+def section_for(summaries_dir: str, mode: str = "quick") -> str | None:
+    """The table, or None when no variant has a reporting-seed summary (`bench report` skips it)."""
+    all_runs = load_summaries(summaries_dir, mode, REPORTING_SEEDS)
+    if not any(all_runs.get(name) for name, _ in VARIANTS):
+        return None
+    return render(all_runs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sensitivity", description=__doc__.split("\n")[0])
     parser.add_argument("--summaries", default=str(SUMMARIES_DIR))
     parser.add_argument("--doc", help="also write the table into this markdown file (its own markers)")
     args = parser.parse_args(argv)
-    table = render(load_summaries(args.summaries, "quick", REPORTING_SEEDS))
+    table = section_for(args.summaries)
+    if table is None:
+        print(f"no A10G sensitivity summaries under {args.summaries}", file=sys.stderr)
+        return 1
     print(table)
     if args.doc:
         write_section(args.doc, SECTION, table)

@@ -30,3 +30,9 @@ def test_each_variant_row_shows_the_change_vs_round_robin_and_the_a10g_share() -
     )
     assert "20.0 % [10.0-30.0]" in lines[3]
     assert len(lines) == 4  # variants without summaries add no rows
+
+
+def test_the_section_is_skipped_without_variant_summaries(tmp_path) -> None:
+    from bench.sensitivity import section_for
+
+    assert section_for(str(tmp_path)) is None
