@@ -36,6 +36,8 @@ from bench.overhead import measure_overhead, render_overhead
 from bench.report import build_report, run_from, save_run, write_section
 from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
 from bench.scorecard import scorecard_for
+from bench.sensitivity import SECTION as SENSITIVITY_SECTION
+from bench.sensitivity import section_for as sensitivity_section
 from bench.stationarity import check_stationarity
 from bench.stats import summarize
 from bench.summary import (
@@ -296,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             scorecard = scorecard_for(args.summaries, args.mode)
             if scorecard is not None:
                 write_section(args.doc, "targets", scorecard)
+            sensitivity = sensitivity_section(args.summaries, args.mode)
+            if sensitivity is not None:
+                write_section(args.doc, SENSITIVITY_SECTION, sensitivity)
             print(f"rendered {len(names)} scenario(s) into {args.doc}: {', '.join(names) or 'none'}")
             return 0
         if args.command == "trace":

@@ -56,7 +56,8 @@ _ARRIVAL_KEYS: dict[str, dict[str, type]] = {
         "first_spike_s": float,
     },
 }
-# Passed through to modelsim's FleetSpec (max_loras, num_gpu_blocks: GPU-profile overrides there).
+# Passed through to modelsim's FleetSpec (max_loras, num_gpu_blocks and the step-time coefficients:
+# GPU-profile overrides there; the A10G sensitivity scenarios scale the latter).
 _POD_KEYS = {
     "model": str,
     "profile": str,
@@ -65,6 +66,10 @@ _POD_KEYS = {
     "adapters": list,
     "max_loras": int,
     "num_gpu_blocks": int,
+    "t0_ms": float,
+    "w_ms": float,
+    "k_kv_ms_per_1k": float,
+    "c_p_ms_per_token": float,
     "dialect": str,
     "enable_prefix_caching": bool,
 }
