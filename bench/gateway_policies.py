@@ -11,7 +11,8 @@
 Target options (`--target-opt key=value`) for tuning without editing code:
 `weights='{"queue": 2, ...}'`, `thresholds='{"queue": 5}'`, `picker=max|weighted`,
 `scrape_ms=50`, `profile=<built-in name>` (epp-best only); `replicas=N` (any `epp-*`): N EPP
-replicas sharing state through a private redis-server.
+replicas sharing state through a private redis-server; `single_hop=1` (any `epp-*`): the
+single-hop mode (one EPP process does BBR's routing and picks the pod).
 """
 
 from __future__ import annotations
@@ -261,15 +262,17 @@ def gateway_factory(
             if replicas > 1:
                 stores.append(start_redis(ctx.work_dir / name / "redis"))
                 extra = {**extra, "sharedState": {"redis": stores[-1].url}}
+            single_hop = epp_module == "epp" and ctx.options.get("single_hop", "0") not in ("0", "")
             gateway = start_local_gateway(
                 ctx.work_dir / name,
                 pods=pods,
                 config_extra=extra,
                 epp_module=epp_module,
                 epp_replicas=replicas,
+                single_hop=single_hop,
             )
             running.append(gateway)
-            target.config.update(kind="gateway", epp_module=epp_module)
+            target.config.update(kind="gateway", epp_module=epp_module, single_hop=single_hop)
             if epp_module == "epp":
                 target.config["target_options"] = dict(ctx.options) if profile is not None else {}
                 target.config.update(effective_epp_config(gateway.config_path))
