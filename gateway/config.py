@@ -14,11 +14,21 @@ import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar, overload
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # Metric dialects (epp/engines.py DIALECTS; a test keeps the two in step).
 Engine = Literal["vllm", "sglang", "tgi", "trtllm"]
@@ -402,15 +412,20 @@ class GatewayConfig(_Model):
             raise ValueError(f"bbr.defaultModel: {self.bbr.default_model!r} is not a configured model")
         return self
 
-    def routes(self) -> dict[str, ModelRoute]:
-        """Every public model name (base or adapter) -> where it goes."""
+    def routes(self) -> Mapping[str, ModelRoute]:
+        """Every public model name (base or adapter) -> where it goes. Built once per config
+        (the config is immutable): BBR and the EPP look a model up on every request."""
+        return self._route_table
+
+    @cached_property
+    def _route_table(self) -> Mapping[str, ModelRoute]:
         out: dict[str, ModelRoute] = {}
         for pool in self.pools:
             for model in pool.models:
                 out[model.name] = ModelRoute(pool.name, model.name, None)
                 for adapter in model.adapters:
                     out[adapter] = ModelRoute(pool.name, model.name, adapter)
-        return out
+        return MappingProxyType(out)
 
     def pool(self, name: str) -> PoolConfig:
         for pool in self.pools:

@@ -34,7 +34,14 @@ from devstack.launch import Proc, _spawn, envoy_binary, free_port, grpc_serving,
 from gateway.config import parse_config
 from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap
 from tests.conformance.gateway_shapes import SHAPES, Gateway, InferencePoolBackend, Rule, render
-from tests.fakes.kube_apiserver import INFERENCE_POOLS, PODS, FakeKubeApiServer, make_pod, make_pool
+from tests.fakes.kube_apiserver import (
+    INFERENCE_POOLS,
+    PODS,
+    FakeKubeApiServer,
+    make_pod,
+    make_pool,
+    write_kubeconfig,
+)
 
 CONFIGS = ("ours", *SHAPES)
 STATIC_POOLS = {"primary": 3, "secondary": 3, "failopen": 2}
@@ -136,24 +143,6 @@ class _Ports:
             self.taken |= wanted
             return base
         raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [
-                    {"name": "c", "context": {"cluster": "fake", "user": "u", "namespace": "default"}}
-                ],
-                "current-context": "c",
-            }
-        )
-    )
-    return path
 
 
 def _gateway_config(pods: dict[str, dict[str, str]], epp_ports: dict[str, int]) -> dict[str, Any]:
@@ -267,7 +256,7 @@ def start(workdir: Path, timeout_s: float = 60.0) -> Conformance:
         argv += ["--grpc-port", str(epp_ports["dp-pool"]), "--grpc-health-port", str(health_port)]
         dp_metrics_port = ports.one()
         argv += ["--metrics-port", str(dp_metrics_port), "--cert-path", str(cert_dir), "--v=2", *test_mode]
-        kubeconfig = _kubeconfig(workdir / "kubeconfig", kube.url)
+        kubeconfig = write_kubeconfig(workdir / "kubeconfig", kube.url)
         procs["epp-dp-pool"] = _spawn("epp-dp-pool", argv, workdir, env={"KUBECONFIG": str(kubeconfig)})
         bbr_port = ports.one()
         procs["bbr"] = _spawn(

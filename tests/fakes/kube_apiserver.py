@@ -24,8 +24,10 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
 from aiohttp import web
 
 Obj = dict[str, Any]
@@ -533,3 +535,23 @@ def make_pool(
             "endpointPickerRef": {"name": "epp", "port": {"number": 9002}, "failureMode": "FailClose"},
         },
     }
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig at `path` pointing a real `kubernetes` client (or a child process, via
+    KUBECONFIG) at this fake server's `url`, namespace `default`."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "c", "context": {"cluster": "fake", "user": "u", "namespace": "default"}}
+                ],
+                "current-context": "c",
+            }
+        )
+    )
+    return path

@@ -12,7 +12,14 @@ import yaml
 
 from epp.app import EppApp
 from modelsim.fleet import FleetSpec, run_fleet
-from tests.fakes.kube_apiserver import INFERENCE_POOLS, PODS, FakeKubeApiServer, make_pod, make_pool
+from tests.fakes.kube_apiserver import (
+    INFERENCE_POOLS,
+    PODS,
+    FakeKubeApiServer,
+    make_pod,
+    make_pool,
+    write_kubeconfig,
+)
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 
@@ -32,30 +39,11 @@ def free_port_on_all(hosts: tuple[str, ...]) -> int:
     raise RuntimeError("no common free port")
 
 
-def kubeconfig(tmp: Path, url: str) -> Path:
-    path = tmp / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [
-                    {"name": "c", "context": {"cluster": "fake", "user": "u", "namespace": "default"}}
-                ],
-                "current-context": "c",
-            }
-        )
-    )
-    return path
-
-
 async def test_epp_follows_inferencepool_pods(
     tmp_path: Path, kube: FakeKubeApiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port = free_port_on_all(HOSTS)
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path, kube.url)))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kubeconfig", kube.url)))
     config = tmp_path / "gateway.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -17,10 +17,14 @@ import pytest
 
 from devstack.launch import LocalGateway, pool_name_for, start_local_gateway
 from modelsim.server import POD_HEADER
-from tests.fakes.kube_apiserver import INFERENCE_MODEL_REWRITES, INFERENCE_OBJECTIVES, FakeKubeApiServer
+from tests.fakes.kube_apiserver import (
+    INFERENCE_MODEL_REWRITES,
+    INFERENCE_OBJECTIVES,
+    FakeKubeApiServer,
+    write_kubeconfig,
+)
 from tests.integration.busy_pods import busy, pool_state
 from tests.integration.conftest import chat
-from tests.k8s.test_epp_kubernetes import kubeconfig
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +55,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, kube: FakeKubeApiServer) -
         config_extra={"thresholds": {"queue": 1}},
         bbr_args=["--inference-model-rewrites", "default"],
         epp_args=["--inference-objectives", "default"],
-        service_env={"KUBECONFIG": str(kubeconfig(workdir, kube.url))},
+        service_env={"KUBECONFIG": str(write_kubeconfig(workdir / "kubeconfig", kube.url))},
     )
     try:
         kube.wait_watching(INFERENCE_MODEL_REWRITES, 1, timeout=30)  # BBR
