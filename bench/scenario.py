@@ -18,7 +18,14 @@ import yaml
 
 from bench.workloads import ARRIVALS, WORKLOADS, TraceRequest, generate_trace
 
-PROFILES = ("h100-llama3.1-8b", "a10g-llama3.1-8b", "h100x4-llama3.1-70b", "h100x2-qwen3-32b")
+PROFILES = (
+    "h100-llama3.1-8b",
+    "a10g-llama3.1-8b",
+    "h100x4-llama3.1-70b",
+    "h100x2-qwen3-32b",
+    "a10gx4-qwen3-32b",
+    "h100x8-qwen3-235b",
+)
 MODES = ("quick", "full")
 
 _COMMON = {"kind": str, "model": str}

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.scenario import ScenarioError, load_scenario, parse_scenario
+from bench.scenario import PROFILES, ScenarioError, load_scenario, parse_scenario
+from modelsim.profiles import builtin_profiles
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "bench" / "scenarios").glob("*.yaml"))
 
@@ -25,6 +26,11 @@ BASE: dict[str, Any] = {
 def test_the_expected_scenarios_ship() -> None:
     names = {p.stem for p in SCENARIOS}
     assert {"uniform", "mixed-gpu", "bursty", "shared-prefix", "lora", "long-short"} <= names
+    assert {"mixed-gpu-qwen3-32b", "bursty-qwen3-235b"} <= names  # the AWS Qwen rows
+
+
+def test_scenario_profiles_are_exactly_modelsims() -> None:
+    assert set(PROFILES) == set(builtin_profiles())
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
