@@ -33,6 +33,8 @@ from bench.loadgen import (
     without_probe_time,
 )
 from bench.overhead import measure_overhead, render_overhead
+from bench.published import SECTION as PUBLISHED_SECTION
+from bench.published import published_section
 from bench.report import build_report, run_from, save_run, write_section
 from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
 from bench.scorecard import scorecard_for
@@ -298,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             scorecard = scorecard_for(args.summaries, args.mode)
             if scorecard is not None:
                 write_section(args.doc, "targets", scorecard)
+            published = published_section(args.summaries, args.mode)
+            if published is not None:
+                write_section(args.doc, PUBLISHED_SECTION, published)
             sensitivity = sensitivity_section(args.summaries, args.mode)
             if sensitivity is not None:
                 write_section(args.doc, SENSITIVITY_SECTION, sensitivity)

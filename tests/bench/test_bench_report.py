@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
+import statistics
 from pathlib import Path
 
 import pytest
 
 from bench.__main__ import main
 from bench.loadgen import RequestResult
+from bench.published import PUBLISHED, SECTION, best_peer, published_section
 from bench.report import (
     PolicyRun,
     build_report,
@@ -133,6 +136,7 @@ def test_report_on_the_committed_summaries_needs_no_network(tmp_path: Path, monk
     after = doc.read_text()
     # Sections without summaries (the single-seed, pre-summary tables) are kept as they are.
     assert "<!-- bench:scenario:mixed-gpu:start -->" in after and "## Targets: hit or missed" in after
+    assert after.index("<!-- bench:targets:end -->") < after.index("## The published results, row by row")
     if not list((REPO / "bench" / "summaries").glob("*/*/*/seed-*.json")):
         assert after == before
 
@@ -188,3 +192,62 @@ def test_plots_are_png(tmp_path: Path) -> None:
 def test_spike_windows() -> None:
     assert spike_windows(SCENARIO["arrivals"], 12) == [(3.0, 5.0), (8.0, 10.0)]
     assert spike_windows({"pattern": "poisson"}, 12) == []
+
+
+def _write_published_fixture(root: Path) -> dict[str, float]:
+    """`mixed-gpu` summaries: round-robin, ours, three peers and a faster non-peer; no oracle.
+    Returns each policy's TTFT scale (TTFT percentiles are proportional to it)."""
+    scenario = parse_scenario({**SCENARIO, "name": "mixed-gpu"}, "quick")
+    scales = {"round-robin": 0.1, "epp-best": 0.05, "epp-default": 0.07, "sglang-cache_aware": 0.08,
+              "vllm-round_robin": 0.12, "least-request": 0.06, "epp-flow-on": 0.01}  # fmt: skip
+    for k, seed in enumerate(REPORTING_SEEDS):
+        for policy, scale in scales.items():
+            summary = build_summary(
+                scenario=scenario.with_seed(seed), policy=policy, policy_config={},
+                results=_results(scale * (1.0 + 0.1 * k)), run={}, env={"git": {}, "packages": {}},
+            )  # fmt: skip
+            write_summary(root, summary)
+    return scales
+
+
+def _published_rows(text: str) -> dict[tuple[str, str], list[str]]:
+    """(scenario, metric) -> the cells after the metric column."""
+    section = text.split("<!-- bench:published-rows:start -->", 1)[1].split(
+        "<!-- bench:published-rows:end -->"
+    )[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 9 and cells[1].startswith("`"):
+            rows[(cells[1].strip("`"), cells[2])] = cells[3:]
+    return rows
+
+
+def test_published_rows_compare_medians_with_round_robin_and_pick_the_best_peer(tmp_path: Path) -> None:
+    _write_published_fixture(tmp_path / "s")
+    doc = tmp_path / "benchmarks.md"
+    write_section(doc, SECTION, published_section(tmp_path / "s") or "")
+    rows = _published_rows(doc.read_text())
+    assert len(rows) == 3 * len(PUBLISHED)
+    published, rr, ours, default, peer, oracle = rows[("mixed-gpu", "TTFT P95")]
+    assert published == "-97 %" and "(" not in rr and "[" in rr
+    assert ours.endswith("(-50 %)") and default.endswith("(-30 %)")
+    # least-request (0.06) beats sglang (0.08) and vllm (0.12); epp-flow-on (0.01) is no peer.
+    assert peer.startswith("least-request: ") and peer.endswith("(-40 %)")
+    assert oracle == "not run"
+    assert rows[("mixed-gpu", "TTFT P99")][0] == "-97 %"
+    # Throughput: the change of the medians of stats.steady.output_tok_s, computed here from the files.
+    tok = {p: statistics.median(json.loads(f.read_text())["stats"]["steady"]["output_tok_s"]
+                                for f in (tmp_path / "s" / "quick" / "mixed-gpu" / p).glob("seed-*.json"))
+           for p in ("round-robin", "epp-best")}  # fmt: skip
+    expected = (tok["epp-best"] - tok["round-robin"]) / tok["round-robin"] * 100
+    assert rows[("mixed-gpu", "sustained output tok/s")][2].endswith(f"({expected:+.0f} %)")
+    assert rows[("mixed-gpu", "sustained output tok/s")][0] == "+8 %"
+    # Rows whose scenario has no summaries say so in every column; AWS's "~" stays "~".
+    assert rows[("bursty-qwen3-235b", "TTFT P95")] == ["~"] + ["not run"] * 5
+    assert rows[("bursty-qwen3-235b", "TTFT P99")][0] == "-89 %"
+
+
+def test_published_rows_are_left_alone_without_summaries(tmp_path: Path) -> None:
+    assert published_section(tmp_path / "empty") is None
+    assert best_peer({"round-robin": [], "epp-best": []}) is None
