@@ -26,6 +26,7 @@ from epp.scheduling.weighted import WeightedScheduler
 from epp.scrape import Scraper
 from epp.shared_state import SharedState
 from epp.telemetry import Telemetry
+from epp.tokenize import PoolTokenizers
 from epp.trust import HeaderPolicy
 from extproc.server import GrpcService, TlsFiles, start_grpc_service, start_health_server
 from extproc.stream import ExtProcServicer
@@ -129,6 +130,9 @@ class EppApp:
         self.kv_index = KVIndex(kv.max_blocks if kv else KVIndex().max_blocks)
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
         self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics)
+        # The models' own tokenizers (models[].tokenizer): the token ids the precise index needs.
+        self.tokenizers = PoolTokenizers()
+        self.ctx.tokenizers = self.tokenizers
         # In-flight counts shared with the pool's other replicas (sharedState; read once).
         self.shared_state: SharedState | None = None
         if config.shared_state is not None:
@@ -173,6 +177,7 @@ class EppApp:
         self.ctx.fallback_endpoints = pool.fallback_endpoints
         if pool.kv_events is not None:
             self.kv_index.set_max_blocks(pool.kv_events.max_blocks)
+        self.tokenizers.configure((m.name, m.tokenizer) for m in pool.models)
         self.pool.speed_half_life_s = config.scrape.speed_half_life_ms / 1000
         scrape = config.scrape
         self.scraper.configure(
@@ -295,7 +300,7 @@ class EppApp:
             self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
     def _debug_extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"kv_events": self.kv_events.debug()}
+        extra: dict[str, Any] = {"kv_events": self.kv_events.debug(), "tokenizers": self.tokenizers.debug()}
         if self.shared_state is not None:
             extra["shared_state"] = self.shared_state.debug()
             extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
