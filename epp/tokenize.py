@@ -19,7 +19,8 @@ conversation checks that the pieces joined give exactly the full tokenization; i
 (special tokens that strip whitespace, a normalizer that reaches across), the model's
 text is tokenized whole (correct, uncached). Tokenizing the new pieces runs in a worker
 thread when they are long (``encode_batch`` releases the GIL), so the event loop keeps
-serving other requests meanwhile.
+serving other requests meanwhile. Only the first ``MAX_CHARS`` characters are tokenized
+(prefix matching needs the leading blocks; a huge body must not cost minutes of CPU).
 
 A model without a tokenizer, or whose files fail to load, gets no token ids: scheduling
 falls back to the approximate prefix index for it, and ``/debug/pool`` says why.
@@ -47,6 +48,11 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE_TOKENS = 1_000_000
 # New text longer than this (characters) is tokenized in a worker thread, off the event loop.
 OFFLOAD_CHARS = 2048
+# Only the leading part of a prompt matters for prefix matching, and a 256 MB body would
+# otherwise cost minutes of CPU: text past this many characters (~64k tokens) is not
+# tokenized, and the last tokens before the cut, which the cut may have changed, are dropped.
+MAX_CHARS = 256 * 1024
+CUT_TOKENS = 8
 _SAMPLE = [
     {"role": "system", "content": " You answer briefly.\n"},
     {"role": "user", "content": "Hello there,  world!\n\n  How are you?"},
@@ -118,6 +124,7 @@ class _Plan:
 
     parts: list[str | int]
     missing: list[str]  # distinct pieces not in the cache, to tokenize
+    cut: bool = False  # the text was cut at MAX_CHARS inside its last piece
 
 
 class ModelTokenizer:
@@ -183,6 +190,9 @@ class ModelTokenizer:
 
     def plan(self, text: str) -> _Plan:
         _check_unicode(text)
+        cut = len(text) > MAX_CHARS
+        if cut:
+            text = text[:MAX_CHARS]
         if not self.segmented or self._split is None:
             pieces: list[str] = [text] if text else []
         else:
@@ -198,7 +208,8 @@ class ModelTokenizer:
             parts.append(piece)
             if piece not in cache:
                 missing[piece] = None
-        return _Plan(parts, list(missing))
+        cut = cut and bool(parts) and isinstance(parts[-1], str)
+        return _Plan(parts, list(missing), cut)
 
     def encode_missing(self, missing: Sequence[str]) -> list[list[int]]:
         """Tokenize the new pieces (thread-safe: no shared state; releases the GIL)."""
@@ -227,6 +238,8 @@ class ModelTokenizer:
         for piece, ids in fresh.items():
             self.misses += 1
             self._store(piece, ids)
+        if plan.cut:
+            del out[-CUT_TOKENS:]
         return out
 
     def _store(self, piece: str, ids: list[int]) -> None:
@@ -261,7 +274,9 @@ class ModelTokenizer:
     def encode_prompt(self, prompt: str) -> list[int]:
         """A completions prompt: special tokens added by the post-processor (BOS), no cache."""
         _check_unicode(prompt)
-        return self.encode_full(prompt, add_special_tokens=True)
+        # encode_batch releases the GIL (encode does not): this runs in a worker thread when long
+        ids = list(self.tokenizer.encode_batch([prompt[:MAX_CHARS]], add_special_tokens=True)[0].ids)
+        return ids if len(prompt) <= MAX_CHARS else ids[:-CUT_TOKENS]
 
     def _check_segmentation(self) -> bool:
         """Do the cached pieces join to exactly the full tokenization (on a sample)?"""
@@ -391,7 +406,7 @@ class PoolTokenizers:
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
                 prompt = prompt[0]
             if isinstance(prompt, str):
-                if len(prompt) > OFFLOAD_CHARS:
+                if len(prompt) > OFFLOAD_CHARS:  # (encode_prompt cuts at MAX_CHARS)
                     return tuple(await asyncio.to_thread(tok.encode_prompt, prompt))
                 return tuple(tok.encode_prompt(prompt))
             if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):

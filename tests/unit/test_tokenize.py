@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import epp.tokenize
 from epp.tokenize import (
     OFFLOAD_CHARS,
     PoolTokenizers,
@@ -75,6 +76,18 @@ def test_whitespace_and_unicode_edges_equal_full_tokenization(tok) -> None:
     for content in ["", " ", "\n\n", "ünï 😀 code", "a<|eot_id|>b", "<|eot_id|>", "x" * 5000, "1234567"]:
         msgs = [{"role": "user", "content": content}, {"role": "assistant", "content": content + " ok"}]
         assert tok.encode_chat(msgs) == tok.encode_full(tok.render_chat(msgs)), repr(content)
+
+
+def test_huge_prompts_are_cut_to_an_exact_leading_part(tok, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(epp.tokenize, "MAX_CHARS", 3000)
+    msgs = [{"role": "user", "content": TEXT[:2000]}, {"role": "assistant", "content": TEXT[2000:6000]}]
+    full = tok.encode_full(tok.render_chat(msgs))
+    ids = tok.encode_chat(msgs)
+    assert 500 < len(ids) < len(full) and ids == full[: len(ids)]
+    prompt = TEXT[:9000]
+    cut = tok.encode_prompt(prompt)
+    reference = tok.encode_full(prompt, add_special_tokens=True)
+    assert 500 < len(cut) < len(reference) and cut == reference[: len(cut)]
 
 
 def test_cache_is_bounded_and_stays_correct_when_evicting() -> None:
