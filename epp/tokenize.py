@@ -35,6 +35,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,31 @@ def _raise_exception(message: str) -> None:
     raise TokenizeError(f"chat template: {message}")
 
 
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' `tojson` (Jinja's own escapes <, >, & and ' for HTML, which no engine does)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
+    """The environment transformers' apply_chat_template renders in (what vLLM calls)."""
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
     return env
 
 
@@ -281,7 +302,8 @@ class ModelTokenizer:
     def _check_segmentation(self) -> bool:
         """Do the cached pieces join to exactly the full tokenization (on a sample)?"""
         if self.template is None:
-            sample = "".join(f"{s}{m['content']}" for s, m in zip(self._special_ids, _SAMPLE, strict=False))
+            specials = list(self._special_ids)
+            sample = "".join(f"{specials[i % len(specials)]}{m['content']}" for i, m in enumerate(_SAMPLE))
         else:
             try:
                 sample = self.render_chat(_SAMPLE)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -162,6 +163,13 @@ class HFTokenizer:
             trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
         )
         env.globals["raise_exception"] = _template_error
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        # transformers' tojson (Jinja's own HTML-escapes <, >, &, ')
+        env.filters["tojson"] = lambda v, ensure_ascii=False, indent=None, separators=None, sort_keys=False: (
+            json.dumps(
+                v, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+            )
+        )
         try:
             self.template = env.from_string(template)
         except TemplateError as exc:

@@ -178,6 +178,12 @@ def test_template_variants(tmp_path: Path) -> None:
     with pytest.raises(TokenizeError, match="only user turns"):
         strict.encode_chat([{"role": "user", "content": "x"}])
     shutil.rmtree(tmp_path / "tok")
+    # transformers' tojson: no HTML escaping, non-ASCII kept
+    as_json = load_tokenizer(_copy(tmp_path, chat_template="{{ messages | tojson }}"))
+    assert as_json.render_chat([{"role": "user", "content": "<a & 'b' ü>"}]) == (
+        '[{"role": "user", "content": "<a & \'b\' ü>"}]'
+    )
+    shutil.rmtree(tmp_path / "tok")
     # the sandbox refuses attribute tricks instead of running them
     evil = load_tokenizer(_copy(tmp_path, chat_template="{{ ''.__class__.__mro__[1].__subclasses__() }}"))
     with pytest.raises(TokenizeError):
