@@ -26,6 +26,7 @@ from epp.scheduling.weighted import WeightedScheduler
 from epp.scrape import Scraper
 from epp.shared_state import SharedState
 from epp.telemetry import Telemetry
+from epp.tokenize import PoolTokenizers
 from epp.trust import HeaderPolicy
 from extproc.server import GrpcService, TlsFiles, start_grpc_service, start_health_server
 from extproc.stream import ExtProcServicer
@@ -63,12 +64,15 @@ class SharedRuntime:
     tracing: Tracing
 
 
-def build_scheduler(config: EppConfig, previous: WeightedScheduler | None = None) -> WeightedScheduler:
+def build_scheduler(
+    config: EppConfig, previous: WeightedScheduler | None = None, kv_index: KVIndex | None = None
+) -> WeightedScheduler:
     return WeightedScheduler(
         config.scheduler_profiles(),
         default_profile=config.default_profile,
         prefix_index=previous.prefix_index if previous is not None else None,
         residency=previous.residency if previous is not None else None,
+        kv_index=kv_index if kv_index is not None else previous.kv_index if previous is not None else None,
     )
 
 
@@ -102,7 +106,10 @@ class EppApp:
         self.telemetry = Telemetry(pool_name)
         self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
         self.telemetry.attach_pool(self.pool.snapshot, lambda: self._thresholds)
-        self.scheduler = build_scheduler(config)
+        # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
+        kv = pool_config.kv_events
+        self.kv_index = KVIndex(kv.max_blocks if kv else KVIndex().max_blocks)
+        self.scheduler = build_scheduler(config, kv_index=self.kv_index)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.flow = FlowController(self.telemetry.registry, config.flow_control)
         self.pool.capacity_hook = self.flow.signal
@@ -124,11 +131,11 @@ class EppApp:
             log.warning(test_picker.WARNING, test_picker.SELECTION_HEADER)
             self.telemetry.conformance_test_mode()
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
-        # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
-        kv = pool_config.kv_events
-        self.kv_index = KVIndex(kv.max_blocks if kv else KVIndex().max_blocks)
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
         self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics)
+        # The models' own tokenizers (models[].tokenizer): the token ids the precise index needs.
+        self.tokenizers = PoolTokenizers()
+        self.ctx.tokenizers = self.tokenizers
         # In-flight counts shared with the pool's other replicas (sharedState; read once).
         self.shared_state: SharedState | None = None
         if config.shared_state is not None:
@@ -173,6 +180,7 @@ class EppApp:
         self.ctx.fallback_endpoints = pool.fallback_endpoints
         if pool.kv_events is not None:
             self.kv_index.set_max_blocks(pool.kv_events.max_blocks)
+        self.tokenizers.configure((m.name, m.tokenizer) for m in pool.models)
         self.pool.speed_half_life_s = config.scrape.speed_half_life_ms / 1000
         scrape = config.scrape
         self.scraper.configure(
@@ -295,11 +303,30 @@ class EppApp:
             self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
     def _debug_extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"kv_events": self.kv_events.debug()}
+        extra: dict[str, Any] = {
+            "kv_events": self.kv_events.debug(),
+            "tokenizers": self.tokenizers.debug(),
+            "prefix_scoring": self._prefix_scoring(),
+        }
         if self.shared_state is not None:
             extra["shared_state"] = self.shared_state.debug()
             extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
         return extra
+
+    def _prefix_scoring(self) -> dict[str, dict[str, str]]:
+        """Per pod and model: "precise" (precise-prefix-cache reads the pod's KV events) or
+        "approximate: <why>" (it falls back to the routing-history prefix index)."""
+        out: dict[str, dict[str, str]] = {}
+        for ep in self.pool.endpoints():
+            modes = {}
+            for model in sorted(ep.models):
+                if self.tokenizers.get(model) is None:
+                    why: str | None = "no tokenizer for the model"
+                else:
+                    why = self.kv_index.not_precise_reason(ep.address, model)
+                modes[model] = "precise" if why is None else f"approximate: {why}"
+            out[ep.address] = modes
+        return out
 
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:

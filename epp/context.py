@@ -10,6 +10,7 @@ from epp.flow_control import FlowController
 from epp.pool import Pool
 from epp.scheduling.base import Scheduler
 from epp.telemetry import Telemetry
+from epp.tokenize import PoolTokenizers
 from epp.trust import HeaderPolicy
 from gateway.tracing import Tracing
 
@@ -27,3 +28,4 @@ class EppContext:
     # Conformance test mode only (epp/test_picker.py): a request header narrows the pool.
     conformance_test_mode: bool = False
     flow: FlowController | None = None  # the queue for a saturated pool (flowControl)
+    tokenizers: PoolTokenizers | None = None  # the models' own tokenizers (epp/tokenize.py)

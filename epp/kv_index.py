@@ -107,6 +107,26 @@ class KVIndex:
         for pod in [p for p in self._pods if p not in keep]:
             self.remove_pod(pod)
 
+    def not_precise_reason(self, pod: str, model: str) -> str | None:
+        """Why ``pod``'s blocks of ``model`` cannot be looked up exactly (None: they can)."""
+        state = self._pods.get(pod)
+        if state is None:
+            return "no KV events from the pod"
+        if state.model != model:
+            return f"the pod's KV events are indexed for model {state.model!r}"
+        if not state.precise:
+            return "KV event stream not complete yet (connecting or resyncing)"
+        if not state.block_size:
+            return "no block stored yet (block size unknown)"
+        return None
+
+    def precise_block_size(self, pod: str, model: str) -> int | None:
+        """The pod's KV block size when its blocks of ``model`` can be looked up exactly."""
+        state = self._pods.get(pod)
+        if state is None or not state.precise or state.model != model:
+            return None
+        return state.block_size or None
+
     def set_precise(self, pod: str, precise: bool) -> None:
         state = self._pods.get(pod)
         if state is not None:

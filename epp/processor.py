@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from epp import test_picker
@@ -75,6 +76,7 @@ class EppProcessor:
         if isinstance(request, ErrorResponse):
             self._ctx.telemetry.request_error(headers.get(MODEL_HEADER, ""), request.code)
             return request
+        request = await self._with_tokens(request)
         self._parsed = request
         decision = self._decision = self._ctx.scheduler.pick(request, self._snapshot(request, headers))
         self._scheduling_s = time.perf_counter() - started
@@ -93,6 +95,17 @@ class EppProcessor:
             log.info("request %s refused: %s", request.request_id, refusal.code)
             return refusal
         return self._route(request, decision, headers)
+
+    async def _with_tokens(self, request: InferenceRequest) -> InferenceRequest:
+        """The request with the engine's token ids, when its model has a tokenizer and its
+        profile reads them (precise-prefix-cache); long new text is tokenized off the loop."""
+        tokenizers, body = self._ctx.tokenizers, self._body
+        if tokenizers is None or body is None or tokenizers.get(request.target_model) is None:
+            return request
+        if not self._ctx.scheduler.wants_tokens(request):
+            return request
+        ids = await tokenizers.token_ids(request.target_model, body)
+        return request if ids is None else replace(request, token_ids=ids)
 
     def _snapshot(self, request: InferenceRequest, headers: dict[str, str]) -> PoolSnapshot:
         """The pool, or only the pod holding `previous_response_id` (epp/scheduling/affinity.py),

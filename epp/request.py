@@ -34,6 +34,9 @@ class InferenceRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     session_key: str | None = None  # the sessionAffinity header's value
     previous_response_id: str | None = None  # /v1/responses: the turn this one continues
+    # The prompt as the engine tokenizes it (epp/tokenize.py), when the model has a tokenizer
+    # and the profile scores with the precise KV index; None otherwise.
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def expected_output_tokens(self) -> int:

@@ -24,7 +24,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -58,6 +57,11 @@ class ModelConfig(_Model):
     # priority); only trusted requests (listener.trust) may name any other.
     objectives: list[str] = Field(default_factory=list)
     rewrites: list[Rewrite] = Field(default_factory=list)
+    # The model's tokenizer folder on the EPP's disk (Hugging Face layout: tokenizer.json,
+    # tokenizer_config.json with chat_template): the EPP computes the tokens the engine sees
+    # and scores pods by the precise KV index (epp/tokenize.py). A folder that does not load
+    # is logged and the model falls back to approximate prefix scoring (/debug/pool says so).
+    tokenizer: str | None = Field(default=None, min_length=1, max_length=4096)
 
 
 def validate_ip_port(v: str) -> str:

@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
         help='vLLM\'s KV-event JSON, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
         '"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}\' (off by default)',
     )
+    serve.add_argument(
+        "--tokenizer",
+        help="the model's tokenizer folder (tokenizer.json + tokenizer_config.json) or a shipped "
+        "name (sim-llama3-4k); default: approximate token ids",
+    )
     cap = sub.add_parser("capacity", help="measure how many pods / req/s one process holds accurately")
     cap.add_argument("--pods", type=int, nargs="+", default=[1, 4, 8])
     cap.add_argument("--rates", type=float, nargs="+", default=[10, 40, 80])
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                    "profile": args.profile, "dialect": args.dialect, "port": args.port}  # fmt: skip
             if args.kv_events_config:
                 pod["kv_events"] = args.kv_events_config
+            if args.tokenizer:
+                pod["tokenizer"] = args.tokenizer
             spec, host = FleetSpec.from_dict({"time_scale": args.time_scale, "pods": [pod]}), args.host
         if spec.time_scale <= 0:
             raise SpecError("time_scale must be > 0")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelsim.openai_api import ApiError, _opt_int, now_s, resolve_model
-from modelsim.tokenizer import PromptError, encode, render_chat
+from modelsim.tokenizer import PromptError, PromptTokenizer
 
 EMBEDDING_DIM = 32
 STORED_RESPONSES = 10_000  # the pod's response store is bounded, oldest dropped first
@@ -35,8 +35,9 @@ class EmbeddingRequest:
 
 
 def parse_embedding(
-    body: dict[str, Any], model: str, adapters: tuple[str, ...], vocab: int
+    body: dict[str, Any], model: str, adapters: tuple[str, ...], tok: PromptTokenizer
 ) -> EmbeddingRequest:
+    vocab = tok.vocab_size
     served, adapter = resolve_model(body, model, adapters)
     raw = body.get("input")
     if raw is None:
@@ -47,7 +48,7 @@ def parse_embedding(
     inputs: list[list[int]] = []
     for item in items:
         try:
-            ids = encode(item, vocab) if isinstance(item, str) else list(item) if _is_ids(item) else None
+            ids = tok.encode_text(item) if isinstance(item, str) else list(item) if _is_ids(item) else None
         except PromptError as exc:
             raise ApiError(400, str(exc)) from None
         if not ids:
@@ -132,7 +133,7 @@ def _input_messages(raw: Any) -> list[dict[str, Any]]:
 
 
 def parse_responses(
-    body: dict[str, Any], model: str, adapters: tuple[str, ...], vocab: int, store: ResponseStore
+    body: dict[str, Any], model: str, adapters: tuple[str, ...], tok: PromptTokenizer, store: ResponseStore
 ) -> ResponsesRequest:
     served, adapter = resolve_model(body, model, adapters)
     if body.get("stream"):
@@ -157,7 +158,7 @@ def parse_responses(
     messages = history + _input_messages(body["input"])
     rendered = ([{"role": "system", "content": instructions}] if instructions else []) + messages
     try:
-        ids = encode(render_chat(rendered), vocab)
+        ids = tok.encode_chat(rendered)
     except PromptError as exc:
         raise ApiError(400, str(exc)) from None
     store_it = body.get("store", True)

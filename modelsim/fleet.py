@@ -23,6 +23,7 @@ from modelsim.kv_events import KVEventsConfig, KVEventsConfigError
 from modelsim.metrics import DIALECTS
 from modelsim.profiles import GpuProfile, ProfileError, builtin_profiles, load_profiles_file, parse_profiles
 from modelsim.server import Faults, Pod, PodConfig
+from modelsim.tokenizer import HFTokenizer, TokenizerFileError
 
 DEFAULT_PROFILE = "h100-llama3.1-8b"
 _PROFILE_FIELDS = {f.name for f in dataclasses.fields(GpuProfile)} - {"name", "source"}
@@ -37,6 +38,7 @@ _POD_KEYS = {
     "seed",
     "enable_prefix_caching",
     "kv_events",
+    "tokenizer",
 }
 
 
@@ -58,6 +60,7 @@ class PodSpec:
     enable_prefix_caching: bool = True
     overrides: dict[str, Any] = field(default_factory=dict)
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config (replica r: ports + r)
+    tokenizer: HFTokenizer | None = None  # the model's tokenizer files (None: approximate ids)
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ class FleetSpec:
             raise SpecError("'pods' must be a non-empty list")
         pods: list[PodSpec] = []
         for i, raw in enumerate(raw_pods):
-            pods.extend(_expand(raw, i, profiles))
+            pods.extend(_expand(raw, i, profiles, base_dir))
         names = [p.name for p in pods]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
@@ -123,10 +126,28 @@ class FleetSpec:
             seed=pod.seed,
             enable_prefix_caching=pod.enable_prefix_caching,
             kv_events=pod.kv_events,
+            tokenizer=pod.tokenizer,
         )
 
 
-def _expand(raw: Any, index: int, profiles: dict[str, GpuProfile]) -> list[PodSpec]:
+def _tokenizer(raw: Any, where: str, base_dir: Path | None) -> HFTokenizer | None:
+    """A folder (relative to the spec's directory) or a shipped name (modelsim/tokenizer_files)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw:
+        raise SpecError(f"{where}: 'tokenizer' must be a folder path or a shipped tokenizer's name")
+    path = Path(raw)
+    if not path.is_absolute() and base_dir is not None and (base_dir / path).is_dir():
+        path = base_dir / path
+    try:
+        return HFTokenizer(path)
+    except TokenizerFileError as exc:
+        raise SpecError(f"{where}: {exc}") from None
+
+
+def _expand(
+    raw: Any, index: int, profiles: dict[str, GpuProfile], base_dir: Path | None = None
+) -> list[PodSpec]:
     where = f"pods[{index}]"
     if not isinstance(raw, dict):
         raise SpecError(f"{where} must be a mapping")
@@ -164,6 +185,7 @@ def _expand(raw: Any, index: int, profiles: dict[str, GpuProfile]) -> list[PodSp
         kv_events = KVEventsConfig.parse(raw.get("kv_events"))
     except KVEventsConfigError as exc:
         raise SpecError(f"{where}: {exc}") from None
+    tokenizer = _tokenizer(raw.get("tokenizer"), where, base_dir)
     out = []
     for r in range(replicas):
         out.append(
@@ -178,6 +200,7 @@ def _expand(raw: Any, index: int, profiles: dict[str, GpuProfile]) -> list[PodSp
                 enable_prefix_caching=bool(raw.get("enable_prefix_caching", True)),
                 overrides=overrides,
                 kv_events=kv_events.offset(r) if kv_events else None,
+                tokenizer=tokenizer,
             )
         )
     return out

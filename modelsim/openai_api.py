@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from modelsim.tokenizer import PromptError, encode, render_chat
+from modelsim.tokenizer import PromptError, PromptTokenizer
 
 _ERROR_TYPES = {
     400: "BadRequestError",
@@ -107,19 +107,20 @@ def resolve_model(body: dict[str, Any], model: str, adapters: tuple[str, ...]) -
     raise ApiError(404, f"The model `{name}` does not exist.")
 
 
-def prompt_ids_of(body: dict[str, Any], kind: str, vocab_size: int) -> list[int]:
+def prompt_ids_of(body: dict[str, Any], kind: str, tok: PromptTokenizer) -> list[int]:
+    vocab_size = tok.vocab_size
     try:
         if kind == "chat":
             if "messages" not in body:
                 raise ApiError(400, "'messages' is required")
-            return encode(render_chat(body["messages"]), vocab_size)
+            return tok.encode_chat(body["messages"])
         if "prompt" not in body:
             raise ApiError(400, "'prompt' is required")
         prompt = body["prompt"]
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, str):
-            ids = encode(prompt, vocab_size)
+            ids = tok.encode_text(prompt)
         elif (
             isinstance(prompt, list)
             and prompt
@@ -141,10 +142,10 @@ def prompt_ids_of(body: dict[str, Any], kind: str, vocab_size: int) -> list[int]
 
 
 def parse_generation(
-    body: dict[str, Any], kind: str, model: str, adapters: tuple[str, ...], vocab_size: int
+    body: dict[str, Any], kind: str, model: str, adapters: tuple[str, ...], tok: PromptTokenizer
 ) -> GenerationRequest:
     served, adapter = resolve_model(body, model, adapters)
-    ids = prompt_ids_of(body, kind, vocab_size)
+    ids = prompt_ids_of(body, kind, tok)
     max_tokens = _opt_int(body, "max_completion_tokens", 1) if kind == "chat" else None
     if max_tokens is None:
         max_tokens = _opt_int(body, "max_tokens", 1)

@@ -45,6 +45,7 @@ from modelsim.openai_api import (
     usage_chunk,
 )
 from modelsim.profiles import GpuProfile
+from modelsim.tokenizer import ApproxTokenizer, HFTokenizer, PromptTokenizer
 
 log = logging.getLogger("modelsim")
 POD_HEADER = "x-modelsim-pod"
@@ -82,6 +83,8 @@ class PodConfig:
     seed: int = 0
     enable_prefix_caching: bool = True
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config; None = off
+    # The model's own tokenizer files (prompt ids, so KV block hashes); None = approximate.
+    tokenizer: HFTokenizer | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -91,6 +94,9 @@ class PodConfig:
             )
         if self.model in self.adapters:
             raise ValueError(f"pod {self.name!r}: adapter name equals the base model name")
+        if self.tokenizer is not None and self.profile.vocab_size != self.tokenizer.vocab_size:
+            # generated ids stay inside the tokenizer's vocabulary
+            self.profile = self.profile.with_overrides(vocab_size=self.tokenizer.vocab_size)
 
 
 def _json(status: int, body: Any, pod: str) -> web.Response:
@@ -113,6 +119,7 @@ class Pod:
         self.host = "127.0.0.1"
         self.port = 0
         self._rng = random.Random(config.seed)
+        self.tokenizer: PromptTokenizer = config.tokenizer or ApproxTokenizer(config.profile.vocab_size)
         self.kv_publisher = KVEventPublisher(config.kv_events) if config.kv_events else None
         self.engine = self._new_engine()
         self._runner: web.AppRunner | None = None
@@ -296,7 +303,7 @@ class Pod:
             body = parse_json(await request.read())
             resolve_model(body, self.config.model, self.config.adapters)
             kind = "chat" if "messages" in body else "completion"
-            ids = prompt_ids_of(body, kind, self.config.profile.vocab_size)
+            ids = prompt_ids_of(body, kind, self.tokenizer)
         except ApiError as exc:
             return _json(exc.status, exc.body(), self.name)
         out = {
@@ -384,7 +391,7 @@ class Pod:
             body = parse_json(await request.read())
             _, adapter = resolve_model(body, self.config.model, self.config.adapters)
             kind = "chat" if "messages" in body else "completion"
-            ids = prompt_ids_of(body, kind, self.config.profile.vocab_size)
+            ids = prompt_ids_of(body, kind, self.tokenizer)
         except ApiError as exc:
             return _json(exc.status, exc.body(), self.name)
         return _json(200, self.probe(ids, adapter), self.name)
@@ -412,7 +419,7 @@ class Pod:
             return faulted
         c = self.config
         try:
-            req = parse_embedding(parse_json(await request.read()), c.model, c.adapters, c.profile.vocab_size)
+            req = parse_embedding(parse_json(await request.read()), c.model, c.adapters, self.tokenizer)
             for ids in req.inputs:
                 check_context(len(ids), 1, self.engine.max_model_len)
             seqs = [self.engine.submit(ids, 1, req.adapter) for ids in req.inputs]
@@ -438,7 +445,7 @@ class Pod:
         c = self.config
         try:
             body = parse_json(await request.read())
-            req = parse_responses(body, c.model, c.adapters, c.profile.vocab_size, self.responses)
+            req = parse_responses(body, c.model, c.adapters, self.tokenizer, self.responses)
             check_context(len(req.prompt_ids), req.max_tokens, self.engine.max_model_len)
             max_tokens = req.max_tokens or self.engine.default_max_tokens(req.prompt_ids, None)
             seq = self.engine.submit(req.prompt_ids, max_tokens, req.adapter)
@@ -477,7 +484,7 @@ class Pod:
         c = self.config
         try:
             req = parse_generation(
-                parse_json(await request.read()), kind, c.model, c.adapters, c.profile.vocab_size
+                parse_json(await request.read()), kind, c.model, c.adapters, self.tokenizer
             )
             check_context(len(req.prompt_ids), req.max_tokens, self.engine.max_model_len)
             max_tokens = req.max_tokens

@@ -76,3 +76,7 @@ class Scheduler(Protocol):
     def on_routed(self, request: InferenceRequest, address: str) -> None:
         """Learn from a routing decision (e.g. remember its prefix on that pod)."""
         ...
+
+    def wants_tokens(self, request: InferenceRequest) -> bool:
+        """Does picking for this request read its token ids (worth tokenizing it first)?"""
+        ...

@@ -43,6 +43,7 @@ class Plugin:
 @dataclass(frozen=True, slots=True)
 class ScorerEntry(Plugin):
     uses_prefix: bool = False  # the scheduler hashes the prompt only for profiles that need it
+    uses_tokens: bool = False  # the EPP tokenizes the prompt only for profiles that need it
 
     @property
     def score(self) -> Scorer:
@@ -68,6 +69,9 @@ SCORERS: Mapping[str, ScorerEntry] = _table(
     ScorerEntry("queue", scorers.queue),
     ScorerEntry("kv-cache", scorers.kv_cache),
     ScorerEntry("prefix-cache", scorers.prefix_cache, PrefixParams, uses_prefix=True),
+    ScorerEntry(
+        "precise-prefix-cache", scorers.precise_prefix_cache, PrefixParams, uses_prefix=True, uses_tokens=True
+    ),
     ScorerEntry("lora-affinity", scorers.lora_affinity),
     ScorerEntry("running-requests", scorers.running_requests),
     ScorerEntry("inflight", scorers.inflight),

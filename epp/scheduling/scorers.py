@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from epp.kv_index import KVIndex
 from epp.pool import EndpointState
 from epp.request import InferenceRequest
 from epp.scheduling.lora import AdapterResidency
@@ -28,6 +29,7 @@ class ScoringContext:
     prefix_index: PrefixIndex | None = None
     addresses: Sequence[str] | None = None  # of the candidates, in order, when the caller has them
     residency: AdapterResidency | None = None  # adapters the EPP recently sent to each pod
+    kv_index: KVIndex | None = None  # the pods' own KV events (epp/kv_index.py)
 
 
 Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]
@@ -123,6 +125,38 @@ def prefix_cache(
     denom = float(max(len(hashes), ctx.thresholds.prefix_min_blocks))
     addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
     return [n / denom for n in index.match_counts(hashes, addresses)]
+
+
+def precise_prefix_cache(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """matched leading KV blocks / max(prompt blocks, prefixMinBlocks), from the pod's own KV
+    events; a pod without a complete event stream, or a model without a tokenizer: prefix-cache.
+
+    The request's token ids (the model's tokenizer and chat template, epp/tokenize.py) are
+    cut into the pod's KV block size and chained as the precise index keys the pod's
+    BlockStored events (epp/kv_index.py: per model and LoRA adapter); the score counts the
+    leading blocks the pod reported holding and not removed since. Per pod it falls back to
+    the approximate `prefix-cache` score (what this EPP routed there) while the pod's event
+    stream is missing or not yet complete (no events port, a gap being resynced), or when the
+    request has no token ids; /debug/pool's `prefix_scoring` says which pods use which.
+    """
+    approx = prefix_cache(request, candidates, ctx)
+    ids, index = request.token_ids, ctx.kv_index
+    if ids is None or index is None:
+        return approx
+    addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
+    floor = ctx.thresholds.prefix_min_blocks
+    depths: dict[str, int] | None = None
+    model = request.target_model
+    for i, address in enumerate(addresses):
+        block_size = index.precise_block_size(address, model)
+        if block_size is None:
+            continue
+        if depths is None:  # one walk of the request's blocks for every precise pod
+            depths = index.lookup(ids, model, request.adapter)
+        approx[i] = depths.get(address, 0) / float(max(len(ids) // block_size, floor))
+    return approx
 
 
 def inflight(

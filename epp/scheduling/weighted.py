@@ -14,6 +14,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
+from epp.kv_index import KVIndex
 from epp.pool import EndpointState, PoolSnapshot
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.base import Decision, ScoreTable
@@ -45,6 +46,7 @@ class WeightedScheduler:
         rng: random.Random | None = None,
         prefix_index: PrefixIndex | None = None,
         residency: AdapterResidency | None = None,
+        kv_index: KVIndex | None = None,
     ) -> None:
         if default_profile not in profiles:
             raise ValueError(f"default profile {default_profile!r} is not among {sorted(profiles)}")
@@ -53,6 +55,7 @@ class WeightedScheduler:
         self.rng = rng or random.Random()
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
         self.residency = residency if residency is not None else AdapterResidency()
+        self.kv_index = kv_index  # the pods' own KV events; None: precise-prefix-cache = prefix-cache
         # request_id -> (the prompt object picked, its block size in characters, its hashes
         # if the profile computed them); the identity check guards against two requests that
         # share a client-chosen id.
@@ -63,6 +66,11 @@ class WeightedScheduler:
         if objective is not None and objective in self.profiles:
             return self.profiles[objective]
         return self.profiles[self.default_profile]
+
+    def wants_tokens(self, request: InferenceRequest) -> bool:
+        """True when the request's profile weighs a scorer that reads token ids."""
+        weights = self.profile_for(request).weights
+        return any(SCORERS[name].uses_tokens for name, w in weights.items() if w > 0)
 
     def pick(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
         profile = self.profile_for(request)
@@ -87,6 +95,7 @@ class WeightedScheduler:
             prefix_index=self.prefix_index,
             addresses=addresses,
             residency=self.residency,
+            kv_index=self.kv_index,
         )
 
         totals = [0.0] * len(candidates)
