@@ -3,15 +3,34 @@
 A thin adapter: the simulator owns `modelsim.fleet` (`FleetSpec`, `run_fleet`); this module
 only maps a scenario's `fleet:` block onto it. With `--worker-urls` the runner skips it and
 uses pods that are already running.
+
+The fleet runs in its own process (`python -m modelsim fleet`), not in the load generator's:
+in one process the two shared a single core, and at the scenarios' rates (20-60 req/s of
+streamed answers) that core saturated (the load generator's TLS + SSE parsing ~55 % of it,
+the pods ~45 %), so the simulated engines fell behind the wall clock and every policy's TTFT
+grew with the machine's load rather than with its routing. Apart, each has a core's worth.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from modelsim.fleet import FleetSpec, SpecError, run_fleet
+import yaml
+
+from modelsim.fleet import FleetSpec, SpecError
+
+START_TIMEOUT_S = 60.0
 
 
 class FleetUnavailable(RuntimeError):
@@ -20,9 +39,47 @@ class FleetUnavailable(RuntimeError):
 
 @asynccontextmanager
 async def running_fleet(spec: Mapping[str, Any]) -> AsyncIterator[list[str]]:
+    """Start the fleet in a child process, yield its pod URLs once every pod listens."""
     try:
-        fleet_spec = FleetSpec.from_dict(dict(spec))
+        FleetSpec.from_dict(dict(spec))  # a bad spec is reported here, not by the child
     except SpecError as exc:
         raise FleetUnavailable(f"fleet: {exc}") from exc
-    async with run_fleet(fleet_spec) as fleet:
-        yield [pod.url for pod in fleet.pods]
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        spec_file, ready_file, log_file = Path(tmp, "fleet.yaml"), Path(tmp, "ready.json"), Path(tmp, "fleet.log")
+        spec_file.write_text(yaml.safe_dump(dict(spec)))
+        with log_file.open("wb") as log:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "modelsim", "fleet", "--spec", str(spec_file), "--ready-file", str(ready_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            try:
+                info = await _wait_ready(child, ready_file, log_file)
+                yield [f"http://{pod['address']}" for pod in info["pods"]]
+            finally:
+                _stop(child)
+
+
+async def _wait_ready(child: subprocess.Popen[bytes], ready_file: Path, log_file: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not ready_file.exists():
+        if child.poll() is not None:
+            tail = log_file.read_text(errors="replace")[-2000:]
+            raise FleetUnavailable(f"modelsim fleet exited with {child.returncode}: {tail}")
+        if time.monotonic() > deadline:
+            raise FleetUnavailable(f"modelsim fleet not ready after {START_TIMEOUT_S:.0f} s")
+        await asyncio.sleep(0.05)
+    info: dict[str, Any] = json.loads(ready_file.read_text())
+    return info
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=5)
