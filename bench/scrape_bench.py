@@ -4,9 +4,11 @@
     python -m bench.scrape_bench fleet --pods 100 --hz 20 [--seconds 5] [--repeat 3] [--idle]
 
 `clients` compares HTTP clients on one stub pod (sequential GETs of a 38 KB vLLM page):
-httpx, aiohttp and epp/metrics_http.py, then the scraper's whole `scrape_once` (GET, parse,
-speed histograms, pool update). `fleet` runs the real `Scraper` over `--pods` stub pods at
-`--hz` for `--seconds` and reports the cores it used and the CPU per scrape. Both run on
+httpx, aiohttp and epp/metrics_http.py, then where `scrape_once`'s CPU goes: the parse alone,
+`scrape_once` on a canned page (parse, speed histograms, pool update; no I/O) and the whole
+`scrape_once` (more than the GET plus the canned figure: the parse then runs on caches that
+went cold while the process waited). `fleet` runs the real `Scraper` over `--pods` stub pods
+at `--hz` for `--seconds` and reports the cores it used and the CPU per scrape. Both run on
 the event loop the EPP runs on (`--event-loop`, uvloop by default, as `python -m epp`).
 
 Every figure is CPU time of this process (time.process_time), never wall time: the
@@ -29,9 +31,10 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from bench.metrics_stub import stub_fleet
+from bench.metrics_stub import responses, stub_fleet
+from epp.engines import parse_metrics
 from epp.pool import Endpoint, Pool
-from epp.scrape import Scraper, SpeedTracker
+from epp.scrape import SPEED_HISTOGRAMS, Scraper, SpeedTracker
 
 T = TypeVar("T")
 EVENT_LOOPS = ("uvloop", "asyncio")
@@ -80,13 +83,29 @@ async def _per_call_cpu_us(call: Callable[[], Awaitable[object]], requests: int)
     return (cpu_s() - start) / requests * 1e6
 
 
-CLIENTS = ("httpx", "aiohttp", "metrics_http", "scrape_once")
+CLIENTS = ("httpx", "aiohttp", "metrics_http", "parse", "scrape_no_get", "scrape_once")
 LABELS = {
     "httpx": "httpx GET",
     "aiohttp": "aiohttp GET",
     "metrics_http": "metrics_http GET",
+    "parse": "parse_metrics of the page (+ histograms)",
+    "scrape_no_get": "scrape_once minus the GET",
     "scrape_once": "scrape_once (GET + parse + record)",
 }
+
+
+class _CannedPages:
+    """A client that returns the stub's pages without I/O: scrape_once's cost minus the GET."""
+
+    def __init__(self, pages: list[bytes]) -> None:
+        self.pages, self.n = pages, 0
+
+    async def get(self, host: str, port: int, path: str, timeout_s: float | None = None) -> bytes:
+        self.n += 1
+        return self.pages[self.n % len(self.pages)]
+
+    async def aclose(self) -> None:
+        pass
 
 
 async def _clients_round(port: int, requests: int, only: tuple[str, ...] = CLIENTS) -> dict[str, float]:
@@ -121,6 +140,25 @@ async def _clients_round(port: int, requests: int, only: tuple[str, ...] = CLIEN
 
         out["metrics_http"] = await _per_call_cpu_us(raw_get, requests)
         await raw.aclose()
+    pages = [r.split(b"\r\n\r\n", 1)[1] for r in responses(idle=False)]  # what the stub serves
+    if "parse" in only:
+        also = tuple(f"{n}{suffix}" for n in SPEED_HISTOGRAMS["vllm"] for suffix in ("_sum", "_count"))
+        count = iter(range(1 << 62))
+
+        async def parse() -> object:
+            page = pages[next(count) % len(pages)]
+            return parse_metrics(page, "vllm", 0.0, rejected=[], also=also, also_found={})
+
+        out["parse"] = await _per_call_cpu_us(parse, requests)
+    if "scrape_no_get" in only:
+        pool = Pool([Endpoint(f"127.0.0.1:{port}", frozenset({"m"}))])
+        canned = Scraper(pool, timeout_s=5, client=_CannedPages(pages))  # type: ignore[arg-type]
+        ep, speed = pool.endpoints()[0], SpeedTracker()
+
+        async def scrape_no_get() -> object:
+            return await canned.scrape_once(ep, speed)
+
+        out["scrape_no_get"] = await _per_call_cpu_us(scrape_no_get, requests)
     if "scrape_once" in only:
         pool = Pool([Endpoint(f"127.0.0.1:{port}", frozenset({"m"}))])
         scraper = Scraper(pool, timeout_s=5)

@@ -2,10 +2,13 @@
 
 A vLLM /metrics page is tens of kilobytes of histogram buckets; the scheduler needs five or
 six series. Instead of decoding and tokenising every line (what a general Prometheus parser
-does), one compiled bytes pattern skips over the raw page to the lines that start with a
-wanted name (exact names, longest first) and only those lines are parsed. Label blocks are parsed only for the info-style series whose
-labels carry the data (LoRA adapters, cache config), with a tokenizer that honours escaped
-quotes and commas inside values.
+does), one compiled bytes pattern (the wanted names as a trie) skips over the raw page to the
+lines that start with a wanted name and only those lines are parsed. That one pass is the
+floor of the cost (~30 us for a 38 KB page here): `bytes.find` per name is no faster, since
+CPython searches a multi-byte needle byte by byte over lowercase text (~10 us per name and
+page, measured), and only a single-byte needle gets memchr. Label blocks are parsed only for
+the info-style series whose labels carry the data (LoRA adapters, cache config), once per
+distinct block, with a tokenizer that honours escaped quotes and commas inside values.
 
 Aggregation over several series of one gauge (e.g. one per `model_name` or data-parallel
 `engine`): counts (waiting, running) are summed; fractions (KV usage) are averaged, since a
