@@ -40,13 +40,8 @@ def test_a_wanted_name_that_is_a_prefix_of_another_wanted_name() -> None:
 
 def test_a_wanted_line_at_the_very_start_of_the_page_counts_once() -> None:
     for page in ("vllm:num_requests_waiting 4\nvllm:num_requests_waiting 1\n", "vllm:num_requests_waiting 5"):
-        assert (
-            sum(
-                s.value
-                for s in collect_samples(page, ("vllm:num_requests_waiting",))["vllm:num_requests_waiting"]
-            )
-            == 5
-        )
+        found = collect_samples(page, ("vllm:num_requests_waiting",))["vllm:num_requests_waiting"]
+        assert found is not None and sum(s.value for s in found) == 5
     assert collect_samples("\nvllm:num_requests_waiting 5\n", ("vllm:num_requests_waiting",)) == {
         "vllm:num_requests_waiting": [Sample("", 5.0)]
     }
@@ -109,7 +104,9 @@ _NAME = st.sampled_from(["a", "a_b", "ab", "a_bc", "b"])
     ),
     st.sampled_from(["\n", "\r\n"]),
 )
-def test_any_page_of_well_formed_lines_agrees_with_the_line_by_line_reading(lines, newline) -> None:  # type: ignore[no-untyped-def]
+def test_any_page_of_well_formed_lines_agrees_with_the_line_by_line_reading(
+    lines: list[tuple[str, str, str, int]], newline: str
+) -> None:
     page = newline.join(f"{n}{labels}{sep}{v}" for n, labels, sep, v in lines)
     names = ("a", "a_b", "ab")
     assert collect_samples(page, names) == line_by_line(page, names)
@@ -122,5 +119,5 @@ def test_remembered_info_labels_still_report_their_rejections_every_scrape() -> 
     for _ in range(3):
         rejected: list[Rejection] = []
         m = parse_metrics(page, "vllm", 0.0, rejected=rejected)
-        assert (m.max_lora, m.running_adapters) == (0, {"a"})
+        assert (m.max_lora, m.running_adapters) == (0, frozenset({"a"}))
         assert [(r.field, r.reason) for r in rejected] == [("max_lora", "non_finite")]
