@@ -1,12 +1,15 @@
 """Scrape cost at fleet scale: EPP process CPU per pod per scrape, against stub pods.
 
-    python -m bench.scrape_bench clients [--requests 2000] [--repeat 5]
+    python -m bench.scrape_bench clients [--requests 2000] [--repeat 5] [--event-loop uvloop]
     python -m bench.scrape_bench fleet --pods 100 --hz 20 [--seconds 5] [--repeat 3] [--idle]
 
 `clients` compares HTTP clients on one stub pod (sequential GETs of a 38 KB vLLM page):
-httpx, aiohttp and epp/metrics_http.py, then the scraper's whole `scrape_once` (GET, parse,
-speed histograms, pool update). `fleet` runs the real `Scraper` over `--pods` stub pods at
-`--hz` for `--seconds` and reports the cores it used and the CPU per scrape.
+httpx, aiohttp and epp/metrics_http.py, then where `scrape_once`'s CPU goes: the parse alone,
+`scrape_once` on a canned page (parse, speed histograms, pool update; no I/O) and the whole
+`scrape_once` (more than the GET plus the canned figure: the parse then runs on caches that
+went cold while the process waited). `fleet` runs the real `Scraper` over `--pods` stub pods
+at `--hz` for `--seconds` and reports the cores it used and the CPU per scrape. Both run on
+the event loop the EPP runs on (`--event-loop`, uvloop by default, as `python -m epp`).
 
 Every figure is CPU time of this process (time.process_time), never wall time: the
 stub pods run in a child process (bench/metrics_stub.py) so their CPU is excluded, and CPU
@@ -24,12 +27,27 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
-from bench.metrics_stub import stub_fleet
+from bench.metrics_stub import responses, stub_fleet
+from epp.engines import parse_metrics
 from epp.pool import Endpoint, Pool
-from epp.scrape import Scraper, SpeedTracker
+from epp.scrape import SPEED_HISTOGRAMS, Scraper, SpeedTracker
+
+T = TypeVar("T")
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def run_on(event_loop: str, coro: Coroutine[Any, Any, T]) -> T:
+    """`coro` on the named loop, chosen the way the EPP chooses its own."""
+    try:
+        from gateway.service_cli import event_loop_factory
+    except ImportError:  # a tree from before --event-loop: asyncio's loop only
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=event_loop_factory(event_loop)) as runner:
+        return runner.run(coro)
 
 
 def cpu_s() -> float:
@@ -65,13 +83,29 @@ async def _per_call_cpu_us(call: Callable[[], Awaitable[object]], requests: int)
     return (cpu_s() - start) / requests * 1e6
 
 
-CLIENTS = ("httpx", "aiohttp", "metrics_http", "scrape_once")
+CLIENTS = ("httpx", "aiohttp", "metrics_http", "parse", "scrape_no_get", "scrape_once")
 LABELS = {
     "httpx": "httpx GET",
     "aiohttp": "aiohttp GET",
     "metrics_http": "metrics_http GET",
+    "parse": "parse_metrics of the page (+ histograms)",
+    "scrape_no_get": "scrape_once minus the GET",
     "scrape_once": "scrape_once (GET + parse + record)",
 }
+
+
+class _CannedPages:
+    """A client that returns the stub's pages without I/O: scrape_once's cost minus the GET."""
+
+    def __init__(self, pages: list[bytes]) -> None:
+        self.pages, self.n = pages, 0
+
+    async def get(self, host: str, port: int, path: str, timeout_s: float | None = None) -> bytes:
+        self.n += 1
+        return self.pages[self.n % len(self.pages)]
+
+    async def aclose(self) -> None:
+        pass
 
 
 async def _clients_round(port: int, requests: int, only: tuple[str, ...] = CLIENTS) -> dict[str, float]:
@@ -106,6 +140,25 @@ async def _clients_round(port: int, requests: int, only: tuple[str, ...] = CLIEN
 
         out["metrics_http"] = await _per_call_cpu_us(raw_get, requests)
         await raw.aclose()
+    pages = [r.split(b"\r\n\r\n", 1)[1] for r in responses(idle=False)]  # what the stub serves
+    if "parse" in only:
+        also = tuple(f"{n}{suffix}" for n in SPEED_HISTOGRAMS["vllm"] for suffix in ("_sum", "_count"))
+        count = iter(range(1 << 62))
+
+        async def parse() -> object:
+            page = pages[next(count) % len(pages)]
+            return parse_metrics(page, "vllm", 0.0, rejected=[], also=also, also_found={})
+
+        out["parse"] = await _per_call_cpu_us(parse, requests)
+    if "scrape_no_get" in only:
+        pool = Pool([Endpoint(f"127.0.0.1:{port}", frozenset({"m"}))])
+        canned = Scraper(pool, timeout_s=5, client=_CannedPages(pages))  # type: ignore[arg-type]
+        ep, speed = pool.endpoints()[0], SpeedTracker()
+
+        async def scrape_no_get() -> object:
+            return await canned.scrape_once(ep, speed)
+
+        out["scrape_no_get"] = await _per_call_cpu_us(scrape_no_get, requests)
     if "scrape_once" in only:
         pool = Pool([Endpoint(f"127.0.0.1:{port}", frozenset({"m"}))])
         scraper = Scraper(pool, timeout_s=5)
@@ -119,12 +172,14 @@ async def _clients_round(port: int, requests: int, only: tuple[str, ...] = CLIEN
     return out
 
 
-def run_clients(requests: int, repeat: int, only: tuple[str, ...] = CLIENTS) -> dict[str, Spread]:
+def run_clients(
+    requests: int, repeat: int, only: tuple[str, ...] = CLIENTS, event_loop: str = "asyncio"
+) -> dict[str, Spread]:
     rounds: list[dict[str, float]] = []
     with stub_fleet(1) as (ports, page_bytes):
         print(f"page: {page_bytes} bytes; {requests} sequential GETs per client per round, {repeat} rounds")
         for _ in range(repeat):
-            rounds.append(asyncio.run(_clients_round(ports[0], requests, only)))
+            rounds.append(run_on(event_loop, _clients_round(ports[0], requests, only)))
     return {k: Spread.of([r[k] for r in rounds]) for k in rounds[0]}
 
 
@@ -181,10 +236,16 @@ async def _fleet_round(
 
 
 def run_fleet(
-    pods: int, hz: float, seconds: float, repeat: int, idle: bool, max_interval_ms: int | None
+    pods: int,
+    hz: float,
+    seconds: float,
+    repeat: int,
+    idle: bool,
+    max_interval_ms: int | None,
+    event_loop: str = "asyncio",
 ) -> list[FleetRound]:
     with stub_fleet(pods, idle=idle) as (ports, _):
-        return [asyncio.run(_fleet_round(ports, hz, seconds, max_interval_ms)) for _ in range(repeat)]
+        return [run_on(event_loop, _fleet_round(ports, hz, seconds, max_interval_ms)) for _ in range(repeat)]
 
 
 def main() -> None:
@@ -204,14 +265,21 @@ def main() -> None:
         "--max-interval-ms", type=int, default=None, help="idle bound; default = the fast interval"
     )
     f.add_argument("--json", action="store_true")
+    for sub_parser in (c, f):
+        sub_parser.add_argument("--event-loop", choices=EVENT_LOOPS, default="uvloop", help="as the EPP's")
     args = parser.parse_args()
     load = os.getloadavg()
-    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs; {args.event_loop} loop"
+    )
     if args.mode == "clients":
-        for name, spread in run_clients(args.requests, args.repeat, tuple(args.only.split(","))).items():
+        only = tuple(args.only.split(","))
+        for name, spread in run_clients(args.requests, args.repeat, only, args.event_loop).items():
             print(f"{LABELS[name]:>36}: {spread} us CPU per call (median, min-max)")
         return
-    rounds = run_fleet(args.pods, args.hz, args.seconds, args.repeat, args.idle, args.max_interval_ms)
+    rounds = run_fleet(
+        args.pods, args.hz, args.seconds, args.repeat, args.idle, args.max_interval_ms, args.event_loop
+    )
     if args.json:
         print(json.dumps([asdict(r) for r in rounds]))
     for r in rounds:

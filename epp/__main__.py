@@ -13,7 +13,7 @@ from epp import compat
 from epp.app import EppApp
 from extproc.server import wait_for_shutdown_signal
 from gateway.llmd_api import add_api_group_argument, parse_watch_ref
-from gateway.service_cli import follow_config_resource, run_service, service_parser
+from gateway.service_cli import add_event_loop_argument, follow_config_resource, run_service, service_parser
 
 log = logging.getLogger("epp")
 
@@ -64,6 +64,7 @@ def main() -> None:
         "x-gateway-inference-objective naming one sets the request's priority",
     )
     add_api_group_argument(parser)
+    add_event_loop_argument(parser)
     compat.add_arguments(parser)
     args = compat.parse(parser)
     if args.inference_objectives:

@@ -2,10 +2,13 @@
 
 A vLLM /metrics page is tens of kilobytes of histogram buckets; the scheduler needs five or
 six series. Instead of decoding and tokenising every line (what a general Prometheus parser
-does), one compiled bytes pattern skips over the raw page to the lines that start with a
-wanted name (exact names, longest first) and only those lines are parsed. Label blocks are parsed only for the info-style series whose
-labels carry the data (LoRA adapters, cache config), with a tokenizer that honours escaped
-quotes and commas inside values.
+does), one compiled bytes pattern (the wanted names as a trie) skips over the raw page to the
+lines that start with a wanted name and only those lines are parsed. That one pass is the
+floor of the cost (~30 us for a 38 KB page here): `bytes.find` per name is no faster, since
+CPython searches a multi-byte needle byte by byte over lowercase text (~10 us per name and
+page, measured), and only a single-byte needle gets memchr. Label blocks are parsed only for
+the info-style series whose labels carry the data (LoRA adapters, cache config), once per
+distinct block, with a tokenizer that honours escaped quotes and commas inside values.
 
 Aggregation over several series of one gauge (e.g. one per `model_name` or data-parallel
 `engine`): counts (waiting, running) are summed; fractions (KV usage) are averaged, since a
@@ -20,6 +23,7 @@ raises anything but `MetricsParseError`.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -61,14 +65,33 @@ def _common_prefix(names: tuple[str, ...] | list[str]) -> str:
     return first[:n]
 
 
-def _line_pattern(names: tuple[str, ...]) -> re.Pattern[bytes]:
-    """`\n(name)(rest of line)` over bytes, longest name first so that an exact name wins
-    over a prefix of it; the rest must start with a label block or whitespace."""
-    ordered = sorted(set(names), key=len, reverse=True)
+def _alternation(words: list[str]) -> str:
+    """A regex matching exactly `words`, factored as a trie (`a(?:b|c)` for `ab`, `ac`): at
+    each line start the engine then tests one branch per distinct next character instead of
+    every name in turn (34 vs 42 us per 38 KB vLLM page for the scraper's ten names)."""
+    if len(words) == 1:
+        return re.escape(words[0])
+    optional = "" in words
+    by_first: dict[str, list[str]] = {}
+    for w in words:
+        if w:
+            by_first.setdefault(w[0], []).append(w)
+    branches = []
+    for group in by_first.values():
+        prefix = _common_prefix(group)
+        branches.append(re.escape(prefix) + _alternation([w[len(prefix) :] for w in group]))
+    body = branches[0] if len(branches) == 1 and not optional else "(?:" + "|".join(branches) + ")"
+    return body + "?" if optional else body
+
+
+def _line_pattern(names: tuple[str, ...], start: str = r"\n") -> re.Pattern[bytes]:
+    """`<start>(name)(rest of line)` over bytes; the rest must start with a label block or
+    whitespace, so a name never matches a longer one it is a prefix of (the trie backtracks)."""
+    unique = sorted(set(names))
     # A literal prefix outside the group lets the engine skip ahead with a fast search.
-    common = _common_prefix(ordered)
-    tails = "|".join(re.escape(n[len(common) :]) for n in ordered)
-    return re.compile((r"\n" + re.escape(common) + r"(" + tails + r")([{ \t][^\n]*)").encode())
+    common = _common_prefix(unique)
+    tails = _alternation([n[len(common) :] for n in unique])
+    return re.compile((start + re.escape(common) + "(" + tails + r")([{ \t][^\n]*)").encode())
 
 
 DIALECTS: dict[str, Dialect] = {
@@ -120,17 +143,28 @@ class Sample(NamedTuple):
     value: float
 
 
-_SCANNERS: dict[tuple[str, ...], tuple[re.Pattern[bytes], dict[bytes, str]]] = {}
+# Sample((labels, value)) without NamedTuple's Python-level __new__ (3x cheaper per line).
+_new_sample = functools.partial(tuple.__new__, Sample)
 
 
-def _scanner(names: tuple[str, ...]) -> tuple[re.Pattern[bytes], dict[bytes, str]]:
-    """The names' line pattern and the name for each matched tail (no per-line decoding)."""
+class _Scanner(NamedTuple):
+    lines: re.Pattern[bytes]  # wanted lines after a newline
+    first: re.Pattern[bytes]  # a wanted line at the very start of the page
+    by_tail: dict[bytes, str]  # matched tail -> metric name (no per-line decoding)
+
+
+_SCANNERS: dict[tuple[str, ...], _Scanner] = {}
+
+
+def _scanner(names: tuple[str, ...]) -> _Scanner:
     scanner = _SCANNERS.get(names)
     if scanner is None:
         if len(_SCANNERS) > 256:  # names come from code, but never grow without bound
             _SCANNERS.clear()
         common = len(_common_prefix(names))
-        scanner = _SCANNERS[names] = (_line_pattern(names), {n[common:].encode(): n for n in names})
+        scanner = _SCANNERS[names] = _Scanner(
+            _line_pattern(names), _line_pattern(names, start=""), {n[common:].encode(): n for n in names}
+        )
     return scanner
 
 
@@ -139,31 +173,54 @@ def collect_samples(
 ) -> dict[str, list[Sample] | None]:
     """All samples of the metrics `names`, by name, in one regex pass over the raw bytes.
 
-    The page is never decoded or split into lines: the compiled pattern skips to each line
-    starting with the names' common prefix, and only matching lines become Python objects.
-    A malformed line raises MetricsParseError, except for a name in `lenient`, which then
-    maps to None (that metric is unusable, the rest of the page still is).
+    The page is never decoded, split into lines or copied: the compiled pattern skips to each
+    line starting with the names' common prefix, and only matching lines become Python
+    objects. A malformed line raises MetricsParseError, except for a name in `lenient`,
+    which then maps to None (that metric is unusable, the rest of the page still is).
     """
     if isinstance(page, str):
         page = page.encode("utf-8", errors="replace")
     elif not isinstance(page, bytes):
         page = bytes(page)
-    if not page.startswith(b"\n"):
-        page = b"\n" + page
     out: dict[str, list[Sample] | None] = {}
-    pattern, by_tail = _scanner(names)
-    for tail, rest in pattern.findall(page):
+    scanner = _scanner(names)
+    by_tail = scanner.by_tail
+    matches = scanner.lines.findall(page)
+    head = scanner.first.match(page)
+    if head is not None:
+        matches.insert(0, head.groups())
+    new_sample = _new_sample
+    for tail, rest in matches:
         name = by_tail[tail]
-        bucket = out.get(name, [])
+        bucket = out.get(name)
         if bucket is None:
-            continue
+            if name in out:
+                continue  # an earlier line of this lenient metric was malformed
+            bucket = out[name] = []
+        # Fast path: `{labels} value` or ` value`, no timestamp; anything else goes through
+        # _parse_rest, which also words the errors.
+        if rest[:1] == b"{":
+            close = rest.rfind(b"} ")  # the last "}" when the fast float succeeds (a later
+            if close > 0:  # "}" would make it fail)
+                try:
+                    bucket.append(
+                        new_sample((rest[1:close].decode("utf-8", "replace"), float(rest[close + 2 :])))
+                    )
+                    continue
+                except ValueError:
+                    pass
+        elif rest[:1] == b" ":
+            try:
+                bucket.append(new_sample(("", float(rest))))
+                continue
+            except ValueError:
+                pass
         try:
             bucket.append(_parse_rest(rest, name))
         except MetricsParseError:
             if name not in lenient:
                 raise
-            bucket = None
-        out[name] = bucket
+            out[name] = None
     return out
 
 
@@ -343,6 +400,33 @@ def _int_label(labels: dict[str, str], key: str, rejected: list[Rejection] | Non
     return int(value)
 
 
+def _lora_fields(block: str) -> tuple[frozenset[str], frozenset[str], int, tuple[Rejection, ...]]:
+    """Running and waiting adapters and max_lora from a LoRA info series' label block."""
+    problems: list[Rejection] = []
+    labels = parse_labels(block)
+    running = _adapters(labels.get("running_lora_adapters", ""))
+    waiting = _adapters(labels.get("waiting_lora_adapters", ""))
+    return running, waiting, _int_label(labels, "max_lora", problems) or 0, tuple(problems)
+
+
+def _cache_fields(block: str) -> tuple[int | None, int | None, tuple[Rejection, ...]]:
+    """block_size and num_gpu_blocks from a cache-config info series' label block."""
+    problems: list[Rejection] = []
+    labels = parse_labels(block)
+    block_size = _int_label(labels, "block_size", problems)
+    if block_size == 0:
+        _reject(problems, "block_size", "out_of_range", 0)
+        block_size = None
+    return block_size, _int_label(labels, "num_gpu_blocks", problems), tuple(problems)
+
+
+MAX_CACHED_LABELS = 1024  # characters; a longer (hostile) label block is parsed every time
+# An info series' labels change only when the server's state does (LoRA adapters loaded), so
+# most scrapes parse none of them; the results are immutable, the lists stay bounded.
+_cached_lora_fields = functools.lru_cache(maxsize=256)(_lora_fields)
+_cached_cache_fields = functools.lru_cache(maxsize=256)(_cache_fields)
+
+
 def parse_metrics(
     text: str | bytes,
     dialect: str,
@@ -398,19 +482,23 @@ def parse_metrics(
             if newest is None or sample.value >= newest.value:
                 newest = sample
         if newest is not None:
-            labels = parse_labels(newest.labels)
-            fields["running_adapters"] = _adapters(labels.get("running_lora_adapters", ""))
-            fields["waiting_adapters"] = _adapters(labels.get("waiting_lora_adapters", ""))
-            fields["max_lora"] = _int_label(labels, "max_lora", rejected) or 0
+            running_adapters, waiting_adapters, max_lora, problems = (
+                _cached_lora_fields if len(newest.labels) <= MAX_CACHED_LABELS else _lora_fields
+            )(newest.labels)
+            fields["running_adapters"] = running_adapters
+            fields["waiting_adapters"] = waiting_adapters
+            fields["max_lora"] = max_lora
+            if rejected is not None:
+                rejected.extend(problems)
     if d.cache_info is not None:
         for sample in samples.get(d.cache_info) or ():
-            labels = parse_labels(sample.labels)
-            block_size = _int_label(labels, "block_size", rejected)
-            if block_size == 0:
-                _reject(rejected, "block_size", "out_of_range", 0)
-                block_size = None
+            block_size, num_gpu_blocks, problems = (
+                _cached_cache_fields if len(sample.labels) <= MAX_CACHED_LABELS else _cache_fields
+            )(sample.labels)
             fields["block_size"] = block_size
-            fields["num_gpu_blocks"] = _int_label(labels, "num_gpu_blocks", rejected)
+            fields["num_gpu_blocks"] = num_gpu_blocks
+            if rejected is not None:
+                rejected.extend(problems)
             break
 
     return Metrics(

@@ -67,14 +67,16 @@ class _Response:
                 raise HttpError("response body too large")
             return False
         if filled - self.body_start >= self.length:
-            self.body = bytes(buf[self.body_start : self.body_start + self.length])
+            self.body = bytes(
+                memoryview(buf)[self.body_start : self.body_start + self.length]
+            )  # one copy, not two
             return True
         return False
 
     def eof(self, buf: bytearray, filled: int) -> bool:
         """The server closed the connection: complete only for a close-delimited body."""
         if self.until_close and self.body_start >= 0:
-            self.body = bytes(buf[self.body_start : filled])
+            self.body = bytes(memoryview(buf)[self.body_start : filled])
             return True
         return False
 

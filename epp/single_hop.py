@@ -40,7 +40,7 @@ from extproc.stream import ExtProcServicer, RequestRoute
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.llmd_api import add_api_group_argument
 from gateway.model_routing import ModelRouter, RoutedModel, encode_body
-from gateway.service_cli import follow_config_resource, run_service, service_parser
+from gateway.service_cli import add_event_loop_argument, follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
 from gateway.tracing import Attributes, AttributeValue, Tracing
 
@@ -246,6 +246,7 @@ def main() -> None:
         help="follow the InferenceModelRewrite resources of this namespace, as BBR does",
     )
     add_api_group_argument(parser)
+    add_event_loop_argument(parser)
     args = parser.parse_args()
     try:
         args.metrics_port = parse_metrics_ports(args.metrics_port)
