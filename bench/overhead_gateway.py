@@ -1,5 +1,8 @@
 """What the gateway itself costs: Envoy alone vs Envoy + a do-nothing ext_proc vs the full gateway,
-two-hop (BBR, then the pool's EPP) and single-hop (one EPP stream routes and picks).
+two-hop (BBR, then the pool's EPP) and single-hop (one EPP stream routes and picks), each with
+request bodies streamed (FULL_DUPLEX_STREAMED: every chunk goes to the ext_proc and back) and
+buffered (BUFFERED: Envoy sends the whole body once, the ext_proc sends nothing back;
+`listener.requestBodyMode`).
 
 All four front one fast stub pod (answers at once, a few SSE tokens) so that what is left is
 the proxy path. Per setup, concurrency and request-body size: client-observed latency p50/p99
@@ -47,11 +50,16 @@ from extproc.stream import ExtProcServicer, RequestOnlyProcessor, RequestRoute
 MODEL = "llama3.1-8b"
 BODY_SIZES = (1024, 32 * 1024, 256 * 1024)
 CONCURRENCY = (1, 32)
-# Both shapes of the request path (devstack.launch.start_local_gateway's `single_hop`).
+# Both shapes of the request path (devstack.launch.start_local_gateway's `single_hop`), in both
+# request-body modes (`listener.requestBodyMode`): (label, single_hop, body mode).
 FULL_GATEWAYS = (
-    ("full gateway (Envoy + BBR + EPP)", False),
-    ("full gateway single-hop (Envoy + one EPP)", True),
+    ("full gateway (Envoy + BBR + EPP)", False, "streamed"),
+    ("full gateway, buffered (Envoy + BBR + EPP)", False, "buffered"),
+    ("full gateway single-hop (Envoy + one EPP)", True, "streamed"),
+    ("full gateway single-hop, buffered (Envoy + one EPP)", True, "buffered"),
 )
+# The do-nothing ext_proc in both request-body modes: (label, buffered).
+NOOP_SETUPS = (("Envoy + no-op ext_proc", False), ("Envoy + no-op ext_proc, buffered", True))
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 METRICS = (
@@ -78,7 +86,8 @@ async def serve_stub(tokens: int) -> None:
 
 
 class NoopProcessor(RequestOnlyProcessor):
-    """Continues everything unchanged (FULL_DUPLEX_STREAMED still makes it re-emit the body)."""
+    """Continues everything unchanged (FULL_DUPLEX_STREAMED still makes it re-emit the body;
+    BUFFERED gets one body message and sends nothing back)."""
 
     max_body_bytes = 64 * 1024 * 1024
 
@@ -206,6 +215,7 @@ async def start_envoy_setup(
     ext_proc: tuple[str, int] | None,
     mode: str = "NONE",
     trailers: str = "SEND",
+    buffered: bool = False,
 ) -> Setup:
     files = write_baseline(
         work,
@@ -214,6 +224,7 @@ async def start_envoy_setup(
         ext_proc=ext_proc,
         response_body_mode=mode,
         response_trailer_mode=trailers,
+        buffered_request_body=buffered,
     )
     envoy = start_envoy(files.bootstrap, work)
     await wait_ready_async(f"http://127.0.0.1:{files.admin_port}/ready", envoy, 30)
@@ -292,22 +303,26 @@ async def run_overhead(work: Path, requests: int, tokens: int) -> list[Cell]:
             cells += await measure(setup, BODY_SIZES, CONCURRENCY, requests, tokens)
         finally:
             setup.stop()
-        noop, port = start_noop_extproc(work / "noop")
-        try:
-            setup = await start_envoy_setup(
-                "Envoy + no-op ext_proc", work / "noop-envoy", stub, ("127.0.0.1", port)
-            )
-            setup.pids.append(noop.popen.pid)
+        for i, (name, buffered) in enumerate(NOOP_SETUPS):
+            noop, port = start_noop_extproc(work / f"noop{i}")
             try:
-                cells += await measure(setup, BODY_SIZES, CONCURRENCY, requests, tokens)
+                setup = await start_envoy_setup(
+                    name, work / f"noop-envoy{i}", stub, ("127.0.0.1", port), buffered=buffered
+                )
+                setup.pids.append(noop.popen.pid)
+                try:
+                    cells += await measure(setup, BODY_SIZES, CONCURRENCY, requests, tokens)
+                finally:
+                    setup.stop()
             finally:
-                setup.stop()
-        finally:
-            noop.stop()
+                noop.stop()
         pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
-        for name, single_hop in FULL_GATEWAYS:
+        for i, (name, single_hop, body_mode) in enumerate(FULL_GATEWAYS):
             gateway = start_local_gateway(
-                work / ("gateway-single-hop" if single_hop else "gateway"), pods=[pod], single_hop=single_hop
+                work / f"gateway{i}",
+                pods=[pod],
+                single_hop=single_hop,
+                config_extra={"listener": {"requestBodyMode": body_mode}},
             )
             try:
                 await asyncio.sleep(0.5)

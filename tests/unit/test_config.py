@@ -82,6 +82,15 @@ def rejected_total() -> float:
             },
             "pools.p.fallbackEndpoints: Kubernetes pools",
         ),
+        ({"listener": {"requestBodyMode": "chunked"}}, "listener.requestBodyMode"),
+        (
+            {"listener": {"maxBufferedBodyBytes": 8 * 1024 * 1024}},
+            "listener.maxBufferedBodyBytes bounds buffered bodies only",
+        ),
+        (
+            {"listener": {"requestBodyMode": "buffered", "maxBufferedBodyBytes": 1024}},
+            "listener.maxBufferedBodyBytes: Input should be greater than or equal to 65536",
+        ),
     ],
 )
 def test_errors_name_the_field(patch: dict, message: str) -> None:
