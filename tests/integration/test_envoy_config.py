@@ -154,7 +154,7 @@ def test_request_body_mode_reaches_every_ext_proc_filter(tmp_path: Path, body_mo
     """`listener.requestBodyMode` sets BBR's and every pool EPP's request body mode (a FailOpen
     pool buffers regardless); `maxBufferedBodyBytes` becomes the listener's buffer limit, past
     which Envoy answers 413 (tests/integration/test_request_path.py sends one)."""
-    listener = {"requestBodyMode": body_mode}
+    listener: dict[str, object] = {"requestBodyMode": body_mode}
     if body_mode == "buffered":
         listener["maxBufferedBodyBytes"] = 2 * 1024 * 1024
     config = parse_config({**CONFIG, "listener": listener})
