@@ -16,6 +16,7 @@ every body chunk (STREAMED).
 python -m bench.overhead_gateway [--requests 300] [--doc docs/benchmarks.md]
 python -m bench.overhead_gateway --stream-only --requests 100 --rounds 5   # second table alone
 python -m bench.overhead_gateway noop-extproc --port N     # the do-nothing ext_proc alone
+python -m bench.overhead_gateway split [--requests 300]     # CPU per process and ext_proc messages
 """
 
 from __future__ import annotations
@@ -368,6 +369,67 @@ async def run_response_modes(work: Path, requests: int, stream_tokens: int, roun
     return stream_cells
 
 
+async def run_split(requests: int, tokens: int) -> list[str]:
+    """Where a full gateway's CPU goes: per process (Envoy, BBR, EPP) per request, and Envoy's
+    ext_proc message counts per request, for each gateway setup at 1 KB and 256 KB, concurrency 1.
+    The setups run back to back, each for a few seconds, so load drifts less between them than
+    across the whole table."""
+    work = Path(tempfile.mkdtemp(prefix="bench-overhead-split-"))
+    stub_proc, stub = await start_stub(tokens)
+    pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
+    lines = [
+        "| setup | body | p50 ms | CPU ms/req per process | ext_proc msgs/req sent / received | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    try:
+        for i, (name, single_hop, body_mode) in enumerate(FULL_GATEWAYS):
+            for size in (1024, 256 * 1024):
+                gateway = start_local_gateway(
+                    work / f"gateway{i}-{size}",
+                    pods=[pod],
+                    single_hop=single_hop,
+                    config_extra={"listener": {"requestBodyMode": body_mode}},
+                )
+                try:
+                    verify = ssl.create_default_context(cafile=str(gateway.certs.ca))
+                    body = request_body(size, tokens)
+                    await load(gateway.url, verify, body, 30, 1)  # warm
+                    stats = f"http://127.0.0.1:{gateway.admin_port}/stats?filter=ext_proc.stream_msgs"
+                    async with httpx.AsyncClient() as admin:
+                        before = _msg_counts((await admin.get(stats)).text)
+                        cpu0 = {
+                            k: cpu_seconds([p.popen.pid]) for k, p in gateway.procs.items() if k != "fleet"
+                        }
+                        lat, errors, _ = await load(gateway.url, verify, body, requests, 1)
+                        cpu = {k: (cpu_seconds([gateway.procs[k].popen.pid]) - v) * 1000 / requests
+                               for k, v in cpu0.items()}  # fmt: skip
+                        after = _msg_counts((await admin.get(stats)).text)
+                finally:
+                    gateway.stop()
+                per_proc = ", ".join(f"{k.split('-')[0]} {v:.2f}" for k, v in sorted(cpu.items()))
+                sent, received = ((after[k] - before[k]) / requests for k in ("sent", "received"))
+                lines.append(
+                    f"| {name} | {size // 1024} KB | {percentile(lat, 50) or 0.0:.2f} | {per_proc} | "
+                    f"{sent:.1f} / {received:.1f} | {errors} |"
+                )
+                print(lines[-1], flush=True)
+    finally:
+        stub_proc.terminate()
+        await stub_proc.wait()
+    return lines
+
+
+def _msg_counts(stats: str) -> dict[str, int]:
+    """Envoy's `ext_proc.stream_msgs_sent` / `_received` counters, summed over the filters."""
+    out = {"sent": 0, "received": 0}
+    for line in stats.splitlines():
+        name, _, value = line.partition(": ")
+        for kind in out:
+            if name.endswith(f"ext_proc.stream_msgs_{kind}"):
+                out[kind] += int(value)
+    return out
+
+
 def render(cells: list[Cell], stream_cells: list[Cell], command: str, load_avg: str) -> str:
     direct = {(c.concurrency, c.body_bytes): c for c in cells if c.setup.startswith("direct")}
     if not cells:
@@ -426,6 +488,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="bench.overhead_gateway stub")
         parser.add_argument("--tokens", type=int, required=True)
         asyncio.run(serve_stub(parser.parse_args(argv[1:]).tokens))
+        return 0
+    if argv[:1] == ["split"]:
+        parser = argparse.ArgumentParser(prog="bench.overhead_gateway split")
+        parser.add_argument("--requests", type=int, default=300)
+        before = os.getloadavg()[0]
+        lines = asyncio.run(run_split(parser.parse_args(argv[1:]).requests, 4))
+        print("\n".join(lines))
+        print(f"1-minute load average before/after: {before:.1f} / {os.getloadavg()[0]:.1f}")
         return 0
     if argv[:1] == ["noop-extproc"]:
         parser = argparse.ArgumentParser(prog="bench.overhead_gateway noop-extproc")
