@@ -396,14 +396,14 @@ async def run_split(requests: int, tokens: int) -> list[str]:
                     await load(gateway.url, verify, body, 30, 1)  # warm
                     stats = f"http://127.0.0.1:{gateway.admin_port}/stats?filter=ext_proc.stream_msgs"
                     async with httpx.AsyncClient() as admin:
-                        before = _msg_counts((await admin.get(stats)).text)
+                        before = ext_proc_message_counts((await admin.get(stats)).text)
                         cpu0 = {
                             k: cpu_seconds([p.popen.pid]) for k, p in gateway.procs.items() if k != "fleet"
                         }
                         lat, errors, _ = await load(gateway.url, verify, body, requests, 1)
                         cpu = {k: (cpu_seconds([gateway.procs[k].popen.pid]) - v) * 1000 / requests
                                for k, v in cpu0.items()}  # fmt: skip
-                        after = _msg_counts((await admin.get(stats)).text)
+                        after = ext_proc_message_counts((await admin.get(stats)).text)
                 finally:
                     gateway.stop()
                 per_proc = ", ".join(f"{k.split('-')[0]} {v:.2f}" for k, v in sorted(cpu.items()))
@@ -419,7 +419,7 @@ async def run_split(requests: int, tokens: int) -> list[str]:
     return lines
 
 
-def _msg_counts(stats: str) -> dict[str, int]:
+def ext_proc_message_counts(stats: str) -> dict[str, int]:
     """Envoy's `ext_proc.stream_msgs_sent` / `_received` counters, summed over the filters."""
     out = {"sent": 0, "received": 0}
     for line in stats.splitlines():
