@@ -360,6 +360,13 @@ class ListenerConfig(_Model):
             raise ValueError(
                 "allowAllPaths: true routes every path; remove 'paths' or set allowAllPaths: false"
             )
+        limit = self.max_buffered_body_bytes
+        if limit is not None and limit < self.max_request_headers_kb * 1024:
+            # The same per-connection buffer holds the request headers.
+            raise ValueError(
+                f"maxBufferedBodyBytes ({limit}) must be at least maxRequestHeadersKb "
+                f"({self.max_request_headers_kb} KiB): Envoy's connection buffer holds the headers too"
+            )
         if self.trust.jwt_claim is not None and self.jwt is None:
             raise ValueError(
                 "trust.jwtClaim needs listener.jwt: only a verified token can carry a trusted claim"

@@ -91,6 +91,16 @@ def rejected_total() -> float:
             {"listener": {"requestBodyMode": "buffered", "maxBufferedBodyBytes": 1024}},
             "listener.maxBufferedBodyBytes: Input should be greater than or equal to 65536",
         ),
+        (
+            {
+                "listener": {
+                    "requestBodyMode": "buffered",
+                    "maxBufferedBodyBytes": 65536,
+                    "maxRequestHeadersKb": 96,
+                }
+            },
+            "must be at least maxRequestHeadersKb",
+        ),
     ],
 )
 def test_errors_name_the_field(patch: dict, message: str) -> None:
