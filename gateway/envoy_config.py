@@ -596,7 +596,8 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
     if topo.single_hop:
         for route in routes:
             if route["name"] == "no-route" or route["name"].endswith("-picked"):
-                _single_hop_entry(route, buffered=config.buffers_request_bodies())
+                # Single-hop has no FailOpen pools (`_single_hop_check`): the listener's mode.
+                _single_hop_entry(route, buffered=config.listener.request_body_mode == "buffered")
     # Requests that reach no pool never talk to an EPP. This matters for Envoy's own replies to
     # malformed requests (headers too large -> 431): the EPP filter would hold the reply's headers
     # for an ext_proc round trip while the codec closes the connection, and the client would get
