@@ -35,12 +35,14 @@ def render_baseline_bootstrap(
     ext_proc: tuple[str, int] | None = None,
     response_body_mode: str = "NONE",
     response_trailer_mode: str = "SEND",
+    buffered_request_body: bool = False,
 ) -> dict[str, Any]:
     """Envoy alone in front of `pods` (ip:port) with a plain load balancer: the Kubernetes
     Service baseline the benchmarks compare against (same binary, same HTTPS listener).
 
     `ext_proc` puts one ext_proc filter (FULL_DUPLEX_STREAMED request bodies, like the
-    gateway's pool routes) in the chain, to measure the protocol's own cost;
+    gateway's pool routes; BUFFERED with `buffered_request_body`, like
+    `requestBodyMode: buffered`) in the chain, to measure the protocol's own cost;
     `response_body_mode` (NONE or STREAMED) measures what sending response bodies to it would
     add, `response_trailer_mode` SKIP what holding the stream to the response's end costs.
     """
@@ -55,7 +57,7 @@ def render_baseline_bootstrap(
     filters: list[dict[str, Any]] = []
     clusters: list[dict[str, Any]] = []
     if ext_proc is not None:
-        mode = pool_processing_mode(response_headers=True)
+        mode = pool_processing_mode(response_headers=True, buffered=buffered_request_body)
         mode["response_body_mode"] = response_body_mode
         mode["response_trailer_mode"] = response_trailer_mode
         filters.append(ext_proc_filter("bench.ext_proc", "ext_proc", 10.0, mode))

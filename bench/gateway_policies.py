@@ -114,6 +114,7 @@ def write_baseline(
     ext_proc: tuple[str, int] | None = None,
     response_body_mode: str = "NONE",
     response_trailer_mode: str = "SEND",
+    buffered_request_body: bool = False,
 ) -> BaselineFiles:
     """Certificates and a baseline Envoy bootstrap (see render_baseline_bootstrap) under `work`."""
     work.mkdir(parents=True, exist_ok=True)
@@ -122,7 +123,7 @@ def write_baseline(
     bootstrap = render_baseline_bootstrap(
         pods, lb_policy, listen, admin, certs.server_cert, certs.server_key,
         ext_proc=ext_proc, response_body_mode=response_body_mode,
-        response_trailer_mode=response_trailer_mode,
+        response_trailer_mode=response_trailer_mode, buffered_request_body=buffered_request_body,
     )  # fmt: skip
     path = work / "envoy.json"
     path.write_text(json.dumps(bootstrap, indent=1))

@@ -1,5 +1,8 @@
 """What the gateway itself costs: Envoy alone vs Envoy + a do-nothing ext_proc vs the full gateway,
-two-hop (BBR, then the pool's EPP) and single-hop (one EPP stream routes and picks).
+two-hop (BBR, then the pool's EPP) and single-hop (one EPP stream routes and picks), each with
+request bodies streamed (FULL_DUPLEX_STREAMED: every chunk goes to the ext_proc and back) and
+buffered (BUFFERED: Envoy sends the whole body once, the ext_proc sends nothing back;
+`listener.requestBodyMode`).
 
 All four front one fast stub pod (answers at once, a few SSE tokens) so that what is left is
 the proxy path. Per setup, concurrency and request-body size: client-observed latency p50/p99
@@ -13,6 +16,7 @@ every body chunk (STREAMED).
 python -m bench.overhead_gateway [--requests 300] [--doc docs/benchmarks.md]
 python -m bench.overhead_gateway --stream-only --requests 100 --rounds 5   # second table alone
 python -m bench.overhead_gateway noop-extproc --port N     # the do-nothing ext_proc alone
+python -m bench.overhead_gateway split [--requests 300]     # CPU per process and ext_proc messages
 """
 
 from __future__ import annotations
@@ -47,11 +51,16 @@ from extproc.stream import ExtProcServicer, RequestOnlyProcessor, RequestRoute
 MODEL = "llama3.1-8b"
 BODY_SIZES = (1024, 32 * 1024, 256 * 1024)
 CONCURRENCY = (1, 32)
-# Both shapes of the request path (devstack.launch.start_local_gateway's `single_hop`).
+# Both shapes of the request path (devstack.launch.start_local_gateway's `single_hop`), in both
+# request-body modes (`listener.requestBodyMode`): (label, single_hop, body mode).
 FULL_GATEWAYS = (
-    ("full gateway (Envoy + BBR + EPP)", False),
-    ("full gateway single-hop (Envoy + one EPP)", True),
+    ("full gateway (Envoy + BBR + EPP)", False, "streamed"),
+    ("full gateway, buffered (Envoy + BBR + EPP)", False, "buffered"),
+    ("full gateway single-hop (Envoy + one EPP)", True, "streamed"),
+    ("full gateway single-hop, buffered (Envoy + one EPP)", True, "buffered"),
 )
+# The do-nothing ext_proc in both request-body modes: (label, buffered).
+NOOP_SETUPS = (("Envoy + no-op ext_proc", False), ("Envoy + no-op ext_proc, buffered", True))
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 METRICS = (
@@ -78,7 +87,8 @@ async def serve_stub(tokens: int) -> None:
 
 
 class NoopProcessor(RequestOnlyProcessor):
-    """Continues everything unchanged (FULL_DUPLEX_STREAMED still makes it re-emit the body)."""
+    """Continues everything unchanged (FULL_DUPLEX_STREAMED still makes it re-emit the body;
+    BUFFERED gets one body message and sends nothing back)."""
 
     max_body_bytes = 64 * 1024 * 1024
 
@@ -206,6 +216,7 @@ async def start_envoy_setup(
     ext_proc: tuple[str, int] | None,
     mode: str = "NONE",
     trailers: str = "SEND",
+    buffered: bool = False,
 ) -> Setup:
     files = write_baseline(
         work,
@@ -214,6 +225,7 @@ async def start_envoy_setup(
         ext_proc=ext_proc,
         response_body_mode=mode,
         response_trailer_mode=trailers,
+        buffered_request_body=buffered,
     )
     envoy = start_envoy(files.bootstrap, work)
     await wait_ready_async(f"http://127.0.0.1:{files.admin_port}/ready", envoy, 30)
@@ -292,22 +304,26 @@ async def run_overhead(work: Path, requests: int, tokens: int) -> list[Cell]:
             cells += await measure(setup, BODY_SIZES, CONCURRENCY, requests, tokens)
         finally:
             setup.stop()
-        noop, port = start_noop_extproc(work / "noop")
-        try:
-            setup = await start_envoy_setup(
-                "Envoy + no-op ext_proc", work / "noop-envoy", stub, ("127.0.0.1", port)
-            )
-            setup.pids.append(noop.popen.pid)
+        for i, (name, buffered) in enumerate(NOOP_SETUPS):
+            noop, port = start_noop_extproc(work / f"noop{i}")
             try:
-                cells += await measure(setup, BODY_SIZES, CONCURRENCY, requests, tokens)
+                setup = await start_envoy_setup(
+                    name, work / f"noop-envoy{i}", stub, ("127.0.0.1", port), buffered=buffered
+                )
+                setup.pids.append(noop.popen.pid)
+                try:
+                    cells += await measure(setup, BODY_SIZES, CONCURRENCY, requests, tokens)
+                finally:
+                    setup.stop()
             finally:
-                setup.stop()
-        finally:
-            noop.stop()
+                noop.stop()
         pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
-        for name, single_hop in FULL_GATEWAYS:
+        for i, (name, single_hop, body_mode) in enumerate(FULL_GATEWAYS):
             gateway = start_local_gateway(
-                work / ("gateway-single-hop" if single_hop else "gateway"), pods=[pod], single_hop=single_hop
+                work / f"gateway{i}",
+                pods=[pod],
+                single_hop=single_hop,
+                config_extra={"listener": {"requestBodyMode": body_mode}},
             )
             try:
                 await asyncio.sleep(0.5)
@@ -351,6 +367,67 @@ async def run_response_modes(work: Path, requests: int, stream_tokens: int, roun
         stub_proc.terminate()
         await stub_proc.wait()
     return stream_cells
+
+
+async def run_split(requests: int, tokens: int) -> list[str]:
+    """Where a full gateway's CPU goes: per process (Envoy, BBR, EPP) per request, and Envoy's
+    ext_proc message counts per request, for each gateway setup at 1 KB and 256 KB, concurrency 1.
+    The setups run back to back, each for a few seconds, so load drifts less between them than
+    across the whole table."""
+    work = Path(tempfile.mkdtemp(prefix="bench-overhead-split-"))
+    stub_proc, stub = await start_stub(tokens)
+    pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
+    lines = [
+        "| setup | body | p50 ms | CPU ms/req per process | ext_proc msgs/req sent / received | errors |",
+        "|---|---|---|---|---|---|",
+    ]
+    try:
+        for i, (name, single_hop, body_mode) in enumerate(FULL_GATEWAYS):
+            for size in (1024, 256 * 1024):
+                gateway = start_local_gateway(
+                    work / f"gateway{i}-{size}",
+                    pods=[pod],
+                    single_hop=single_hop,
+                    config_extra={"listener": {"requestBodyMode": body_mode}},
+                )
+                try:
+                    verify = ssl.create_default_context(cafile=str(gateway.certs.ca))
+                    body = request_body(size, tokens)
+                    await load(gateway.url, verify, body, 30, 1)  # warm
+                    stats = f"http://127.0.0.1:{gateway.admin_port}/stats?filter=ext_proc.stream_msgs"
+                    async with httpx.AsyncClient() as admin:
+                        before = ext_proc_message_counts((await admin.get(stats)).text)
+                        cpu0 = {
+                            k: cpu_seconds([p.popen.pid]) for k, p in gateway.procs.items() if k != "fleet"
+                        }
+                        lat, errors, _ = await load(gateway.url, verify, body, requests, 1)
+                        cpu = {k: (cpu_seconds([gateway.procs[k].popen.pid]) - v) * 1000 / requests
+                               for k, v in cpu0.items()}  # fmt: skip
+                        after = ext_proc_message_counts((await admin.get(stats)).text)
+                finally:
+                    gateway.stop()
+                per_proc = ", ".join(f"{k.split('-')[0]} {v:.2f}" for k, v in sorted(cpu.items()))
+                sent, received = ((after[k] - before[k]) / requests for k in ("sent", "received"))
+                lines.append(
+                    f"| {name} | {size // 1024} KB | {percentile(lat, 50) or 0.0:.2f} | {per_proc} | "
+                    f"{sent:.1f} / {received:.1f} | {errors} |"
+                )
+                print(lines[-1], flush=True)
+    finally:
+        stub_proc.terminate()
+        await stub_proc.wait()
+    return lines
+
+
+def ext_proc_message_counts(stats: str) -> dict[str, int]:
+    """Envoy's `ext_proc.stream_msgs_sent` / `_received` counters, summed over the filters."""
+    out = {"sent": 0, "received": 0}
+    for line in stats.splitlines():
+        name, _, value = line.partition(": ")
+        for kind in out:
+            if name.endswith(f"ext_proc.stream_msgs_{kind}"):
+                out[kind] += int(value)
+    return out
 
 
 def render(cells: list[Cell], stream_cells: list[Cell], command: str, load_avg: str) -> str:
@@ -411,6 +488,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="bench.overhead_gateway stub")
         parser.add_argument("--tokens", type=int, required=True)
         asyncio.run(serve_stub(parser.parse_args(argv[1:]).tokens))
+        return 0
+    if argv[:1] == ["split"]:
+        parser = argparse.ArgumentParser(prog="bench.overhead_gateway split")
+        parser.add_argument("--requests", type=int, default=300)
+        before = os.getloadavg()[0]
+        lines = asyncio.run(run_split(parser.parse_args(argv[1:]).requests, 4))
+        print("\n".join(lines))
+        print(f"1-minute load average before/after: {before:.1f} / {os.getloadavg()[0]:.1f}")
         return 0
     if argv[:1] == ["noop-extproc"]:
         parser = argparse.ArgumentParser(prog="bench.overhead_gateway noop-extproc")

@@ -1,4 +1,10 @@
-"""Build ext_proc protobuf responses from plain values (the only module that knows them)."""
+"""Build ext_proc protobuf responses from plain values (the only module that knows them).
+
+Bodies are written into the response in place (`resp.request_body.response...body = chunk`),
+never passed to a constructor: with the upb backend, handing a sub-message to its parent's
+constructor copies it, so a nested keyword-built body chunk was copied once per level
+(measured: 0.8 ms to build a 256 KB body's five chunks that way, 0.07 ms in place).
+"""
 
 from __future__ import annotations
 
@@ -61,16 +67,17 @@ def buffered_body_response(
     metadata: Mapping[str, Mapping[str, str]] | None = None,
     body: bytes | None = None,
 ) -> pb.ProcessingResponse:
-    """BUFFERED mode: the routing decision (and any body rewrite) on the body response."""
+    """BUFFERED mode: the routing decision (and any body rewrite) on the body response; without
+    a rewrite no body goes back (Envoy forwards the one it buffered)."""
     headers = dict(set_headers)
     if body is not None:
         headers["content-length"] = str(len(body))
-    common = pb.CommonResponse(
-        header_mutation=header_mutation(headers, remove), clear_route_cache=clear_route_cache
-    )
+    resp = pb.ProcessingResponse()
+    common = resp.request_body.response
+    common.header_mutation.CopyFrom(header_mutation(headers, remove))
+    common.clear_route_cache = clear_route_cache
     if body is not None:
         common.body_mutation.body = body
-    resp = pb.ProcessingResponse(request_body=pb.BodyResponse(response=common))
     if metadata:
         resp.dynamic_metadata.CopyFrom(metadata_struct(metadata))
     return resp
@@ -93,14 +100,17 @@ def streamed_body_responses(body: bytes, *, trailers_follow: bool) -> Iterator[p
 
 
 def _body_chunk(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
-    return pb.ProcessingResponse(request_body=_streamed(chunk, end_of_stream))
+    resp = pb.ProcessingResponse()
+    _streamed(resp.request_body, chunk, end_of_stream)
+    return resp
 
 
-def _streamed(chunk: bytes, end_of_stream: bool) -> pb.BodyResponse:
-    mutation = pb.BodyMutation(
-        streamed_response=pb.StreamedBodyResponse(body=chunk, end_of_stream=end_of_stream)
-    )
-    return pb.BodyResponse(response=pb.CommonResponse(body_mutation=mutation))
+def _streamed(target: pb.BodyResponse, chunk: bytes, end_of_stream: bool) -> None:
+    """Write one streamed chunk into `target` in place (see the module docstring)."""
+    streamed = target.response.body_mutation.streamed_response
+    streamed.SetInParent()  # present even for an empty, non-final chunk
+    streamed.body = chunk
+    streamed.end_of_stream = end_of_stream
 
 
 def request_trailers_response() -> pb.ProcessingResponse:
@@ -121,7 +131,9 @@ def continue_response_body() -> pb.ProcessingResponse:
 def echo_response_body(chunk: bytes, end_of_stream: bool) -> pb.ProcessingResponse:
     """A FULL_DUPLEX_STREAMED response body chunk handed back unchanged: in that mode Envoy
     forwards only what the processor returns, so a bare CONTINUE would drop the body."""
-    return pb.ProcessingResponse(response_body=_streamed(chunk, end_of_stream))
+    resp = pb.ProcessingResponse()
+    _streamed(resp.response_body, chunk, end_of_stream)
+    return resp
 
 
 def continue_response_trailers() -> pb.ProcessingResponse:

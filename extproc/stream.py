@@ -188,15 +188,16 @@ class ExtProcStream:
 
     async def _on_request_body(self, body: pb.HttpBody) -> AsyncIterator[pb.ProcessingResponse]:
         self._expect(_Phase.COLLECTING_BODY, "request_body")
-        self._size += len(body.body)
+        data = body.body  # each read of a bytes field copies it out of the (upb) message: once
+        self._size += len(data)
         limit = self.processor.max_body_bytes
         if self._size > limit:
             self._chunks.clear()
             self._phase = _Phase.REFUSED
             yield messages.immediate_response(too_large(limit))
             return
-        if body.body:
-            self._chunks.append(body.body)
+        if data:
+            self._chunks.append(data)
         if body.end_of_stream:
             async for r in self._finish_request(trailers_follow=False, has_body=True):
                 yield r

@@ -339,6 +339,17 @@ class ListenerConfig(_Model):
     allow_all_paths: bool = Field(default=False, alias="allowAllPaths")
     jwt: JwtAuth | None = None
     trust: HeaderTrust = Field(default_factory=HeaderTrust)
+    # How Envoy hands request bodies to BBR and the EPP (gateway/envoy_config.py
+    # `pool_processing_mode`). `streamed` (FULL_DUPLEX_STREAMED): any size up to
+    # bbr.maxRequestBodyBytes, and the services send every chunk back. `buffered`: Envoy
+    # collects the body and sends it once, nothing comes back (cheaper, see docs/benchmarks.md
+    # "Gateway overhead"), bounded by Envoy's per-connection buffer: a larger body gets a JSON 413.
+    request_body_mode: Literal["streamed", "buffered"] = Field(default="streamed", alias="requestBodyMode")
+    # The buffered body limit, rendered as the listener's per_connection_buffer_limit_bytes;
+    # unset: the renderer's connection buffer (`render_envoy --buffer-bytes`, 4 MiB default).
+    max_buffered_body_bytes: int | None = Field(
+        default=None, ge=64 * 1024, le=1024 * 1024 * 1024, alias="maxBufferedBodyBytes"
+    )
 
     @field_validator("paths")
     @classmethod
@@ -353,6 +364,13 @@ class ListenerConfig(_Model):
         if self.allow_all_paths and "paths" in self.model_fields_set:
             raise ValueError(
                 "allowAllPaths: true routes every path; remove 'paths' or set allowAllPaths: false"
+            )
+        limit = self.max_buffered_body_bytes
+        if limit is not None and limit < self.max_request_headers_kb * 1024:
+            # The same per-connection buffer holds the request headers.
+            raise ValueError(
+                f"maxBufferedBodyBytes ({limit}) must be at least maxRequestHeadersKb "
+                f"({self.max_request_headers_kb} KiB): Envoy's connection buffer holds the headers too"
             )
         if self.trust.jwt_claim is not None and self.jwt is None:
             raise ValueError(
@@ -402,6 +420,11 @@ class GatewayConfig(_Model):
                         )
                 if model.rewrites and sum(rw.weight for rw in model.rewrites) == 0:
                     raise ValueError(f"pools.{pool.name}.models.{model.name}.rewrites: weights sum to 0")
+        if self.listener.max_buffered_body_bytes is not None and not self.buffers_request_bodies():
+            raise ValueError(
+                "listener.maxBufferedBodyBytes bounds buffered bodies only: set listener.requestBodyMode: "
+                "buffered (or a FailOpen pool), or remove it"
+            )
         if self.scrape.max_interval() < self.scrape.interval_ms:
             raise ValueError("scrape.maxIntervalMs: must be >= scrape.intervalMs")
         for pool in self.pools:
@@ -415,6 +438,15 @@ class GatewayConfig(_Model):
         if self.bbr.default_model is not None and self.bbr.default_model not in names:
             raise ValueError(f"bbr.defaultModel: {self.bbr.default_model!r} is not a configured model")
         return self
+
+    def buffers_request_bodies(self, pool: PoolConfig | None = None) -> bool:
+        """Whether Envoy buffers request bodies (BUFFERED) rather than streaming them: every
+        route in `requestBodyMode: buffered`; a FailOpen pool's EPP always, since Envoy honours
+        `failure_mode_allow` only there. Without `pool`: any route at all."""
+        if self.listener.request_body_mode == "buffered":
+            return True
+        pools = self.pools if pool is None else [pool]
+        return any(p.failure_mode == "FailOpen" for p in pools)
 
     def routes(self) -> Mapping[str, ModelRoute]:
         """Every public model name (base or adapter) -> where it goes. Built once per config

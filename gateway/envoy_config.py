@@ -157,8 +157,10 @@ def ext_proc_cluster(
 
 
 def pool_processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[str, str]:
-    """FULL_DUPLEX_STREAMED by default; BUFFERED where FailOpen must work, since Envoy ignores
-    `failure_mode_allow` for streamed bodies (bodies are then bounded by the connection buffer).
+    """FULL_DUPLEX_STREAMED (`listener.requestBodyMode: streamed`) or BUFFERED
+    (`requestBodyMode: buffered`, and where FailOpen must work, since Envoy ignores
+    `failure_mode_allow` for streamed bodies). Buffered bodies are bounded by the listener's
+    per-connection buffer (`listener.maxBufferedBodyBytes`): past it Envoy answers 413 itself.
 
     `response_headers` (the EPP's accounting) also asks for response trailers: Envoy closes
     the ext_proc stream right after the response-headers reply when neither body nor trailers
@@ -178,13 +180,13 @@ def pool_processing_mode(*, response_headers: bool, buffered: bool = False) -> d
 
 
 def _ext_proc_filter(
-    name: str, cluster: str, topo: Topology, *, response_headers: bool, disabled: bool
+    name: str, cluster: str, topo: Topology, *, response_headers: bool, disabled: bool, buffered: bool
 ) -> dict[str, Any]:
     out = ext_proc_filter(
         name,
         cluster,
         topo.ext_proc_timeout_s,
-        pool_processing_mode(response_headers=response_headers),
+        pool_processing_mode(response_headers=response_headers, buffered=buffered),
         status_on_error={"code": "ServiceUnavailable"},
         allow_mode_override=False,
         mutation_rules={"allow_all_routing": True},
@@ -303,7 +305,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
                 # Response headers + trailers: the EPP holds the request's in-flight slot until
                 # the response ends; only pool routes ask for them.
                 "processing_mode": pool_processing_mode(
-                    response_headers=True, buffered=pool.failure_mode == "FailOpen"
+                    response_headers=True, buffered=config.buffers_request_bodies(pool)
                 ),
             },
         }
@@ -323,7 +325,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
 SINGLE_HOP_CLUSTER = "epp"
 
 
-def _single_hop_entry(route: dict[str, Any]) -> None:
+def _single_hop_entry(route: dict[str, Any], *, buffered: bool) -> None:
     """Single-hop: the routes a request can match before the EPP answers, i.e. where the one EPP
     filter reads its per-route settings (Envoy reads them once, before the EPP's reply clears
     the route cache). That is `no-route` (no model header yet; when the EPP lets a request
@@ -334,7 +336,7 @@ def _single_hop_entry(route: dict[str, Any]) -> None:
     route["typed_per_filter_config"] = {
         EPP_FILTER: {
             "@type": TYPES["ext_proc_route"],
-            "overrides": {"processing_mode": pool_processing_mode(response_headers=True)},
+            "overrides": {"processing_mode": pool_processing_mode(response_headers=True, buffered=buffered)},
         }
     }
 
@@ -594,7 +596,8 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
     if topo.single_hop:
         for route in routes:
             if route["name"] == "no-route" or route["name"].endswith("-picked"):
-                _single_hop_entry(route)
+                # Single-hop has no FailOpen pools (`_single_hop_check`): the listener's mode.
+                _single_hop_entry(route, buffered=config.listener.request_body_mode == "buffered")
     # Requests that reach no pool never talk to an EPP. This matters for Envoy's own replies to
     # malformed requests (headers too large -> 431): the EPP filter would hold the reply's headers
     # for an ext_proc round trip while the codec closes the connection, and the client would get
@@ -648,6 +651,9 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
     }
     clusters = [*_ext_proc_clusters(config, topo), *_pool_clusters(config, topo)]
     listener = topology_listener(topo, hcm)
+    if config.listener.max_buffered_body_bytes is not None:
+        # Envoy's buffering filters answer 413 past this (shaped as JSON by `_local_reply_config`).
+        listener["per_connection_buffer_limit_bytes"] = config.listener.max_buffered_body_bytes
     return bootstrap(topo.admin_port, [listener], clusters)
 
 
@@ -667,21 +673,35 @@ def _ext_proc_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, 
 
 
 def _routing_filters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
-    """Two-hop: BBR then the pool's EPP; single-hop: the one EPP, which does both."""
+    """Two-hop: BBR then the pool's EPP; single-hop: the one EPP, which does both. BBR and the
+    single-hop EPP see every request, so they buffer bodies in `requestBodyMode: buffered`."""
+    buffered = config.listener.request_body_mode == "buffered"
     if topo.single_hop:
         # Off the entry route (Envoy's own replies, direct responses) it must not hold the
         # response: the default skips response headers, `_single_hop_entry` asks for them.
         return [
-            _ext_proc_filter(EPP_FILTER, SINGLE_HOP_CLUSTER, topo, response_headers=False, disabled=False)
+            _ext_proc_filter(
+                EPP_FILTER,
+                SINGLE_HOP_CLUSTER,
+                topo,
+                response_headers=False,
+                disabled=False,
+                buffered=buffered,
+            )
         ]
     return [
-        _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, disabled=False),
+        _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, disabled=False, buffered=buffered),
         # Each pool route points this filter at its own EPP (ExtProcPerRoute). The per-route config is read when the filter runs, i.e. after
         # BBR has cleared the route cache, so it follows the model header.
         # Outside pool routes (e.g. Envoy's own reply to a malformed request, which has no
         # route) the EPP must not hold the response: the default skips response headers.
         _ext_proc_filter(
-            EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=False, disabled=False
+            EPP_FILTER,
+            f"epp-{config.pools[0].name}",
+            topo,
+            response_headers=False,
+            disabled=False,
+            buffered=buffered,
         ),
     ]
 

@@ -94,9 +94,9 @@ async def test_oracle_picks_the_pod_with_lowest_predicted_ttft() -> None:
 
 
 @pytest.mark.parametrize("lb_policy", ["ROUND_ROBIN", "LEAST_REQUEST"])
-@pytest.mark.parametrize("with_ext_proc", [False, True])
+@pytest.mark.parametrize("with_ext_proc", [False, True, "buffered"])
 def test_baseline_bootstrap_passes_envoy_validate(
-    tmp_path: Path, lb_policy: str, with_ext_proc: bool
+    tmp_path: Path, lb_policy: str, with_ext_proc: bool | str
 ) -> None:
     certs = make_certs(tmp_path / "certs")
     bootstrap = render_baseline_bootstrap(
@@ -108,7 +108,12 @@ def test_baseline_bootstrap_passes_envoy_validate(
         certs.server_key,
         ext_proc=("127.0.0.1", 19002) if with_ext_proc else None,
         response_body_mode="STREAMED" if with_ext_proc else "NONE",
+        buffered_request_body=with_ext_proc == "buffered",
     )
+    if with_ext_proc:
+        hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        mode = hcm["http_filters"][0]["typed_config"]["processing_mode"]["request_body_mode"]
+        assert mode == ("BUFFERED" if with_ext_proc == "buffered" else "FULL_DUPLEX_STREAMED")
     cluster = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "pods")
     assert cluster["lb_policy"] == lb_policy
     assert len(cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 2

@@ -1,15 +1,16 @@
-"""The gateway-overhead table (bench/overhead_gateway.py) carries both full-gateway modes."""
+"""The gateway-overhead table (bench/overhead_gateway.py) carries both full-gateway modes, each
+in both request body modes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.overhead_gateway import FULL_GATEWAYS, Cell, render
+from bench.overhead_gateway import FULL_GATEWAYS, Cell, ext_proc_message_counts, render
 from bench.report import write_section
 
 
 def test_both_modes_get_rows_added_against_direct(tmp_path: Path) -> None:
-    names = ["direct to stub (no proxy)", *(name for name, _ in FULL_GATEWAYS)]
+    names = ["direct to stub (no proxy)", *(name for name, *_ in FULL_GATEWAYS)]
     cells = [
         Cell(name, 1, 1024, 10, 0, 1.0 + i, 2.0 + i, 100.0, None if i == 0 else 2.5)
         for i, name in enumerate(names)
@@ -25,5 +26,18 @@ def test_both_modes_get_rows_added_against_direct(tmp_path: Path) -> None:
         if line.startswith("| ")
     }
     single = rows["full gateway single-hop (Envoy + one EPP)"]
-    assert "| +2.00 | +2.00 |" in single and "| 400 |" in single  # added vs direct; 1 s / 2.5 ms
+    assert "| +3.00 | +3.00 |" in single and "| 400 |" in single  # added vs direct; 1 s / 2.5 ms
     assert "| +1.00 | +1.00 |" in rows["full gateway (Envoy + BBR + EPP)"]
+    assert "| +2.00 | +2.00 |" in rows["full gateway, buffered (Envoy + BBR + EPP)"]
+    assert "| +4.00 | +4.00 |" in rows["full gateway single-hop, buffered (Envoy + one EPP)"]
+    assert {mode for *_, mode in FULL_GATEWAYS} == {"streamed", "buffered"}
+
+
+def test_message_counts_sum_every_ext_proc_filter() -> None:
+    stats = (
+        "http.gateway.ext_proc.stream_msgs_sent: 6\n"
+        "http.gateway.ext_proc.stream_msgs_received: 5\n"
+        "http.other.ext_proc.stream_msgs_sent: 4\n"
+        "http.gateway.ext_proc.spurious_msgs_received: 9\n"
+    )
+    assert ext_proc_message_counts(stats) == {"sent": 10, "received": 5}

@@ -23,14 +23,21 @@ def add_canary(config: dict) -> None:
 # The two shapes of the request path: BBR + one EPP per pool (the default, and what a Gateway API
 # implementation runs), and single-hop (one EPP for every pool, one ext_proc stream).
 MODES = ("two-hop", "single-hop")
+# Each shape with request bodies buffered by Envoy too (`listener.requestBodyMode: buffered`,
+# limited to BUFFER_LIMIT_BYTES) instead of streamed through the services (the default).
+REQUEST_PATHS = (*MODES, *(f"{mode}-buffered" for mode in MODES))
+BUFFER_LIMIT_BYTES = 3 * 1024 * 1024
 
 
 def canary_gateway(tmp_path_factory: pytest.TempPathFactory, mode: str = "two-hop") -> Iterator[LocalGateway]:
+    buffered = mode.endswith("-buffered")
+    listener = {"requestBodyMode": "buffered", "maxBufferedBodyBytes": BUFFER_LIMIT_BYTES}
     gw = start_local_gateway(
         tmp_path_factory.mktemp(f"gateway-{mode}"),
         fleet=FAST_FLEET,
         config_patch=add_canary,
-        single_hop=mode == "single-hop",
+        config_extra={"listener": listener} if buffered else None,
+        single_hop=mode.removesuffix("-buffered") == "single-hop",
     )
     try:
         yield gw
@@ -48,6 +55,14 @@ def gateway_each_mode(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalGateway]:
     """The same gateway in both modes: request-path tests run twice, one start per mode."""
+    yield from canary_gateway(tmp_path_factory, request.param)
+
+
+@pytest.fixture(scope="module", params=REQUEST_PATHS)
+def gateway_each_path(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalGateway]:
+    """Both modes, each with streamed and with buffered request bodies: one start per path."""
     yield from canary_gateway(tmp_path_factory, request.param)
 
 

@@ -149,6 +149,38 @@ def test_pool_routes_keep_the_epp_stream_until_the_response_ends(tmp_path: Path)
         assert clusters[f"epp-{pool}"]["circuit_breakers"]["thresholds"][0]["max_requests"] >= 100_000
 
 
+@pytest.mark.parametrize("body_mode", ["streamed", "buffered"])
+def test_request_body_mode_reaches_every_ext_proc_filter(tmp_path: Path, body_mode: str) -> None:
+    """`listener.requestBodyMode` sets BBR's and every pool EPP's request body mode (a FailOpen
+    pool buffers regardless); `maxBufferedBodyBytes` becomes the listener's buffer limit, past
+    which Envoy answers 413 (tests/integration/test_request_path.py sends one)."""
+    listener: dict[str, object] = {"requestBodyMode": body_mode}
+    if body_mode == "buffered":
+        listener["maxBufferedBodyBytes"] = 2 * 1024 * 1024
+    config = parse_config({**CONFIG, "listener": listener})
+    path = write_bootstrap(config, _topology(tmp_path, False), tmp_path / "envoy.json")
+    boot = render_bootstrap(config, _topology(tmp_path, False))
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    bbr = next(f for f in hcm["http_filters"] if f["name"] == "gateway.bbr")["typed_config"]
+    default, picks = epp_processing_modes(boot)
+    body = "BUFFERED" if body_mode == "buffered" else "FULL_DUPLEX_STREAMED"
+    assert bbr["processing_mode"]["request_body_mode"] == default["request_body_mode"] == body
+    assert picks["llama-pick"]["request_body_mode"] == body
+    assert picks["qwen-pick"]["request_body_mode"] == "BUFFERED"  # FailOpen
+    for mode in (bbr["processing_mode"], default, *picks.values()):
+        # Trailers are streamed-only: a buffered body comes whole, in one message.
+        assert mode["request_trailer_mode"] == ("SKIP" if mode["request_body_mode"] == "BUFFERED" else "SEND")
+    limit = boot["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"]
+    assert limit == (2 * 1024 * 1024 if body_mode == "buffered" else 4 * 1024 * 1024)
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+
 def _single_hop(tmp: Path, config: dict) -> tuple[dict, Path]:
     topo = dataclasses.replace(
         _topology(tmp, False),

@@ -1,5 +1,6 @@
 """Real HTTPS requests through the real Envoy, BBR, EPP and simulated pods, in both modes of the
-request path (two-hop BBR + EPP per pool, and single-hop: one EPP for every pool)."""
+request path (two-hop BBR + EPP per pool, and single-hop: one EPP for every pool), each with
+request bodies streamed through the services and buffered by Envoy (`listener.requestBodyMode`)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ import httpx
 import pytest
 
 from devstack.launch import LocalGateway
-from tests.integration.conftest import chat
+from gateway.config import load_config
+from tests.integration.conftest import BUFFER_LIMIT_BYTES, chat
 
 LLAMA, QWEN = "llama-3.1-8b-instruct", "qwen3-32b"
 
 
 @pytest.fixture(scope="module")
-def gateway(gateway_each_mode: LocalGateway) -> LocalGateway:
-    return gateway_each_mode
+def gateway(gateway_each_path: LocalGateway) -> LocalGateway:
+    return gateway_each_path
+
+
+def buffered(gateway: LocalGateway) -> bool:
+    return load_config(gateway.config_path).listener.request_body_mode == "buffered"
 
 
 def test_each_mode_runs_its_own_processes(gateway: LocalGateway) -> None:
@@ -29,6 +35,18 @@ def test_each_mode_runs_its_own_processes(gateway: LocalGateway) -> None:
     else:
         assert {"bbr", "epp-llama-3-1-8b-instruct", "epp-qwen3-32b"} <= set(gateway.procs)
         assert '"gateway.bbr"' in bootstrap
+    # Every ext_proc filter and route override runs the configured body mode, and only that one.
+    modes = {m["request_body_mode"] for m in _processing_modes(json.loads(bootstrap))}
+    assert modes == ({"BUFFERED"} if buffered(gateway) else {"FULL_DUPLEX_STREAMED"})
+
+
+def _processing_modes(node: object) -> list[dict]:
+    if isinstance(node, dict):
+        found = [node["processing_mode"]] if "processing_mode" in node else []
+        return found + [m for v in node.values() for m in _processing_modes(v)]
+    if isinstance(node, list):
+        return [m for v in node for m in _processing_modes(v)]
+    return []
 
 
 async def test_each_model_reaches_only_its_own_pods(gateway: LocalGateway) -> None:
@@ -94,6 +112,26 @@ async def test_2mb_prompt_reaches_the_model_server_whole(gateway: LocalGateway) 
     assert r.headers["x-modelsim-pod"].startswith("llama-")
     tokens = int(r.json()["error"]["message"].split()[2])
     assert tokens > size // 8
+
+
+async def test_body_over_the_buffer_limit_is_a_json_413_when_buffered(gateway: LocalGateway) -> None:
+    """Buffered: Envoy refuses a body past maxBufferedBodyBytes itself (no pod sees it), as
+    OpenAI JSON. Streamed bodies have no such bound: the same body reaches the pod whole."""
+    size = BUFFER_LIMIT_BYTES + 512 * 1024
+    prompt = ("lorem ipsum dolor sit amet " * (size // 27 + 1))[:size]
+    async with gateway.client() as client:
+        r = await client.post("/v1/completions", json={"model": LLAMA, "prompt": prompt, "max_tokens": 2})
+        after = await client.post("/v1/completions", json={"model": LLAMA, "prompt": "hi", "max_tokens": 2})
+    if buffered(gateway):
+        assert r.status_code == 413, r.text[:300]
+        assert r.headers["content-type"] == "application/json"
+        assert "x-modelsim-pod" not in r.headers
+        error = r.json()["error"]
+        assert error["code"] == "request_too_large" and error["type"] == "invalid_request_error"
+    else:
+        assert r.status_code == 400, r.text[:300]  # the pod's context-length refusal
+        assert r.headers["x-modelsim-pod"].startswith("llama-")
+    assert after.status_code == 200, after.text[:300]  # the gateway carries on
 
 
 async def test_streaming_passes_through_chunk_by_chunk(gateway: LocalGateway) -> None:

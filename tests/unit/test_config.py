@@ -82,6 +82,25 @@ def rejected_total() -> float:
             },
             "pools.p.fallbackEndpoints: Kubernetes pools",
         ),
+        ({"listener": {"requestBodyMode": "chunked"}}, "listener.requestBodyMode"),
+        (
+            {"listener": {"maxBufferedBodyBytes": 8 * 1024 * 1024}},
+            "listener.maxBufferedBodyBytes bounds buffered bodies only",
+        ),
+        (
+            {"listener": {"requestBodyMode": "buffered", "maxBufferedBodyBytes": 1024}},
+            "listener.maxBufferedBodyBytes: Input should be greater than or equal to 65536",
+        ),
+        (
+            {
+                "listener": {
+                    "requestBodyMode": "buffered",
+                    "maxBufferedBodyBytes": 65536,
+                    "maxRequestHeadersKb": 96,
+                }
+            },
+            "must be at least maxRequestHeadersKb",
+        ),
     ],
 )
 def test_errors_name_the_field(patch: dict, message: str) -> None:

@@ -330,3 +330,19 @@ async def test_over_real_grpc_drain_keeps_streams_that_hand_response_bodies_back
     await call.done_writing()
     assert await call.read() == grpc.aio.EOF
     assert recorders[0].closed == [True]
+
+
+def test_an_empty_non_final_chunk_is_still_a_streamed_response() -> None:
+    """Chunks are written into the response in place (extproc/messages.py): an empty one that
+    does not end the body must still be a streamed response, not a bare CONTINUE."""
+    from extproc import messages
+
+    for resp, body in (
+        (messages.echo_response_body(b"", False), "response_body"),
+        (messages.echo_response_body(b"abc", True), "response_body"),
+    ):
+        mutation = getattr(resp, body).response.body_mutation
+        assert mutation.HasField("streamed_response")
+        assert mutation.streamed_response.body == (
+            b"abc" if mutation.streamed_response.end_of_stream else b""
+        )
