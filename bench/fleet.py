@@ -45,33 +45,49 @@ async def running_fleet(spec: Mapping[str, Any]) -> AsyncIterator[list[str]]:
     except SpecError as exc:
         raise FleetUnavailable(f"fleet: {exc}") from exc
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
-        spec_file, ready_file, log_file = Path(tmp, "fleet.yaml"), Path(tmp, "ready.json"), Path(tmp, "fleet.log")
-        spec_file.write_text(yaml.safe_dump(dict(spec)))
-        with log_file.open("wb") as log:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "modelsim", "fleet", "--spec", str(spec_file), "--ready-file", str(ready_file)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-            try:
-                info = await _wait_ready(child, ready_file, log_file)
-                yield [f"http://{pod['address']}" for pod in info["pods"]]
-            finally:
-                _stop(child)
+        child = _spawn(spec, Path(tmp))
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while (info := _ready(child, Path(tmp))) is None:
+                if time.monotonic() > deadline:
+                    raise FleetUnavailable(f"modelsim fleet not ready after {START_TIMEOUT_S:.0f} s")
+                await asyncio.sleep(0.05)
+            yield [f"http://{pod['address']}" for pod in info["pods"]]
+        finally:
+            _stop(child)
 
 
-async def _wait_ready(child: subprocess.Popen[bytes], ready_file: Path, log_file: Path) -> dict[str, Any]:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready_file.exists():
-        if child.poll() is not None:
-            tail = log_file.read_text(errors="replace")[-2000:]
-            raise FleetUnavailable(f"modelsim fleet exited with {child.returncode}: {tail}")
-        if time.monotonic() > deadline:
-            raise FleetUnavailable(f"modelsim fleet not ready after {START_TIMEOUT_S:.0f} s")
-        await asyncio.sleep(0.05)
-    info: dict[str, Any] = json.loads(ready_file.read_text())
-    return info
+def _spawn(spec: Mapping[str, Any], tmp: Path) -> subprocess.Popen[bytes]:
+    spec_file = tmp / "fleet.yaml"
+    spec_file.write_text(yaml.safe_dump(dict(spec)))
+    with (tmp / "fleet.log").open("wb") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "modelsim",
+                "fleet",
+                "--spec",
+                str(spec_file),
+                "--ready-file",
+                str(tmp / "ready.json"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+
+def _ready(child: subprocess.Popen[bytes], tmp: Path) -> dict[str, Any] | None:
+    """The fleet's ready info once written; FleetUnavailable if the child died first."""
+    ready_file = tmp / "ready.json"
+    if ready_file.exists():
+        info: dict[str, Any] = json.loads(ready_file.read_text())
+        return info
+    if child.poll() is not None:
+        tail = (tmp / "fleet.log").read_text(errors="replace")[-2000:]
+        raise FleetUnavailable(f"modelsim fleet exited with {child.returncode}: {tail}")
+    return None
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
