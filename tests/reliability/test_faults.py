@@ -93,7 +93,10 @@ async def test_a_request_walked_to_the_fallback_holds_its_inflight_slot_there(gw
     fallback that serves it, not on llama-0, for as long as the answer streams."""
     refused = pod_address(gw, "llama-0")
     by_pod = {p["name"]: p["address"] for p in gw.pods}
-    body = chat(LLAMA, stream=True, max_tokens=400)
+    # A long answer (~0.7 s of wall time at this fleet's time_scale), so that Envoy, which
+    # reads the upstream without waiting for this client, is still streaming it when the pool
+    # is read; a short one can end before a loaded machine gets to the read.
+    body = chat(LLAMA, stream=True, max_tokens=2000)
     async with gw.client() as client:
         for _ in range(30):  # the EPP ranks llama-0 first only some of the time
             headers = {"x-gateway-decision": "true"}
