@@ -31,6 +31,18 @@ CONFIG = {
 }
 
 
+def _envoy_validate(path: Path) -> subprocess.CompletedProcess[str]:
+    """Envoy's own `--mode validate` of a rendered bootstrap; fails the test on a non-zero exit."""
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result
+
+
 def _topology(tmp: Path, mtls: bool) -> Topology:
     certs = make_certs(tmp / "certs")
     return Topology(
@@ -47,13 +59,7 @@ def _topology(tmp: Path, mtls: bool) -> Topology:
 @pytest.mark.parametrize("mtls", [False, True])
 def test_envoy_validates_rendered_bootstrap(tmp_path: Path, mtls: bool) -> None:
     path = write_bootstrap(parse_config(CONFIG), _topology(tmp_path, mtls), tmp_path / "envoy.json")
-    result = subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    result = _envoy_validate(path)
     assert "OK" in result.stdout + result.stderr
 
 
@@ -172,13 +178,7 @@ def test_request_body_mode_reaches_every_ext_proc_filter(tmp_path: Path, body_mo
         assert mode["request_trailer_mode"] == ("SKIP" if mode["request_body_mode"] == "BUFFERED" else "SEND")
     limit = boot["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"]
     assert limit == (2 * 1024 * 1024 if body_mode == "buffered" else 4 * 1024 * 1024)
-    result = subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    _envoy_validate(path)
 
 
 def _single_hop(tmp: Path, config: dict) -> tuple[dict, Path]:
@@ -215,13 +215,7 @@ def test_single_hop_renders_one_ext_proc_filter_held_to_the_response_end(tmp_pat
     assert default["response_header_mode"] == "SKIP"  # Envoy's own replies are not held
     for name in ("models-list", "path-not-served"):
         assert routes[name]["typed_per_filter_config"]["gateway.epp"]["disabled"] is True
-    result = subprocess.run(
-        [envoy_binary(), "--mode", "validate", "-c", str(path), "--use-dynamic-base-id"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    _envoy_validate(path)
 
 
 def test_single_hop_refuses_fail_open_and_several_epps(tmp_path: Path) -> None:
