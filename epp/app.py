@@ -295,7 +295,7 @@ class EppApp:
             self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
     def _debug_extra(self) -> dict[str, Any]:
-        extra: dict[str, Any] = {"kv_events": self.kv_events.debug()}
+        extra: dict[str, Any] = {"kv_events": self.kv_events.debug(), "flow_queue": len(self.flow.queue)}
         if self.shared_state is not None:
             extra["shared_state"] = self.shared_state.debug()
             extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
