@@ -166,10 +166,12 @@ class EndpointState:
     # (max(0, in-flight - waiting - running); other replicas' requests only ever make the
     # pod's counts larger, so this never double counts). None while waiting is unknown.
     queue: float | None = field(init=False, default=None)
-    # The part of `queue` the pod cannot start now: `queue` minus how many requests of this
-    # EPP's mean in-flight size fit in the KV cache the last scrape showed free (`kv_room`).
-    # A pod with free KV admits its waiting and just-routed requests at its next engine step,
-    # so counting them as a backlog reads a half-empty pod as saturated. None with `queue`.
+    # The part of `queue` the pod cannot start now, what saturation reads: the scraped
+    # waiting count (the engine did not admit those: KV full, its sequence limit, or a step in
+    # progress) plus the unseen requests beyond how many of this EPP's mean in-flight size fit
+    # in the KV cache the last scrape showed free (`kv_room`). A request routed since the
+    # scrape to a pod with free KV starts at the pod's next engine step; counted as queued,
+    # one such request made a half-empty pod read as saturated. None with `queue`.
     backlog: float | None = field(init=False, default=None)
     # Requests of this EPP that finished on the pod since its last scrape: each let the engine
     # admit one waiting request, so the scraped waiting count is that much too high by now.
@@ -196,10 +198,13 @@ class EndpointState:
                 if done > 0:
                     waiting = waiting - done if waiting > done else 0.0
                 unseen = self.inflight_requests - waiting - (m.running or 0.0)
-                queue = waiting + unseen if unseen > 0 else waiting
-                room = kv_room(m, self.inflight_requests, self.inflight_tokens)
-                _set(self, "queue", queue)
-                _set(self, "backlog", queue - room if queue > room else 0.0)
+                if unseen > 0:
+                    room = kv_room(m, self.inflight_requests, self.inflight_tokens)
+                    _set(self, "queue", waiting + unseen)
+                    _set(self, "backlog", waiting + (unseen - room if unseen > room else 0.0))
+                else:
+                    _set(self, "queue", waiting)
+                    _set(self, "backlog", waiting)
 
     @property
     def address(self) -> str:

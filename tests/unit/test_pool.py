@@ -43,18 +43,22 @@ def test_kv_room_is_free_blocks_over_the_mean_request_size() -> None:
 
 
 def test_requests_in_transit_to_a_pod_with_free_kv_are_no_backlog() -> None:
-    """Measured (bench/flow_probe.py): a pod with half its KV free showed 0-1 waiting while the
-    request just routed to it was not yet in the scrape; the effective queue read 1, and at a
-    queue threshold of 1 the pool was saturated all the time. The free KV admits them."""
+    """Measured (bench/flow_probe.py): the request routed to a pod since its last scrape made
+    the effective queue read 1 on a pod with half its KV free, and at a queue threshold of 1
+    the pool read saturated all the time. Its free KV admits them at the next engine step."""
     pool = Pool([Endpoint("a", frozenset({"m"}))])
-    _pod(pool, waiting=1, running=40, kv=0.49)
+    _pod(pool, waiting=0, running=40, kv=0.49)
     for _ in range(42):
-        pool.on_routed("a", 200)  # 40 running, 1 waiting, 1 routed since the scrape
+        pool.on_routed("a", 200)  # 40 running, 2 routed since the scrape
     pod = pool.snapshot().endpoints[0]
     assert pod.queue == 2
     assert pod.backlog == 0  # 8,000 free tokens hold 40 requests of 200
     th = SaturationParams(queue=1, kvCache=1.0)
     assert not is_saturated(pod, th)
+    _pod(pool, waiting=1, running=40, kv=0.49)  # the scrape shows one the engine did not admit
+    pod = pool.snapshot().endpoints[0]
+    assert pod.queue == 2 and pod.backlog == 1  # scraped waiting is a backlog whatever the KV
+    assert is_saturated(pod, th)
 
 
 def test_a_full_pod_keeps_its_backlog() -> None:
@@ -63,7 +67,7 @@ def test_a_full_pod_keeps_its_backlog() -> None:
     for _ in range(45):
         pool.on_routed("a", 200)
     pod = pool.snapshot().endpoints[0]
-    assert pod.queue == 5 and pod.backlog == 4
+    assert pod.queue == 5 and pod.backlog == 4  # 3 waiting + 2 unseen, one of which fits
     assert is_saturated(pod, SaturationParams(queue=1, kvCache=1.0))
     _pod(pool, waiting=3, running=40, kv=0.5, blocks=None)  # capacity unknown: all of it counts
     pod = pool.snapshot().endpoints[0]
