@@ -1,12 +1,12 @@
 """Saturation: when a pod, or the whole pool, has no headroom left. Pure.
 
-The queue term is a pod's backlog, `EndpointState.backlog`: its effective queue (the scraped
-waiting count plus the requests this EPP routed to it that the last scrape cannot have seen
-yet, so a burst that lands between two scrapes saturates a pod at once instead of one scrape
-later) less the requests its free KV cache can still admit. Counting every routed-but-unseen
-or just-arrived request as queued made a pod with half its KV free read as saturated at a
-queue threshold of 1 (one request in transit is enough), and flow control then released about
-one request per pod per scrape (measured: docs/scheduling.md, "Flow control").
+The queue term is a pod's backlog, `EndpointState.backlog`: the scraped waiting count plus the
+requests this EPP routed to it that the last scrape cannot have seen yet (so a burst that lands
+between two scrapes saturates a pod at once instead of one scrape later), less as many of
+those unseen ones as its free KV cache can still admit. Counting every routed-but-unseen
+request as queued made a pod with half its KV free read as saturated at a queue threshold of
+1 (one request in transit is enough), and flow control then released about one request per
+pod per scrape (measured: docs/scheduling.md, "Flow control").
 """
 
 from __future__ import annotations
