@@ -45,6 +45,8 @@ async def _sample(client: httpx.AsyncClient, pods: list[str], debug_url: str, t0
             "true_w": sim["waiting"],
             "true_r": sim["running"],
             "true_kv": round(sim["kv_usage"], 3),
+            "lag": round(sim.get("max_lag_wall_s", 0.0), 2),
+            "preempt": sim.get("num_preemptions"),
             "scr_w": m.get("waiting"),
             "scr_r": m.get("running"),
             "scr_kv": None if m.get("kv_usage") is None else round(m["kv_usage"], 3),
@@ -78,9 +80,12 @@ async def probe(args: argparse.Namespace) -> list[dict[str, Any]]:
             )  # fmt: skip
             t0 = time.perf_counter()
             run = asyncio.create_task(run_trace(trace, config))
-            async with httpx.AsyncClient(timeout=2.0) as client:
+            async with httpx.AsyncClient(timeout=10.0) as client:
                 while not run.done():
-                    rows.append(await _sample(client, pods, debug_url, t0))
+                    try:
+                        rows.append(await _sample(client, pods, debug_url, t0))
+                    except httpx.HTTPError as exc:  # a stalled pod or EPP: note it, keep going
+                        print(f"t={time.perf_counter() - t0:6.2f} sample failed: {exc!r}", flush=True)
                     await asyncio.sleep(args.every_ms / 1000)
             result = await run
         finally:
@@ -109,7 +114,7 @@ def report(rows: list[dict[str, Any]]) -> None:
         for p in pods:
             c = row[p]
             cells.append(
-                f"{p}: true w/r={c['true_w']}/{c['true_r']} kv={c['true_kv']} | "
+                f"{p}: true w/r={c['true_w']}/{c['true_r']} kv={c['true_kv']} lag={c['lag']} pre={c['preempt']} | "
                 f"scr w/r={c['scr_w']}/{c['scr_r']} kv={c['scr_kv']} age={c['age']} "
                 f"infl={c['inflight']} fin={c['fin']} q={c['queue']}"
             )
