@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -88,6 +90,7 @@ async def probe(args: argparse.Namespace) -> list[dict[str, Any]]:
                         print(f"t={time.perf_counter() - t0:6.2f} sample failed: {exc!r}", flush=True)
                     await asyncio.sleep(args.every_ms / 1000)
             result = await run
+            print("cpu_s", json.dumps(_cpu_seconds(target.handle)))
         finally:
             await target.stop()
     codes: dict[str, int] = {}
@@ -96,6 +99,17 @@ async def probe(args: argparse.Namespace) -> list[dict[str, Any]]:
         codes[key] = codes.get(key, 0) + 1
     print("outcomes", json.dumps(dict(sorted(codes.items()))))
     return rows
+
+
+def _cpu_seconds(gateway: Any) -> dict[str, float]:
+    """User+system CPU seconds so far of each gateway process and of this one (fleet + load)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"fleet+loadgen": round(sum(os.times()[:2]), 1)}
+    for name, proc in gateway.procs.items():
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{proc.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[name] = round((int(fields[11]) + int(fields[12])) / tick, 1)
+    return out
 
 
 def _epp_admin_port(target: Any) -> int:
