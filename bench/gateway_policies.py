@@ -273,6 +273,7 @@ def gateway_factory(
                 single_hop=single_hop,
             )
             running.append(gateway)
+            target.handle = gateway
             target.config.update(kind="gateway", epp_module=epp_module, single_hop=single_hop)
             if epp_module == "epp":
                 target.config["target_options"] = dict(ctx.options) if profile is not None else {}

@@ -36,6 +36,9 @@ class PolicyTarget:
     # What exactly ran (filled by start): weights and profile, router argv, LB policy... The
     # run summary records it, so a table row names its full configuration.
     config: dict[str, Any] = field(default_factory=dict)
+    # The running router object once started (e.g. devstack's LocalGateway), for diagnostics
+    # such as bench/flow_probe.py; None for routers started elsewhere.
+    handle: Any = None
 
 
 PolicyFactory = Callable[[TargetContext], PolicyTarget]

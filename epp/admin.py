@@ -37,6 +37,9 @@ def pool_json(snapshot: PoolSnapshot) -> dict[str, Any]:
                 "metrics": metrics,
                 "inflight_requests": s.inflight_requests,
                 "inflight_tokens": s.inflight_tokens,
+                "queue": s.queue,
+                "backlog": s.backlog,
+                "finished_since_scrape": s.finished_since_scrape,
                 "ttft_ewma_s": s.ttft_ewma,
                 "tpot_ewma_s": s.tpot_ewma,
             }

@@ -307,6 +307,7 @@ class EppApp:
             "kv_events": self.kv_events.debug(),
             "tokenizers": self.tokenizers.debug(),
             "prefix_scoring": self._prefix_scoring(),
+            "flow_queue": len(self.flow.queue),
         }
         if self.shared_state is not None:
             extra["shared_state"] = self.shared_state.debug()

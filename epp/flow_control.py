@@ -7,7 +7,10 @@ waits here, in `FlowQueue` order (critical before standard before sheddable; ten
 take turns; FCFS or earliest deadline within a tenant), and leaves the queue the moment the
 pool has headroom again: the pool signals every in-flight completion and every scrape
 (`Pool.capacity_hook`), and one dispatcher task then tries the head of the queue with a fresh
-snapshot. No timer polls. A request that waits longer than its band's `maxWaitMs`, or finds its
+snapshot. No timer polls. Headroom is judged on each pod's backlog (epp/scheduling/saturation.py:
+waiting requests plus the just-routed ones its free KV cache cannot admit), not on its raw
+effective queue, which counts every request in transit and released about one request per pod
+per scrape. A request that waits longer than its band's `maxWaitMs`, or finds its
 band's `maxQueue` full, gets 429 with Retry-After; a client that goes away while queued (the
 ext_proc stream is cancelled) leaves the queue and holds nothing.
 

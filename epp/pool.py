@@ -30,6 +30,9 @@ SPEED_EXPIRY_HALF_LIVES = 4.0
 MAX_COUNT = 1e12  # queue lengths, token counts, label integers: more is a broken exporter
 KV_TOLERANCE = 0.01  # KV fractions a hair outside [0, 1] (float rounding) are clamped, not rejected
 MAX_SPEED_S = 3600.0  # a TTFT or time per token over an hour is not a measurement
+# vLLM keeps this fraction of KV blocks free when it admits a waiting request (its scheduler's
+# watermark), so that much of the scraped free KV is not room for new requests.
+KV_ADMIT_WATERMARK = 0.01
 
 
 def count_problem(value: float) -> str | None:
@@ -130,6 +133,20 @@ class Metrics:
             _set(self, "scraped_at", 0.0)  # "long ago": the metrics read as stale, not fresh
 
 
+def kv_room(metrics: Metrics, inflight_requests: int, inflight_tokens: int) -> float:
+    """How many more requests the pod's free KV cache holds: the free blocks of the last
+    scrape (less vLLM's admission watermark) over the mean estimated size (prompt + expected
+    output tokens) of the requests in flight to it. 0 when any term is unknown (then every
+    queued or unseen request counts as a backlog, the conservative reading)."""
+    kv, blocks, block_size = metrics.kv_usage, metrics.num_gpu_blocks, metrics.block_size
+    if kv is None or not blocks or block_size is None or inflight_requests <= 0 or inflight_tokens <= 0:
+        return 0.0
+    free = (1.0 - KV_ADMIT_WATERMARK - kv) * blocks * block_size
+    if free <= 0.0:
+        return 0.0
+    return float(math.floor(free * inflight_requests / inflight_tokens))
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointState:
     """One pod as the scheduler sees it at one instant."""
@@ -149,6 +166,13 @@ class EndpointState:
     # (max(0, in-flight - waiting - running); other replicas' requests only ever make the
     # pod's counts larger, so this never double counts). None while waiting is unknown.
     queue: float | None = field(init=False, default=None)
+    # The part of `queue` the pod cannot start now, what saturation reads: the scraped
+    # waiting count (the engine did not admit those: KV full, its sequence limit, or a step in
+    # progress) plus the unseen requests beyond how many of this EPP's mean in-flight size fit
+    # in the KV cache the last scrape showed free (`kv_room`). A request routed since the
+    # scrape to a pod with free KV starts at the pod's next engine step; counted as queued,
+    # one such request made a half-empty pod read as saturated. None with `queue`.
+    backlog: float | None = field(init=False, default=None)
     # Requests of this EPP that finished on the pod since its last scrape: each let the engine
     # admit one waiting request, so the scraped waiting count is that much too high by now.
     finished_since_scrape: int = 0
@@ -174,7 +198,13 @@ class EndpointState:
                 if done > 0:
                     waiting = waiting - done if waiting > done else 0.0
                 unseen = self.inflight_requests - waiting - (m.running or 0.0)
-                object.__setattr__(self, "queue", waiting + unseen if unseen > 0 else waiting)
+                if unseen > 0:
+                    room = kv_room(m, self.inflight_requests, self.inflight_tokens)
+                    _set(self, "queue", waiting + unseen)
+                    _set(self, "backlog", waiting + (unseen - room if unseen > room else 0.0))
+                else:
+                    _set(self, "queue", waiting)
+                    _set(self, "backlog", waiting)
 
     @property
     def address(self) -> str:

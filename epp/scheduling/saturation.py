@@ -1,8 +1,12 @@
 """Saturation: when a pod, or the whole pool, has no headroom left. Pure.
 
-A pod's queue here is `EndpointState.queue` (its scraped waiting count plus the requests this
-EPP routed to it that the last scrape cannot have seen yet), so a burst that lands between
-two scrapes saturates a pod at once instead of one scrape later.
+The queue term is a pod's backlog, `EndpointState.backlog`: the scraped waiting count plus the
+requests this EPP routed to it that the last scrape cannot have seen yet (so a burst that lands
+between two scrapes saturates a pod at once instead of one scrape later), less as many of
+those unseen ones as its free KV cache can still admit. Counting every routed-but-unseen
+request as queued made a pod with half its KV free read as saturated at a queue threshold of
+1 (one request in transit is enough), and flow control then released about one request per
+pod per scrape (measured: docs/scheduling.md, "Flow control").
 """
 
 from __future__ import annotations
@@ -11,26 +15,28 @@ from epp.pool import EndpointState, PoolSnapshot
 from epp.scheduling.params import DEFAULT_THRESHOLDS, SaturationParams, Thresholds
 
 
+def _backlog(state: EndpointState) -> float:
+    return state.backlog if state.backlog is not None else float(state.inflight_requests)
+
+
 def is_saturated(state: EndpointState, thresholds: SaturationParams = DEFAULT_THRESHOLDS) -> bool:
-    """Queue or KV at/over its threshold. Unknown metrics are not evidence of saturation
+    """Backlog or KV at/over its threshold. Unknown metrics are not evidence of saturation
     here (distrusting them is the stale filter's job); with the waiting count unknown the
-    EPP's own in-flight count stands in for the queue."""
+    EPP's own in-flight count stands in for the backlog."""
     m = state.metrics
     if m is None:
         return False
     if m.kv_usage is not None and m.kv_usage >= thresholds.kv_saturated:
         return True
-    queue = state.queue if state.queue is not None else float(state.inflight_requests)
-    return queue >= thresholds.queue_saturated
+    return _backlog(state) >= thresholds.queue_saturated
 
 
 def pod_level(state: EndpointState, thresholds: SaturationParams) -> float:
-    """min(1, max(queue / queue threshold, KV / KV threshold)) for one fresh pod; unknown terms
-    count 0 (the queue falls back to the in-flight count, as in `is_saturated`)."""
+    """min(1, max(backlog / queue threshold, KV / KV threshold)) for one fresh pod; unknown
+    terms count 0 (the backlog falls back to the in-flight count, as in `is_saturated`)."""
     m = state.metrics
-    queue = state.queue if state.queue is not None else float(state.inflight_requests)
     kv = (m.kv_usage or 0.0) if m is not None else 0.0
-    level = max(queue / thresholds.queue_saturated, kv / thresholds.kv_saturated)
+    level = max(_backlog(state) / thresholds.queue_saturated, kv / thresholds.kv_saturated)
     return level if level < 1.0 else 1.0
 
 

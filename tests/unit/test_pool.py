@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from epp.pool import Endpoint, Metrics, Pool
+from epp.pool import Endpoint, Metrics, Pool, kv_room
+from epp.scheduling.params import SaturationParams
+from epp.scheduling.saturation import is_saturated
 
 
 def test_the_queue_estimate_follows_completions_between_scrapes() -> None:
@@ -22,3 +24,51 @@ def test_the_queue_estimate_follows_completions_between_scrapes() -> None:
     assert pool.snapshot().endpoints[0].queue == 1  # a fresh scrape is the truth again
     pool.move_inflight("a", "a", 10)  # a retry's move is not a completion
     assert pool.snapshot().endpoints[0].queue == 1
+
+
+def _pod(pool: Pool, *, waiting: float, running: float, kv: float, blocks: int | None = 1000) -> None:
+    pool.record_metrics(
+        "a", Metrics(waiting=waiting, running=running, kv_usage=kv, block_size=16, num_gpu_blocks=blocks)
+    )
+
+
+def test_kv_room_is_free_blocks_over_the_mean_request_size() -> None:
+    m = Metrics(waiting=0, running=10, kv_usage=0.49, block_size=16, num_gpu_blocks=1000)
+    # 16,000 tokens, 1 % watermark: (1 - 0.01 - 0.49) * 16,000 = 8,000 free; 500 tokens a request.
+    assert kv_room(m, 10, 5_000) == 16
+    assert kv_room(m, 0, 0) == 0  # no in-flight request: no size to go by
+    assert kv_room(Metrics(kv_usage=0.995, block_size=16, num_gpu_blocks=1000), 10, 5_000) == 0
+    assert kv_room(Metrics(kv_usage=0.5, block_size=16, num_gpu_blocks=None), 10, 5_000) == 0
+    assert kv_room(Metrics(kv_usage=None, block_size=16, num_gpu_blocks=1000), 10, 5_000) == 0
+
+
+def test_requests_in_transit_to_a_pod_with_free_kv_are_no_backlog() -> None:
+    """Measured (bench/flow_probe.py): the request routed to a pod since its last scrape made
+    the effective queue read 1 on a pod with half its KV free, and at a queue threshold of 1
+    the pool read saturated all the time. Its free KV admits them at the next engine step."""
+    pool = Pool([Endpoint("a", frozenset({"m"}))])
+    _pod(pool, waiting=0, running=40, kv=0.49)
+    for _ in range(42):
+        pool.on_routed("a", 200)  # 40 running, 2 routed since the scrape
+    pod = pool.snapshot().endpoints[0]
+    assert pod.queue == 2
+    assert pod.backlog == 0  # 8,000 free tokens hold 40 requests of 200
+    th = SaturationParams(queue=1, kvCache=1.0)
+    assert not is_saturated(pod, th)
+    _pod(pool, waiting=1, running=40, kv=0.49)  # the scrape shows one the engine did not admit
+    pod = pool.snapshot().endpoints[0]
+    assert pod.queue == 2 and pod.backlog == 1  # scraped waiting is a backlog whatever the KV
+    assert is_saturated(pod, th)
+
+
+def test_a_full_pod_keeps_its_backlog() -> None:
+    pool = Pool([Endpoint("a", frozenset({"m"}))])
+    _pod(pool, waiting=3, running=40, kv=0.975)  # 240 free tokens: one request of 200
+    for _ in range(45):
+        pool.on_routed("a", 200)
+    pod = pool.snapshot().endpoints[0]
+    assert pod.queue == 5 and pod.backlog == 4  # 3 waiting + 2 unseen, one of which fits
+    assert is_saturated(pod, SaturationParams(queue=1, kvCache=1.0))
+    _pod(pool, waiting=3, running=40, kv=0.5, blocks=None)  # capacity unknown: all of it counts
+    pod = pool.snapshot().endpoints[0]
+    assert pod.backlog == pod.queue == 5
