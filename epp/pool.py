@@ -141,10 +141,19 @@ def kv_room(metrics: Metrics, inflight_requests: int, inflight_tokens: int) -> f
     kv, blocks, block_size = metrics.kv_usage, metrics.num_gpu_blocks, metrics.block_size
     if kv is None or not blocks or block_size is None or inflight_requests <= 0 or inflight_tokens <= 0:
         return 0.0
-    free = (1.0 - KV_ADMIT_WATERMARK - kv) * blocks * block_size
-    if free <= 0.0:
+    try:  # a hostile page can report block counts no float holds: then no room is known
+        room = (
+            (1.0 - KV_ADMIT_WATERMARK - kv)
+            * float(blocks)
+            * float(block_size)
+            * inflight_requests
+            / inflight_tokens
+        )
+    except OverflowError:
         return 0.0
-    return float(math.floor(free * inflight_requests / inflight_tokens))
+    if not room > 0.0 or not math.isfinite(room):
+        return 0.0
+    return float(math.floor(room))
 
 
 @dataclass(frozen=True, slots=True)
