@@ -100,7 +100,7 @@ def _seconds(value: str | None) -> float | None:
         return None
 
 
-class _SseReader:
+class SseReader:
     """Fills a result from SSE bytes as they arrive; one instance per request.
 
     Lines are split here from raw chunks (several events often arrive in one read); every event
@@ -180,7 +180,7 @@ async def send_one(
     result.lag_s = result.sent_s - result.scheduled_s
     headers = {**config.headers, **req.headers}
     path = config.path or ("/v1/chat/completions" if "messages" in req.body else "/v1/completions")
-    reader = _SseReader(result, start)
+    reader = SseReader(result, start)
     try:
         if isinstance(client, aiohttp.ClientSession):
             await _send_aiohttp(client, path, req.body, headers, reader)
@@ -202,7 +202,7 @@ async def _send_aiohttp(
     path: str,
     body: dict[str, Any],
     headers: dict[str, str],
-    reader: _SseReader,
+    reader: SseReader,
 ) -> None:
     result = reader.result
     async with client.post(path, json=body, headers=headers) as resp:
@@ -221,7 +221,7 @@ async def _send_aiohttp(
 
 
 async def _send_httpx(
-    client: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str], reader: _SseReader
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str], reader: SseReader
 ) -> None:
     result = reader.result
     async with client.stream("POST", path, json=body, headers=headers) as resp:
