@@ -20,10 +20,11 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
-from bench.fleet import running_fleet
+from bench.fleet import fleet_lag, running_fleet
 from bench.loadgen import (
     LoadGenConfig,
     RequestResult,
@@ -101,6 +102,7 @@ async def run_policy(
             disable=args.no_progress,
         ) as bar:
             run = await run_trace(trace, config, on_done=lambda _: bar.update())
+        lag = await fleet_lag(ctx.worker_urls)
     finally:
         await target.stop()
     after = machine_state()
@@ -138,6 +140,7 @@ async def run_policy(
         "worker_urls_given": bool(args.worker_urls),
         "machine_before": before,
         "machine_after": after,
+        "fleet_lag": lag,
     }
     summary = build_summary(
         scenario=scenario,
@@ -154,9 +157,14 @@ async def run_policy(
         f"{scenario.name}/{label}/seed-{scenario.seed}: {st['ok']}/{st['requests']} ok in the steady window, "
         f"TTFT P50/P95/P99 {_fmt(st['ttft_p50'])}/{_fmt(st['ttft_p95'])}/{_fmt(st['ttft_p99'])} s, "
         f"{st['output_tok_s']:,.0f} tok/s sustained, goodput {goodput}, errors {st['error_kinds'] or 0}, "
-        f"pods {summarize(run.results).pods} -> {summary_file} (raw: {path})"
+        f"pods {summarize(run.results).pods}, load generator lag P99 {_fmt(st['lag_p99'])} s, "
+        f"fleet lag mean/max {_lag(lag)} -> {summary_file} (raw: {path})"
     )
     return run.results
+
+
+def _lag(lag: dict[str, Any] | None) -> str:
+    return "n/a" if lag is None else f"{lag['mean_lag_ms']:.2f}/{lag['max_lag_ms']:.0f} ms"
 
 
 def _fmt(value: float | None) -> str:

@@ -45,22 +45,24 @@ async def running_fleet(spec: Mapping[str, Any]) -> AsyncIterator[list[str]]:
     except SpecError as exc:
         raise FleetUnavailable(f"fleet: {exc}") from exc
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
-        child = _spawn(spec, Path(tmp))
+        spec_file, ready_file, log_file = (
+            Path(tmp, "fleet.yaml"),
+            Path(tmp, "ready.json"),
+            Path(tmp, "fleet.log"),
+        )
+        child = await asyncio.to_thread(_spawn, spec, spec_file, ready_file, log_file)
         try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while (info := _ready(child, Path(tmp))) is None:
-                if time.monotonic() > deadline:
-                    raise FleetUnavailable(f"modelsim fleet not ready after {START_TIMEOUT_S:.0f} s")
-                await asyncio.sleep(0.05)
+            info = await _wait_ready(child, ready_file, log_file)
             yield [f"http://{pod['address']}" for pod in info["pods"]]
         finally:
             _stop(child)
 
 
-def _spawn(spec: Mapping[str, Any], tmp: Path) -> subprocess.Popen[bytes]:
-    spec_file = tmp / "fleet.yaml"
+def _spawn(
+    spec: Mapping[str, Any], spec_file: Path, ready_file: Path, log_file: Path
+) -> subprocess.Popen[bytes]:
     spec_file.write_text(yaml.safe_dump(dict(spec)))
-    with (tmp / "fleet.log").open("wb") as log:
+    with log_file.open("wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
             [
                 sys.executable,
@@ -70,7 +72,7 @@ def _spawn(spec: Mapping[str, Any], tmp: Path) -> subprocess.Popen[bytes]:
                 "--spec",
                 str(spec_file),
                 "--ready-file",
-                str(tmp / "ready.json"),
+                str(ready_file),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -78,16 +80,17 @@ def _spawn(spec: Mapping[str, Any], tmp: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _ready(child: subprocess.Popen[bytes], tmp: Path) -> dict[str, Any] | None:
-    """The fleet's ready info once written; FleetUnavailable if the child died first."""
-    ready_file = tmp / "ready.json"
-    if ready_file.exists():
-        info: dict[str, Any] = json.loads(ready_file.read_text())
-        return info
-    if child.poll() is not None:
-        tail = (tmp / "fleet.log").read_text(errors="replace")[-2000:]
-        raise FleetUnavailable(f"modelsim fleet exited with {child.returncode}: {tail}")
-    return None
+async def _wait_ready(child: subprocess.Popen[bytes], ready_file: Path, log_file: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not await asyncio.to_thread(ready_file.exists):
+        if child.poll() is not None:
+            tail = (await asyncio.to_thread(log_file.read_text, errors="replace"))[-2000:]
+            raise FleetUnavailable(f"modelsim fleet exited with {child.returncode}: {tail}")
+        if time.monotonic() > deadline:
+            raise FleetUnavailable(f"modelsim fleet not ready after {START_TIMEOUT_S:.0f} s")
+        await asyncio.sleep(0.05)
+    info: dict[str, Any] = json.loads(await asyncio.to_thread(ready_file.read_text))
+    return info
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
@@ -99,3 +102,31 @@ def _stop(child: subprocess.Popen[bytes]) -> None:
             child.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
+
+
+async def fleet_lag(urls: list[str]) -> dict[str, Any] | None:
+    """How far the simulated engines fell behind the wall clock during the run (modelsim's
+    ``/sim/state``, wall milliseconds): the mean lag per step and the largest. A step starting
+    later than ``max_lag_wall_s`` (20 ms) stretches the simulated timeline, so a max at 20 ms
+    marks lost simulated time; None when the pods are not modelsim's."""
+    import aiohttp
+
+    pods: dict[str, dict[str, float]] = {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            for url in urls:
+                async with session.get(url.rstrip("/") + "/sim/state") as resp:
+                    state = await resp.json()
+                steps = max(1, int(state["steps"]))
+                pods[str(state["pod"])] = {
+                    "mean_lag_ms": round(float(state["lag_sum_wall_s"]) / steps * 1000, 3),
+                    "max_lag_ms": round(float(state["max_lag_wall_s"]) * 1000, 3),
+                    "steps": steps,
+                }
+    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+        return None
+    return {
+        "mean_lag_ms": max(p["mean_lag_ms"] for p in pods.values()) if pods else 0.0,
+        "max_lag_ms": max(p["max_lag_ms"] for p in pods.values()) if pods else 0.0,
+        "pods": pods,
+    }

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 
 from bench.workloads import TraceRequest
@@ -99,80 +100,177 @@ def _seconds(value: str | None) -> float | None:
         return None
 
 
+class SseReader:
+    """Fills a result from SSE bytes as they arrive; one instance per request.
+
+    Lines are split here from raw chunks (several events often arrive in one read); every event
+    of a chunk gets the chunk's arrival time, which is when the client could have seen it.
+    """
+
+    def __init__(self, result: RequestResult, start: float) -> None:
+        self.result = result
+        self.start = self.last = start
+        self.usage_tokens: int | None = None
+        self.done = False
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self._tail + chunk).split(b"\n")
+        self._tail = lines.pop()
+        now = time.perf_counter()
+        for line in lines:
+            if self.done:
+                return
+            self._line(line, now)
+
+    def _line(self, line: bytes, now: float) -> None:
+        if not line.startswith(b"data:"):
+            return
+        result = self.result
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            result.error = f"bad SSE data: {data[:100].decode(errors='replace')}"
+            self.done = True
+            return
+        if not isinstance(event, dict):
+            result.error = f"bad SSE data: {data[:100].decode(errors='replace')}"
+            self.done = True
+            return
+        if "error" in event:
+            result.error = f"stream error: {str(event['error'])[:200]}"
+            self.done = True
+            return
+        if _content_of(event):
+            if result.ttft_s is None:
+                result.ttft_s = now - self.start
+            else:
+                result.itl_s.append(now - self.last)
+            self.last = now
+            result.content_chunks += 1
+        usage = event.get("usage")
+        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+            self.usage_tokens = int(usage["completion_tokens"])
+
+    def finish(self) -> None:
+        if self._tail and not self.done:
+            self._line(self._tail, time.perf_counter())
+        result = self.result
+        if result.error is not None:
+            return
+        result.e2e_s = time.perf_counter() - self.start
+        result.output_tokens = self.usage_tokens if self.usage_tokens is not None else result.content_chunks
+        if result.ttft_s is None:
+            result.error = "no content in stream"
+
+
+Client = aiohttp.ClientSession | httpx.AsyncClient
+
+
 async def send_one(
-    client: httpx.AsyncClient, config: LoadGenConfig, req: TraceRequest, result: RequestResult, t0: float
+    client: Client, config: LoadGenConfig, req: TraceRequest, result: RequestResult, t0: float
 ) -> None:
     """Send one streaming request and fill `result`; never raises (errors land in result.error)."""
     start = time.perf_counter()
     result.sent_s = start - t0
     result.lag_s = result.sent_s - result.scheduled_s
-    last = start
-    usage_tokens: int | None = None
+    headers = {**config.headers, **req.headers}
+    path = config.path or ("/v1/chat/completions" if "messages" in req.body else "/v1/completions")
+    reader = SseReader(result, start)
     try:
-        headers = {**config.headers, **req.headers}
-        path = config.path or ("/v1/chat/completions" if "messages" in req.body else "/v1/completions")
-        async with client.stream("POST", path, json=req.body, headers=headers) as resp:
-            result.status = resp.status_code
-            result.pod = resp.headers.get(POD_HEADER)
-            result.probe_s = _seconds(resp.headers.get(PROBE_HEADER))
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                result.error = f"HTTP {resp.status_code}: {text[:200]}"
-                return
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                try:
-                    event = json.loads(data)
-                except json.JSONDecodeError:
-                    result.error = f"bad SSE data: {data[:100]}"
-                    return
-                if "error" in event:
-                    result.error = f"stream error: {str(event['error'])[:200]}"
-                    return
-                if _content_of(event):
-                    now = time.perf_counter()
-                    if result.ttft_s is None:
-                        result.ttft_s = now - start
-                    else:
-                        result.itl_s.append(now - last)
-                    last = now
-                    result.content_chunks += 1
-                usage = event.get("usage")
-                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                    usage_tokens = int(usage["completion_tokens"])
-        result.e2e_s = time.perf_counter() - start
-        result.output_tokens = usage_tokens if usage_tokens is not None else result.content_chunks
-        if result.ttft_s is None:
-            result.error = "no content in stream"
+        if isinstance(client, aiohttp.ClientSession):
+            await _send_aiohttp(client, path, req.body, headers, reader)
+        else:
+            await _send_httpx(client, path, req.body, headers, reader)
     except asyncio.CancelledError:
         result.error = "cancelled at wall-time limit"
         raise
-    except httpx.TimeoutException:
+    except (TimeoutError, httpx.TimeoutException):
         result.error = f"timeout after {config.timeout_s:g}s"
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientConnectorError as exc:  # the name the error counts have always used
+        result.error = f"ConnectError: {exc}"[:300]
+    except (aiohttp.ClientError, httpx.HTTPError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:300]
 
 
-def make_client(config: LoadGenConfig) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
-    verify: bool | ssl.SSLContext = config.verify if isinstance(config.verify, bool) else False
-    if isinstance(config.verify, str):
-        try:
-            verify = ssl.create_default_context(cafile=config.verify)
-        except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"CA file {config.verify!r} unusable: {exc}") from exc
-    return httpx.AsyncClient(
-        base_url=config.base_url,
-        http1=not config.http2,
-        http2=config.http2,
-        verify=verify,
-        timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
-        limits=limits,
+async def _send_aiohttp(
+    client: aiohttp.ClientSession,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    reader: SseReader,
+) -> None:
+    result = reader.result
+    async with client.post(path, json=body, headers=headers) as resp:
+        result.status = resp.status
+        result.pod = resp.headers.get(POD_HEADER)
+        result.probe_s = _seconds(resp.headers.get(PROBE_HEADER))
+        if resp.status != 200:
+            text = (await resp.read()).decode(errors="replace")
+            result.error = f"HTTP {resp.status}: {text[:200]}"
+            return
+        async for chunk in resp.content.iter_any():
+            reader.feed(chunk)
+            if reader.done:
+                break
+    reader.finish()
+
+
+async def _send_httpx(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], headers: dict[str, str], reader: SseReader
+) -> None:
+    result = reader.result
+    async with client.stream("POST", path, json=body, headers=headers) as resp:
+        result.status = resp.status_code
+        result.pod = resp.headers.get(POD_HEADER)
+        result.probe_s = _seconds(resp.headers.get(PROBE_HEADER))
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            result.error = f"HTTP {resp.status_code}: {text[:200]}"
+            return
+        async for chunk in resp.aiter_raw():
+            reader.feed(chunk)
+            if reader.done:
+                break
+    reader.finish()
+
+
+def _ssl_context(config: LoadGenConfig) -> ssl.SSLContext | None:
+    """None: verification off; else a context trusting the configured CA bundle."""
+    if not isinstance(config.verify, str):
+        return None
+    try:
+        return ssl.create_default_context(cafile=config.verify)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"CA file {config.verify!r} unusable: {exc}") from exc
+
+
+def make_client(config: LoadGenConfig) -> Client:
+    """aiohttp for HTTP/1.1 (its C parser and asyncio's TLS cost a fraction of httpx's per SSE
+    chunk, and a saturated client delays sends and token reads alike); httpx for HTTP/2."""
+    ctx = _ssl_context(config)
+    if config.http2:
+        limits = httpx.Limits(
+            max_connections=config.concurrency, max_keepalive_connections=config.concurrency
+        )
+        return httpx.AsyncClient(
+            base_url=config.base_url,
+            http1=False,
+            http2=True,
+            verify=ctx if ctx is not None else False,
+            timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
+            limits=limits,
+        )
+    connector = aiohttp.TCPConnector(limit=config.concurrency, ssl=ctx if ctx is not None else False)
+    # As httpx's Timeout(t): t bounds each read (and connect at most 10 s), not the whole stream.
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=min(10.0, config.timeout_s), sock_read=config.timeout_s
     )
+    return aiohttp.ClientSession(base_url=config.base_url, connector=connector, timeout=timeout)
 
 
 async def run_trace(

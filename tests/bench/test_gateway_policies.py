@@ -8,6 +8,7 @@ import random
 import subprocess
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
 import yaml
@@ -69,8 +70,8 @@ async def test_oracle_picks_the_pod_with_lowest_predicted_ttft() -> None:
         pods = [{"model": p.model, "adapters": [], "address": p.address} for p in fleet.pods]
         config = parse_config(gateway_config_for(pods, {}))
         long_prompt = " ".join(f"word{i}" for i in range(3000))
-        async with httpx.AsyncClient(timeout=30) as client:
-            picker = OraclePicker(config, config.pools[0].name, client)
+        async with httpx.AsyncClient(timeout=30) as client, aiohttp.ClientSession() as session:
+            picker = OraclePicker(config, config.pools[0].name, session)
             # Queue long prefills on pods 0 and 2 (A10G: ~1 s each), leave pod 1 idle.
             busy = [fleet.pods[0], fleet.pods[2]]
             tasks = [
