@@ -11,7 +11,8 @@
 Target options (`--target-opt key=value`) for tuning without editing code:
 `weights='{"queue": 2, ...}'`, `thresholds='{"queue": 5}'`, `picker=max|weighted`,
 `scrape_ms=50`, `profile=<built-in name>` (epp-best only); `replicas=N` (any `epp-*`): N EPP
-replicas sharing state through a private redis-server; `single_hop=1` (any `epp-*`): the
+replicas sharing state through a private redis-server (`shared_state=1`: the same Redis wiring for
+one replica; `shared_publish_ms=N`: its sharedState.publishIntervalMs); `single_hop=1` (any `epp-*`): the
 single-hop mode (one EPP process does BBR's routing and picks the pod).
 """
 
@@ -260,9 +261,13 @@ def gateway_factory(
             # the simulated pods are idle meanwhile.
             os.environ.setdefault("GATEWAY_ENVOY_LOG_LEVEL", "warn")
             replicas = int(ctx.options.get("replicas", "1")) if epp_module == "epp" else 1
-            if replicas > 1:
+            shared_opt = ctx.options.get("shared_state", "0") not in ("0", "")
+            if epp_module == "epp" and (replicas > 1 or shared_opt):
                 stores.append(start_redis(ctx.work_dir / name / "redis"))
-                extra = {**extra, "sharedState": {"redis": stores[-1].url}}
+                shared: dict[str, Any] = {"redis": stores[-1].url}
+                if "shared_publish_ms" in ctx.options:
+                    shared["publishIntervalMs"] = int(ctx.options["shared_publish_ms"])
+                extra = {**extra, "sharedState": shared}
             single_hop = epp_module == "epp" and ctx.options.get("single_hop", "0") not in ("0", "")
             gateway = start_local_gateway(
                 ctx.work_dir / name,
