@@ -66,7 +66,11 @@ def git_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
         return done.stdout.strip()
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    # Run outputs (summaries, raw results) are what a campaign writes, not code: a tree whose only
+    # changes are earlier runs' summaries ran committed code.
+    status = git(
+        "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/summaries", ":!bench/results"
+    )
     return {"commit": commit, "dirty": None if status is None else bool(status)}
 
 
