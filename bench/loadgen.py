@@ -18,7 +18,7 @@ import dataclasses
 import json
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -197,6 +197,18 @@ async def send_one(
         result.error = f"{type(exc).__name__}: {exc}"[:300]
 
 
+def _response_started(result: RequestResult, status: int, headers: Mapping[str, str]) -> bool:
+    """Record the status and the gateway's response headers; True for a 200 (a stream follows)."""
+    result.status = status
+    result.pod = headers.get(POD_HEADER)
+    result.probe_s = _seconds(headers.get(PROBE_HEADER))
+    return status == 200
+
+
+def _http_error(status: int, body: bytes) -> str:
+    return f"HTTP {status}: {body.decode(errors='replace')[:200]}"
+
+
 async def _send_aiohttp(
     client: aiohttp.ClientSession,
     path: str,
@@ -206,12 +218,8 @@ async def _send_aiohttp(
 ) -> None:
     result = reader.result
     async with client.post(path, json=body, headers=headers) as resp:
-        result.status = resp.status
-        result.pod = resp.headers.get(POD_HEADER)
-        result.probe_s = _seconds(resp.headers.get(PROBE_HEADER))
-        if resp.status != 200:
-            text = (await resp.read()).decode(errors="replace")
-            result.error = f"HTTP {resp.status}: {text[:200]}"
+        if not _response_started(result, resp.status, resp.headers):
+            result.error = _http_error(resp.status, await resp.read())
             return
         async for chunk in resp.content.iter_any():
             reader.feed(chunk)
@@ -225,12 +233,8 @@ async def _send_httpx(
 ) -> None:
     result = reader.result
     async with client.stream("POST", path, json=body, headers=headers) as resp:
-        result.status = resp.status_code
-        result.pod = resp.headers.get(POD_HEADER)
-        result.probe_s = _seconds(resp.headers.get(PROBE_HEADER))
-        if resp.status_code != 200:
-            text = (await resp.aread()).decode(errors="replace")
-            result.error = f"HTTP {resp.status_code}: {text[:200]}"
+        if not _response_started(result, resp.status_code, resp.headers):
+            result.error = _http_error(resp.status_code, await resp.aread())
             return
         async for chunk in resp.aiter_raw():
             reader.feed(chunk)
