@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import random
 import shutil
@@ -80,6 +81,7 @@ def dev_trust(config: dict[str, Any]) -> None:
             model.setdefault("objectives", ["chat", "batch"])
 
 
+log = logging.getLogger(__name__)
 _PORT_RNG = random.SystemRandom()  # never the seeded global one: two workers would agree
 
 
@@ -336,7 +338,34 @@ def start_fleet(
     return proc, json.loads(ready.read_text())["pods"]
 
 
-def start_local_gateway(
+PORT_RACE_ATTEMPTS = 3
+
+
+def start_local_gateway(workdir: Path, **kwargs: Any) -> LocalGateway:
+    """`start_gateway_once`, tried again (new ports) when a service lost its port to another
+    process between `free_port` and its bind: seen once in a full parallel test run."""
+    for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+        try:
+            return start_gateway_once(workdir, **kwargs)
+        except RuntimeError as exc:
+            if attempt == PORT_RACE_ATTEMPTS or not _lost_a_port(workdir):
+                raise
+            log.warning("local gateway: a port was taken before a service bound it (%s); retrying", exc)
+    raise AssertionError("unreachable")
+
+
+def _lost_a_port(workdir: Path) -> bool:
+    """A service's log under `workdir/logs` says its bind failed on a port in use."""
+    for path in (workdir / "logs").glob("*.log"):
+        try:
+            if "address already in use" in path.read_text(errors="replace").lower():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def start_gateway_once(
     workdir: Path,
     *,
     fleet: Mapping[str, Any] | None = None,
