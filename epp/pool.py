@@ -169,6 +169,10 @@ class EndpointState:
     inflight_tokens: int = 0  # their estimated prompt+output tokens
     ttft_ewma: float | None = None  # smoothed observed time to first byte, seconds
     tpot_ewma: float | None = None  # smoothed observed time per output token, seconds
+    # Learned from the server's per-request histograms (epp/pace.py), smoothed like the speeds:
+    prefill_tps: float | None = None  # prompt tokens it prefills per second
+    uncached_fraction: float | None = None  # share of a typical prompt not in its prefix cache
+    mean_prompt_tokens: float | None = None  # a typical prompt's length on this pod
     healthy: bool = True  # False after repeated scrape failures
     # The effective queue, computed here once for every scorer and filter that reads it:
     # scraped waiting + requests routed here that the scrape does not show yet
@@ -192,6 +196,12 @@ class EndpointState:
             _set(self, "ttft_ewma", None)
         if self.tpot_ewma is not None and _speed(self.tpot_ewma) is None:
             _set(self, "tpot_ewma", None)
+        if self.prefill_tps is not None and not 0.0 < self.prefill_tps <= MAX_COUNT:
+            _set(self, "prefill_tps", None)
+        if self.uncached_fraction is not None and not 0.0 <= self.uncached_fraction <= 1.0:
+            _set(self, "uncached_fraction", None)
+        if self.mean_prompt_tokens is not None and not 0.0 <= self.mean_prompt_tokens <= MAX_COUNT:
+            _set(self, "mean_prompt_tokens", None)
         age = self.metrics_age
         if not age >= 0.0:
             _set(self, "metrics_age", 0.0 if age < 0.0 else math.inf)  # NaN: unknown age
@@ -262,6 +272,9 @@ class _Live:
     finished_since_scrape: int = 0
     ttft: _Speed = field(default_factory=_Speed)
     tpot: _Speed = field(default_factory=_Speed)
+    prefill_tps: _Speed = field(default_factory=_Speed)
+    uncached: _Speed = field(default_factory=_Speed)
+    prompt_tokens: _Speed = field(default_factory=_Speed)
     failures: int = 0
 
 
@@ -375,6 +388,29 @@ class Pool:
         if tpot is not None:
             live.tpot.observe(tpot, now, self.speed_half_life_s)
 
+    def observe_prefill(
+        self,
+        address: str,
+        *,
+        tokens_per_s: float,
+        uncached_fraction: float | None,
+        mean_prompt_tokens: float,
+        now: float | None = None,
+    ) -> None:
+        """Fold one interval's prefill figures (epp/pace.py `PrefillSample`) into the pod's
+        smoothed ones, with the speeds' half-life; unusable values are ignored."""
+        live = self._live.get(address)
+        if live is None:
+            return
+        now = time.monotonic() if now is None else now
+        half_life = self.speed_half_life_s
+        if math.isfinite(tokens_per_s) and 0.0 < tokens_per_s <= MAX_COUNT:
+            live.prefill_tps.observe(tokens_per_s, now, half_life)
+        if uncached_fraction is not None and 0.0 <= uncached_fraction <= 1.0:
+            live.uncached.observe(uncached_fraction, now, half_life)
+        if math.isfinite(mean_prompt_tokens) and 0.0 <= mean_prompt_tokens <= MAX_COUNT:
+            live.prompt_tokens.observe(mean_prompt_tokens, now, half_life)
+
     def inflight(self, address: str) -> int:
         """This replica's own in-flight requests on `address`."""
         live = self._live.get(address)
@@ -409,6 +445,9 @@ class Pool:
                 inflight_tokens=live.inflight_tokens + remote.get(address, none)[1],
                 ttft_ewma=live.ttft.current(now, half_life),
                 tpot_ewma=live.tpot.current(now, half_life),
+                prefill_tps=live.prefill_tps.current(now, half_life),
+                uncached_fraction=live.uncached.current(now, half_life),
+                mean_prompt_tokens=live.prompt_tokens.current(now, half_life),
                 healthy=live.failures < self._unhealthy_after,
                 finished_since_scrape=live.finished_since_scrape,
             )

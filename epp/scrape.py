@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 from epp.engines import MetricsParseError, Rejection, Sample, collect_samples, parse_metrics
 from epp.metrics_http import HttpError, MetricsHttpClient, split_http_url
+from epp.pace import PrefillTracker, prefill_metric_names, prefill_totals
 from epp.pool import Endpoint, Metrics, Pool, count_problem
 from epp.telemetry import Telemetry
 from gateway.supervise import Backoff, spawn
@@ -153,10 +154,12 @@ class RejectionReporter:
 
 
 class SpeedTracker:
-    """Turns cumulative histogram totals into the mean of the latest interval."""
+    """Turns cumulative histogram totals into the mean of the latest interval (and, through
+    `prefill`, the per-request prefill histograms into the interval's prefill pace)."""
 
     def __init__(self) -> None:
         self._last: dict[str, _Totals] = {}
+        self.prefill = PrefillTracker()
 
     def mean_since_last(self, key: str, totals: _Totals | None) -> float | None:
         if totals is None:
@@ -246,7 +249,7 @@ class Scraper:
     async def scrape_once(self, ep: Endpoint, speed: SpeedTracker) -> Metrics | None:
         """Scrape and record one pod; its new metrics, or None when the scrape failed."""
         names = SPEED_HISTOGRAMS.get(ep.engine, ())
-        also = _histogram_names(names)
+        also = _also_names(ep.engine)
         found: dict[str, list[Sample] | None] = {}
         try:
             host, port, path = _target(ep.address, ep.metrics_url)
@@ -280,6 +283,14 @@ class Scraper:
                 self.rejections.report(ep.address, rejected)
             if ttft is not None or tpot is not None:
                 self.pool.observe_speed(ep.address, ttft=ttft, tpot=tpot)
+            prefill = speed.prefill.sample(prefill_totals(found, ep.engine))
+            if prefill is not None:
+                self.pool.observe_prefill(
+                    ep.address,
+                    tokens_per_s=prefill.tokens_per_s,
+                    uncached_fraction=prefill.uncached_fraction,
+                    mean_prompt_tokens=prefill.mean_prompt_tokens,
+                )
         return metrics
 
     async def _loop(self, ep: Endpoint) -> None:
@@ -330,6 +341,12 @@ def _resolve(waker: asyncio.Future[None]) -> None:
 @functools.lru_cache(maxsize=16)
 def _histogram_names(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"{n}{suffix}" for n in names for suffix in ("_sum", "_count"))
+
+
+@functools.lru_cache(maxsize=16)
+def _also_names(engine: str) -> tuple[str, ...]:
+    """The histogram series a scrape of `engine` collects beside the dialect's gauges."""
+    return _histogram_names(SPEED_HISTOGRAMS.get(engine, ())) + prefill_metric_names(engine)
 
 
 @functools.lru_cache(maxsize=65_536)

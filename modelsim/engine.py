@@ -116,7 +116,7 @@ class Engine:
         )
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
-        self.stats = EngineStats()
+        self.stats = EngineStats(max_model_len=self.max_model_len)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._busy_until = 0.0
@@ -409,6 +409,10 @@ class Engine:
         if status == "finished":
             self.stats.request_success[reason] += 1
             self.stats.e2e.observe((seq.finished_at or 0.0) - seq.arrival)
+            prefill = None
+            if seq.first_token is not None and seq.first_scheduled is not None:
+                prefill = seq.first_token - seq.first_scheduled
+            self.stats.finished(seq.num_prompt, seq.cached_tokens, prefill)
         seq.events.put_nowait(TokenEvent(finish_reason=reason, error=error))
 
     # ---- observability ---------------------------------------------------------------------

@@ -105,6 +105,21 @@ class EngineCollector:
         yield _hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", lab, s.itl)
         yield _hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency.", lab, s.e2e)
         yield _hist("vllm:request_queue_time_seconds", "Time spent in WAITING phase.", lab, s.queue_time)
+        yield _hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            lab,
+            s.prefill_time,
+        )
+        yield _hist(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", lab, s.request_prompt_tokens
+        )
+        yield _hist(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            lab,
+            s.prefill_computed_tokens,
+        )
 
     def _sglang(self) -> Iterator[Metric]:
         e, s = self.engine, self.engine.stats

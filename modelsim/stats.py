@@ -15,6 +15,19 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
 
+def buckets_1_2_5(max_value: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_value`: vLLM's bounds for its per-request token
+    histograms (`vllm:request_prompt_tokens`, `vllm:request_prefill_kv_computed_tokens`)."""
+    out: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return tuple(out)
+            out.append(float(mantissa * scale))
+        scale *= 10
+
+
 class Histogram:
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
@@ -48,3 +61,21 @@ class EngineStats:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
     queue_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    # Observed when a request finishes, as vLLM V1 does: its prefill time (first scheduled to
+    # first token), its prompt tokens, and the prompt tokens it computed (not cached).
+    prefill_time: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS))
+    max_model_len: int = 131072  # bounds of the token histograms below (set by the engine)
+    request_prompt_tokens: Histogram = field(init=False)
+    prefill_computed_tokens: Histogram = field(init=False)
+
+    def __post_init__(self) -> None:
+        bounds = buckets_1_2_5(self.max_model_len)
+        self.request_prompt_tokens = Histogram(bounds)
+        self.prefill_computed_tokens = Histogram(bounds)
+
+    def finished(self, prompt_tokens: int, cached_tokens: int, prefill_s: float | None) -> None:
+        """A request finished: the per-request histograms vLLM records at that moment."""
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.prefill_computed_tokens.observe(max(0, prompt_tokens - cached_tokens))
+        if prefill_s is not None:
+            self.prefill_time.observe(max(0.0, prefill_s))

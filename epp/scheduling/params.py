@@ -3,9 +3,10 @@
 Each filter or scorer that takes a parameter declares it here as a small pydantic model, and
 the registry (epp/scheduling/registry.py) names that model beside the plugin. A profile's
 `thresholds` is the union of them, so one config block (`thresholds: {queue, kvCache,
-staleAfterMs, prefixMinBlocks}`, pool-wide or per profile) sets every plugin's knobs, with
+staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs}`, pool-wide or per profile) sets every plugin's knobs, with
 one spelling per field (the camelCase name above) and a bound on every value.
-Defaults are GIE's published ones; `staleAfterMs` and `prefixMinBlocks` are ours.
+Defaults are GIE's published ones; `staleAfterMs`, `prefixMinBlocks` and the prediction
+ones are ours.
 """
 
 from __future__ import annotations
@@ -41,7 +42,19 @@ class PrefixParams(_Params):
     prefix_min_blocks: int = Field(default=16, ge=1, le=1_000_000, alias="prefixMinBlocks")
 
 
-class Thresholds(FreshParams, SaturationParams, PrefixParams):
+class PredictionParams(_Params):
+    """The `predicted-ttft` scorer: the prefill pace assumed while no candidate's own pace is
+    learned yet, and the time a LoRA adapter takes to load on a pod that does not hold it."""
+
+    prefill_tokens_per_s: float = Field(default=10_000.0, gt=0, le=1e9, alias="prefillTokensPerS")
+    adapter_load_ms: float = Field(default=200.0, ge=0, le=3_600_000, alias="adapterLoadMs")
+
+    @property
+    def adapter_load_s(self) -> float:
+        return self.adapter_load_ms / 1000.0
+
+
+class Thresholds(FreshParams, SaturationParams, PrefixParams, PredictionParams):
     """Every plugin's parameters in one block (pool-wide defaults, overridden per profile)."""
 
     def overlaid(self, own: Thresholds) -> Thresholds:

@@ -97,6 +97,12 @@ BUILTIN_PROFILE_DATA: Mapping[str, Mapping[str, Any]] = MappingProxyType(
                 "observed-speed": 3,
             }
         },
+        # Predicted TTFT per pod (queue wait + uncached prefill at the pod's learned pace +
+        # adapter load + KV-admission wait), the issue-#11 candidate for a default that holds
+        # on mixed fleets without per-fleet tuning. kv-cache 1 breaks near-ties toward KV
+        # headroom: the prediction sees admission, not the preemptions a full pod risks as its
+        # running decodes grow. The prefix and LoRA terms are inside the prediction.
+        "predicted": {"weights": {"predicted-ttft": 5, "kv-cache": 1}},
         # Offline/batch throughput: keep caches hot and leave KV headroom for big batches;
         # queues are tolerated (saturated only at 20 waiting or 95 % KV).
         "batch": {
@@ -133,3 +139,4 @@ BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(resolve_profiles())
 DEFAULT = BUILTIN_PROFILES["default"]
 CHAT = BUILTIN_PROFILES["chat"]
 BATCH = BUILTIN_PROFILES["batch"]
+PREDICTED = BUILTIN_PROFILES["predicted"]

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from epp.scheduling import affinity, filters, picker, scorers
-from epp.scheduling.params import FreshParams, PrefixParams, SaturationParams
+from epp.scheduling.params import FreshParams, PredictionParams, PrefixParams, SaturationParams
 from epp.scheduling.scorers import Scorer
 
 
@@ -77,6 +77,9 @@ SCORERS: Mapping[str, ScorerEntry] = _table(
     ScorerEntry("inflight", scorers.inflight),
     ScorerEntry("observed-speed", scorers.observed_speed),
     ScorerEntry("queue-speed", scorers.queue_speed),
+    ScorerEntry(
+        "predicted-ttft", scorers.predicted_ttft, PredictionParams, uses_prefix=True, uses_tokens=True
+    ),
     ScorerEntry("session-affinity", affinity.session_affinity),
 )
 

@@ -13,11 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from epp.kv_index import KVIndex
-from epp.pool import EndpointState
-from epp.request import InferenceRequest
+from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
+from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.params import DEFAULT_THRESHOLDS, Thresholds
-from epp.scheduling.prefix import PrefixIndex
+from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
+
+# Decode time per token `predicted-ttft` assumes while no candidate's is observed (50 tokens/s).
+DEFAULT_TPOT_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,7 @@ class ScoringContext:
     addresses: Sequence[str] | None = None  # of the candidates, in order, when the caller has them
     residency: AdapterResidency | None = None  # adapters the EPP recently sent to each pod
     kv_index: KVIndex | None = None  # the pods' own KV events (epp/kv_index.py)
+    block_chars: int = DEFAULT_BLOCK_CHARS  # characters per block of `prefix_hashes`
 
 
 Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]
@@ -96,9 +100,7 @@ def lora_affinity(
         m = s.metrics
         if m is None:
             out.append(0.0)
-        elif adapter in m.running_adapters or (
-            residency is not None and residency.resident(s.address, adapter, m.max_lora)
-        ):
+        elif _adapter_resident(adapter, s.address, m, residency):
             out.append(1.0)
         elif m.max_lora <= 0 or len(m.running_adapters) + len(m.waiting_adapters) < m.max_lora:
             out.append(0.8)
@@ -107,6 +109,13 @@ def lora_affinity(
         else:
             out.append(0.0)
     return out
+
+
+def _adapter_resident(adapter: str, address: str, m: Metrics, residency: AdapterResidency | None) -> bool:
+    """Running on the pod, or among its max_lora most recently routed adapters."""
+    return adapter in m.running_adapters or (
+        residency is not None and residency.resident(address, adapter, m.max_lora)
+    )
 
 
 def prefix_cache(
@@ -141,12 +150,32 @@ def precise_prefix_cache(
     stream is missing or not yet complete (no events port, a gap being resynced), or when the
     request has no token ids; /debug/pool's `prefix_scoring` says which pods use which.
     """
-    approx = prefix_cache(request, candidates, ctx)
+    counts, block_sizes = _matched_blocks(request, candidates, ctx)
+    floor = ctx.thresholds.prefix_min_blocks
+    approx = float(max(len(ctx.prefix_hashes), floor))
+    ids = request.token_ids or ()
+    return [
+        n / (approx if size is None else float(max(len(ids) // size, floor)))
+        for n, size in zip(counts, block_sizes, strict=True)
+    ]
+
+
+def _matched_blocks(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> tuple[list[int], list[int | None]]:
+    """Per pod, the request's leading blocks it holds, and the precise index's block size in
+    tokens when the count comes from the pod's own KV events (None: from the approximate index,
+    blocks of `ctx.block_chars` characters; 0 blocks without hashes)."""
+    hashes, approx = ctx.prefix_hashes, ctx.prefix_index
+    addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
+    if hashes and approx is not None:
+        counts = approx.match_counts(hashes, addresses)
+    else:
+        counts = [0] * len(candidates)
+    block_sizes: list[int | None] = [None] * len(candidates)
     ids, index = request.token_ids, ctx.kv_index
     if ids is None or index is None:
-        return approx
-    addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
-    floor = ctx.thresholds.prefix_min_blocks
+        return counts, block_sizes
     depths: dict[str, int] | None = None
     model = request.target_model
     for i, address in enumerate(addresses):
@@ -155,8 +184,9 @@ def precise_prefix_cache(
             continue
         if depths is None:  # one walk of the request's blocks for every precise pod
             depths = index.lookup(ids, model, request.adapter)
-        approx[i] = depths.get(address, 0) / float(max(len(ids) // block_size, floor))
-    return approx
+        counts[i] = depths.get(address, 0)
+        block_sizes[i] = block_size
+    return counts, block_sizes
 
 
 def inflight(
@@ -227,3 +257,72 @@ def queue_speed(
         waits.append((q + 1.0) * (pace if pace > 1e-6 else 1e-6))
     best = min(waits, default=1.0)
     return [best / w for w in waits]
+
+
+def predicted_ttft(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[float]:
+    """min(pred) / pred_i with pred_i = (q_i x L_i x u_i + max(1, P - C_i)) / pace_i + A_i + K_i: predicted TTFT.
+
+    The time until this request's first token on pod i: the prompt tokens queued ahead of it
+    (q_i = `EndpointState.queue`, scraped waiting + routed-but-unseen, times L_i, the pod's
+    typical prompt, times u_i, the share of it the pod's prefix cache does not hold: both
+    learned from its histograms, else this prompt's P and 1), plus this prompt's own uncached
+    tokens (P less C_i, the tokens of its leading blocks the pod holds: precise KV events,
+    else the approximate prefix index; at least the one token vLLM always recomputes), over
+    the pod's prefill pace pace_i (tokens/s learned from `vllm:request_prefill_time_seconds`
+    and the prompt-token histograms, epp/pace.py; else the candidates' median, else
+    `prefillTokensPerS`); plus A_i = `adapterLoadMs` when the request's LoRA adapter is not
+    resident there (as in lora-affinity); plus K_i when the pod's free KV (less vLLM's
+    admission watermark) does not hold the tokens ahead, this prompt and its expected output:
+    it admits nothing until a running request ends, about tpot_i x expected output /
+    (running + 1) (the soonest of the running requests' remaining decodes). Proportional, so a
+    pod predicted twice as slow scores 0.5 and the score blends with others. A pod whose
+    metrics or waiting count are unknown scores 0, as in every scorer here.
+    """
+    th = ctx.thresholds
+    known_pace = sorted(s.prefill_tps for s in candidates if s.prefill_tps is not None)
+    pace_fallback = known_pace[len(known_pace) // 2] if known_pace else th.prefill_tokens_per_s
+    known_tpot = sorted(s.tpot_ewma for s in candidates if s.tpot_ewma is not None)
+    tpot_fallback = known_tpot[len(known_tpot) // 2] if known_tpot else DEFAULT_TPOT_S
+    counts, block_sizes = _matched_blocks(request, candidates, ctx)
+    approx_block_tokens = ctx.block_chars / CHARS_PER_TOKEN
+    prompt = float(request.prompt_tokens)
+    output = float(request.expected_output_tokens)
+    adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
+    preds: list[float | None] = []
+    for s, n, size in zip(candidates, counts, block_sizes, strict=True):
+        m, q = s.metrics, s.queue
+        if m is None or q is None:
+            preds.append(None)
+            continue
+        typical = s.mean_prompt_tokens if s.mean_prompt_tokens is not None else prompt
+        ahead = q * typical * (s.uncached_fraction if s.uncached_fraction is not None else 1.0)
+        own = prompt - n * (approx_block_tokens if size is None else size)
+        if own < 1.0:
+            own = 1.0
+        pred = (ahead + own) / (s.prefill_tps or pace_fallback)
+        if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
+            pred += load_s
+        if not _kv_holds(m, ahead + own + output):
+            tpot = s.tpot_ewma if s.tpot_ewma is not None else tpot_fallback
+            pred += tpot * output / ((m.running or 0.0) + 1.0)
+        preds.append(pred)
+    known = [p for p in preds if p is not None]
+    if not known:
+        return [0.0] * len(candidates)
+    best = min(known)
+    return [0.0 if p is None else (best / p if p > 0.0 else 1.0) for p in preds]
+
+
+def _kv_holds(m: Metrics, tokens: float) -> bool:
+    """The pod's free KV cache (less vLLM's admission watermark) holds `tokens` more; False
+    when unknown. Without the block counts, only a cache at the watermark counts as full."""
+    kv = m.kv_usage
+    if kv is None:
+        return False
+    free = 1.0 - KV_ADMIT_WATERMARK - kv
+    blocks, block_size = m.num_gpu_blocks, m.block_size
+    if not blocks or block_size is None:
+        return free > 0.0
+    return free * blocks * block_size >= tokens

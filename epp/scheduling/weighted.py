@@ -96,6 +96,7 @@ class WeightedScheduler:
             addresses=addresses,
             residency=self.residency,
             kv_index=self.kv_index,
+            block_chars=block_chars,
         )
 
         totals = [0.0] * len(candidates)

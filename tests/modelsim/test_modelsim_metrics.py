@@ -35,6 +35,17 @@ async def test_vllm_names_labels_and_counters_move(fleet: Fleet) -> None:
                  "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds"):  # fmt: skip
         count = next(s.value for s in fams[hist] if s.name == hist + "_count")
         assert count >= 1
+
+    # vLLM V1's per-request histograms, observed at finish: one request of N prompt tokens,
+    # none cached on a fresh pod, that took some prefill time.
+    def total(name: str, suffix: str) -> float:
+        return next(s.value for s in fams[name] if s.name == name + suffix)
+
+    prompt = total("vllm:request_prompt_tokens", "_sum")
+    assert total("vllm:request_prompt_tokens", "_count") == 1 and prompt > 20
+    assert total("vllm:request_prefill_kv_computed_tokens", "_sum") == prompt
+    assert total("vllm:request_prefill_time_seconds", "_count") == 1
+    assert total("vllm:request_prefill_time_seconds", "_sum") > 0
     (lora,) = fams["vllm:lora_requests_info"]
     assert set(lora.labels) == {"max_lora", "running_lora_adapters", "waiting_lora_adapters"}
     assert lora.value > 1e9  # a unix timestamp, as vLLM exports it

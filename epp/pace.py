@@ -1,0 +1,126 @@
+"""A pod's prefill pace, learned from the server's own per-request histograms. I/O-free.
+
+vLLM V1 records, as each request finishes, its prefill time (first scheduled to first token,
+`vllm:request_prefill_time_seconds`), its prompt tokens (`vllm:request_prompt_tokens`) and,
+on recent versions, the prompt tokens it computed rather than found in the prefix cache
+(`vllm:request_prefill_kv_computed_tokens`). Between two scrapes the change of the three
+histograms' `_sum` covers the same requests, so
+
+    pace     = d computed tokens / d prefill seconds    (tokens per second, cache hits excluded)
+    uncached = d computed tokens / d prompt tokens       (the share of a typical prompt it prefills)
+    mean     = d prompt tokens / d requests              (a typical prompt's length on this pod)
+
+Without the computed-tokens histogram (older vLLM) the prompt tokens stand in and the uncached
+share is unknown: the pace then counts cached tokens as prefilled (it reads faster than the
+GPU is on cached traffic). The prefill time of a request that shared its steps with others'
+prefills is longer than its own compute, so under concurrent prefills the pace reads as the
+pace one request gets, not the pod's throughput: conservative for the pod that is busy.
+
+`PrefillTracker` turns cumulative totals into one `PrefillSample` per interval that saw
+requests finish; the pool (epp/pool.py) smooths the samples per pod and puts them into each
+`EndpointState`. A server restart (any total going down) re-baselines without a sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from epp.engines import Sample
+from epp.pool import MAX_COUNT, count_problem
+
+# The histograms read per dialect: (prefill seconds, prompt tokens, computed tokens).
+PREFILL_HISTOGRAMS: dict[str, tuple[str, str, str]] = {
+    "vllm": (
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_prefill_kv_computed_tokens",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillTotals:
+    """Cumulative totals of one scrape (summed over the page's series)."""
+
+    requests: float  # request_prefill_time_seconds_count
+    seconds: float  # request_prefill_time_seconds_sum
+    prompt_tokens: float  # request_prompt_tokens_sum
+    computed_tokens: float | None = None  # request_prefill_kv_computed_tokens_sum, when exported
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSample:
+    """What the requests that finished in one interval say about the pod."""
+
+    tokens_per_s: float
+    uncached_fraction: float | None  # None without the computed-tokens histogram
+    mean_prompt_tokens: float
+
+
+def _sum(found: Mapping[str, list[Sample] | None], name: str) -> float | None:
+    """Sum of a metric's series; None when absent, malformed or not a sane count."""
+    samples = found.get(name)
+    if not samples:
+        return None
+    total = 0.0
+    for s in samples:
+        if count_problem(s.value):
+            return None
+        total += s.value
+    return total if total <= MAX_COUNT else None
+
+
+def prefill_totals(found: Mapping[str, list[Sample] | None], dialect: str) -> PrefillTotals | None:
+    """The totals of a scraped page's collected samples (`prefill_metric_names`); None when
+    the dialect or the page does not carry the prefill-time and prompt-token histograms."""
+    names = PREFILL_HISTOGRAMS.get(dialect)
+    if names is None:
+        return None
+    time_name, prompt_name, computed_name = names
+    requests = _sum(found, time_name + "_count")
+    seconds = _sum(found, time_name + "_sum")
+    prompt = _sum(found, prompt_name + "_sum")
+    if requests is None or seconds is None or prompt is None:
+        return None
+    return PrefillTotals(requests, seconds, prompt, _sum(found, computed_name + "_sum"))
+
+
+def prefill_metric_names(dialect: str) -> tuple[str, ...]:
+    """The `_sum` / `_count` series `prefill_totals` reads, to collect in the scrape's pass."""
+    names = PREFILL_HISTOGRAMS.get(dialect)
+    if names is None:
+        return ()
+    time_name, prompt_name, computed_name = names
+    return (time_name + "_sum", time_name + "_count", prompt_name + "_sum", computed_name + "_sum")
+
+
+class PrefillTracker:
+    """One pod's previous totals; `sample` returns the interval's figures, if any."""
+
+    def __init__(self) -> None:
+        self._last: PrefillTotals | None = None
+
+    def sample(self, totals: PrefillTotals | None) -> PrefillSample | None:
+        if totals is None:
+            return None
+        previous, self._last = self._last, totals
+        if previous is None:
+            return None
+        d_requests = totals.requests - previous.requests
+        d_seconds = totals.seconds - previous.seconds
+        d_prompt = totals.prompt_tokens - previous.prompt_tokens
+        d_computed: float | None = None
+        if totals.computed_tokens is not None and previous.computed_tokens is not None:
+            d_computed = totals.computed_tokens - previous.computed_tokens
+        if d_requests < 0 or d_seconds < 0 or d_prompt < 0 or (d_computed is not None and d_computed < 0):
+            return None  # the server restarted: its counters began again from zero
+        if d_requests <= 0 or d_seconds <= 0:
+            return None  # nothing finished, or no measurable prefill time
+        computed = d_computed if d_computed is not None else d_prompt
+        if computed <= 0:
+            return None  # every token cached: says nothing about the pace
+        uncached = None
+        if d_computed is not None and d_prompt > 0:
+            uncached = min(1.0, d_computed / d_prompt)
+        return PrefillSample(computed / d_seconds, uncached, d_prompt / d_requests)
