@@ -54,7 +54,7 @@ class PredictionParams(_Params):
         return self.adapter_load_ms / 1000.0
 
 
-class Thresholds(FreshParams, SaturationParams, PrefixParams, PredictionParams):
+class Thresholds(PredictionParams, FreshParams, SaturationParams, PrefixParams):
     """Every plugin's parameters in one block (pool-wide defaults, overridden per profile)."""
 
     def overlaid(self, own: Thresholds) -> Thresholds:

@@ -70,7 +70,7 @@ def test_invalid_profile_names_the_field(data, field):
 def test_profiles_from_dict_overlays_builtins():
     merged = profiles_from_dict({"chat": {"weights": {"queue": 1}}, "gold": {"weights": {"inflight": 1}}})
     assert dict(merged["chat"].weights) == {"queue": 1.0}
-    assert set(merged) == {"default", "chat", "batch", "gold"}
+    assert set(merged) == {"default", "chat", "batch", "predicted", "gold"}
     with pytest.raises(ProfileError, match=r"profiles\.gold\.weights"):
         profiles_from_dict({"gold": {"weights": {}}})
 
