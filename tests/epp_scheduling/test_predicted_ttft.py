@@ -93,9 +93,11 @@ def test_a_non_resident_adapter_adds_its_load_time() -> None:
 def test_a_pod_whose_kv_cache_cannot_admit_waits_for_a_running_request_to_end() -> None:
     roomy = pod("roomy", 10_000.0, kv=0.5, tpot=0.01)
     full = dataclasses.replace(roomy, endpoint=Endpoint("full", frozenset({"m"})))
-    blocks = {"num_gpu_blocks": 1000, "block_size": 16}  # 16,000 tokens of KV
-    roomy = dataclasses.replace(roomy, metrics=Metrics(kv_usage=0.5, running=3, **blocks))
-    full = dataclasses.replace(full, metrics=Metrics(kv_usage=0.98, running=3, **blocks))  # 160 free
+    def kv(usage: float) -> Metrics:  # 1,000 blocks of 16 tokens
+        return Metrics(kv_usage=usage, running=3, num_gpu_blocks=1000, block_size=16)
+
+    roomy = dataclasses.replace(roomy, metrics=kv(0.5))
+    full = dataclasses.replace(full, metrics=kv(0.98))  # 160 tokens free
     # full: 0.04 s + tpot 0.01 x 100 expected output tokens / (3 running + 1) = 0.29 s.
     assert predicted_ttft(req(PROMPT), [roomy, full], CTX) == [1.0, pytest.approx(0.04 / 0.29)]
 
