@@ -93,6 +93,7 @@ def test_a_non_resident_adapter_adds_its_load_time() -> None:
 def test_a_pod_whose_kv_cache_cannot_admit_waits_for_a_running_request_to_end() -> None:
     roomy = pod("roomy", 10_000.0, kv=0.5, tpot=0.01)
     full = dataclasses.replace(roomy, endpoint=Endpoint("full", frozenset({"m"})))
+
     def kv(usage: float) -> Metrics:  # 1,000 blocks of 16 tokens
         return Metrics(kv_usage=usage, running=3, num_gpu_blocks=1000, block_size=16)
 
