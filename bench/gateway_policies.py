@@ -6,11 +6,14 @@
 - `epp-default`: the full gateway (BBR + EPP + Envoy) at the published default weights
   (queue 2, kv-cache 2, prefix-cache 3).
 - `epp-best`: the full gateway with `BEST_PROFILE`, our tuned profile.
+- `epp-predicted`: the full gateway with the built-in `predicted` profile (predicted-ttft
+  scorer, epp/scheduling/scorers.py), as shipped; `weights` / `thresholds` / `picker` options
+  run a copy of it with those overrides.
 - `oracle`: the full gateway with the EPP replaced by `bench.oracle` (exact simulator state).
 
 Target options (`--target-opt key=value`) for tuning without editing code:
 `weights='{"queue": 2, ...}'`, `thresholds='{"queue": 5}'`, `picker=max|weighted`,
-`scrape_ms=50`, `profile=<built-in name>` (epp-best only); `replicas=N` (any `epp-*`): N EPP
+`scrape_ms=50`, `profile=<built-in name>` (epp-best and epp-predicted only); `replicas=N` (any `epp-*`): N EPP
 replicas sharing state through a private redis-server (`shared_state=1`: the same Redis wiring for
 one replica; `shared_publish_ms=N`: its sharedState.publishIntervalMs); `single_hop=1` (any `epp-*`): the
 single-hop mode (one EPP process does BBR's routing and picks the pod).
@@ -37,6 +40,7 @@ from devstack.certs import CertSet, make_certs
 from devstack.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from devstack.redis_server import RedisServer, start_redis
 from epp.config import parse_epp_config
+from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
 from modelsim.fleet import FleetSpec
 
 # Tuned on the scenarios of bench/scenarios (see docs/benchmarks.md, "epp-best").
@@ -190,11 +194,16 @@ async def wait_ready_async(url: str, proc: Proc, timeout_s: float) -> None:
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
 
 
-def epp_config(options: Mapping[str, str], base: Mapping[str, Any] | None) -> dict[str, Any]:
-    """`config_extra` for start_local_gateway: a `bench` profile made the default."""
+def epp_config(
+    options: Mapping[str, str], base: Mapping[str, Any] | None, builtin: str | None = None
+) -> dict[str, Any]:
+    """`config_extra` for start_local_gateway: a `bench` profile made the default, or the
+    built-in profile `builtin` itself when no option overrides it."""
     extra: dict[str, Any] = {}
     if "profile" in options:
         extra["defaultProfile"] = options["profile"]
+    elif builtin is not None and not {"weights", "thresholds", "picker"} & options.keys():
+        extra["defaultProfile"] = builtin
     elif base is not None or "weights" in options:
         profile: dict[str, Any] = dict(base or {})
         if "weights" in options:
@@ -243,8 +252,10 @@ def gateway_factory(
     profile: Mapping[str, Any] | None,
     epp_module: str = "epp",
     config_extra: Mapping[str, Any] | None = None,
+    builtin: str | None = None,
 ):
-    """`config_extra`: fixed gateway config keys of a policy (bench/flow_policies.py)."""
+    """`config_extra`: fixed gateway config keys of a policy (bench/flow_policies.py);
+    `builtin`: run that built-in profile (`profile` is then its data, the base of overrides)."""
 
     def factory(ctx: TargetContext) -> PolicyTarget:
         running: list[LocalGateway] = []
@@ -254,7 +265,9 @@ def gateway_factory(
             pods = await describe_pods(ctx)
             # Only epp-best takes tuning options: epp-default stays at the published weights.
             extra = (
-                epp_config(ctx.options if profile is not None else {}, profile) if epp_module == "epp" else {}
+                epp_config(ctx.options if profile is not None else {}, profile, builtin)
+                if epp_module == "epp"
+                else {}
             )
             extra = {**extra, **(config_extra or {})}
             # Blocking start on purpose (Envoy must be started by this long-lived thread);
@@ -306,4 +319,8 @@ register_policy("round-robin", baseline_factory("ROUND_ROBIN", "round-robin"))
 register_policy("least-request", baseline_factory("LEAST_REQUEST", "least-request"))
 register_policy("epp-default", gateway_factory("epp-default", profile=None))
 register_policy("epp-best", gateway_factory("epp-best", profile=BEST_PROFILE))
+register_policy(
+    "epp-predicted",
+    gateway_factory("epp-predicted", profile=BUILTIN_PROFILE_DATA["predicted"], builtin="predicted"),
+)
 register_policy("oracle", gateway_factory("oracle", profile=None, epp_module="bench.oracle"))

@@ -20,6 +20,7 @@ from bench.loadgen import PROBE_HEADER
 from bench.oracle import OraclePicker, OracleProcessor, Probe, best_probe
 from devstack.certs import make_certs
 from devstack.launch import envoy_binary, gateway_config_for
+from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
 from extproc.errors import ErrorResponse
 from gateway.config import parse_config
 from modelsim.fleet import FleetSpec, run_fleet
@@ -151,6 +152,13 @@ def test_epp_config_options() -> None:
     assert tuned["profiles"]["bench"]["weights"] == {"queue": 1}
     assert tuned["defaultProfile"] == "bench" and tuned["scrape"] == {"intervalMs": 20}
     assert epp_config({"profile": "chat"}, {"weights": {"queue": 5}})["defaultProfile"] == "chat"
+    # epp-predicted: the built-in itself, or a copy of it with the overrides.
+    predicted = BUILTIN_PROFILE_DATA["predicted"]
+    assert epp_config({}, predicted, "predicted") == {"defaultProfile": "predicted"}
+    assert epp_config({"scrape_ms": "20"}, predicted, "predicted")["defaultProfile"] == "predicted"
+    override = epp_config({"weights": '{"predicted-ttft": 3, "prefix-cache": 1}'}, predicted, "predicted")
+    assert override["defaultProfile"] == "bench"
+    assert override["profiles"]["bench"]["weights"] == {"predicted-ttft": 3, "prefix-cache": 1}
 
 
 def test_round_robin_run_through_real_envoy_has_no_errors(tmp_path: Path) -> None:
@@ -190,7 +198,9 @@ def test_round_robin_run_through_real_envoy_has_no_errors(tmp_path: Path) -> Non
 def test_effective_epp_config_resolves_the_default_and_tuned_profiles(tmp_path: Path) -> None:
     pods = [{"name": "p", "model": MODEL, "address": "127.0.0.1:1"}]
     for extra, weights in ((epp_config({}, None), {"queue": 2.0, "kv-cache": 2.0, "prefix-cache": 3.0}),
-                           (epp_config({}, BEST_PROFILE), BEST_PROFILE["weights"])):  # fmt: skip
+                           (epp_config({}, BEST_PROFILE), BEST_PROFILE["weights"]),
+                           (epp_config({}, BUILTIN_PROFILE_DATA["predicted"], "predicted"),
+                            BUILTIN_PROFILE_DATA["predicted"]["weights"])):  # fmt: skip
         path = tmp_path / "gateway.yaml"
         path.write_text(yaml.safe_dump(gateway_config_for(pods, {"llama3-1-8b": 1}, extra)))
         config = effective_epp_config(path)
