@@ -281,10 +281,8 @@ def predicted_ttft(
     metrics or waiting count are unknown scores 0, as in every scorer here.
     """
     th = ctx.thresholds
-    known_pace = sorted(s.prefill_tps for s in candidates if s.prefill_tps is not None)
-    pace_fallback = known_pace[len(known_pace) // 2] if known_pace else th.prefill_tokens_per_s
-    known_tpot = sorted(s.tpot_ewma for s in candidates if s.tpot_ewma is not None)
-    tpot_fallback = known_tpot[len(known_tpot) // 2] if known_tpot else DEFAULT_TPOT_S
+    pace_fallback: float | None = None  # the medians, computed when a pod first needs one
+    tpot_fallback: float | None = None
     counts, block_sizes = _matched_blocks(request, candidates, ctx)
     approx_block_tokens = ctx.block_chars / CHARS_PER_TOKEN
     prompt = float(request.prompt_tokens)
@@ -301,11 +299,20 @@ def predicted_ttft(
         own = prompt - n * (approx_block_tokens if size is None else size)
         if own < 1.0:
             own = 1.0
-        pred = (ahead + own) / (s.prefill_tps or pace_fallback)
+        pace = s.prefill_tps
+        if pace is None:
+            if pace_fallback is None:
+                pace_fallback = _median([c.prefill_tps for c in candidates], th.prefill_tokens_per_s)
+            pace = pace_fallback
+        pred = (ahead + own) / pace
         if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s
         if not _kv_holds(m, ahead + own + output):
-            tpot = s.tpot_ewma if s.tpot_ewma is not None else tpot_fallback
+            tpot = s.tpot_ewma
+            if tpot is None:
+                if tpot_fallback is None:
+                    tpot_fallback = _median([c.tpot_ewma for c in candidates], DEFAULT_TPOT_S)
+                tpot = tpot_fallback
             pred += tpot * output / ((m.running or 0.0) + 1.0)
         preds.append(pred)
     known = [p for p in preds if p is not None]
@@ -313,6 +320,12 @@ def predicted_ttft(
         return [0.0] * len(candidates)
     best = min(known)
     return [0.0 if p is None else (best / p if p > 0.0 else 1.0) for p in preds]
+
+
+def _median(values: Sequence[float | None], default: float) -> float:
+    """The (upper) median of the known values; `default` when none is known."""
+    known = sorted(v for v in values if v is not None)
+    return known[len(known) // 2] if known else default
 
 
 def _kv_holds(m: Metrics, tokens: float) -> bool:
