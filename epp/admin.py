@@ -42,6 +42,9 @@ def pool_json(snapshot: PoolSnapshot) -> dict[str, Any]:
                 "finished_since_scrape": s.finished_since_scrape,
                 "ttft_ewma_s": s.ttft_ewma,
                 "tpot_ewma_s": s.tpot_ewma,
+                "prefill_tps": s.prefill_tps,
+                "uncached_fraction": s.uncached_fraction,
+                "mean_prompt_tokens": s.mean_prompt_tokens,
             }
         )
     return {"endpoints": endpoints}
