@@ -30,6 +30,7 @@ SPEED_EXPIRY_HALF_LIVES = 4.0
 MAX_COUNT = 1e12  # queue lengths, token counts, label integers: more is a broken exporter
 KV_TOLERANCE = 0.01  # KV fractions a hair outside [0, 1] (float rounding) are clamped, not rejected
 MAX_SPEED_S = 3600.0  # a TTFT or time per token over an hour is not a measurement
+MIN_PREFILL_TPS = 1e-3  # a prefill pace under a token per 1,000 s is not a measurement either
 # vLLM keeps this fraction of KV blocks free when it admits a waiting request (its scheduler's
 # watermark), so that much of the scraped free KV is not room for new requests.
 KV_ADMIT_WATERMARK = 0.01
@@ -196,7 +197,7 @@ class EndpointState:
             _set(self, "ttft_ewma", None)
         if self.tpot_ewma is not None and _speed(self.tpot_ewma) is None:
             _set(self, "tpot_ewma", None)
-        if self.prefill_tps is not None and not 0.0 < self.prefill_tps <= MAX_COUNT:
+        if self.prefill_tps is not None and not MIN_PREFILL_TPS <= self.prefill_tps <= MAX_COUNT:
             _set(self, "prefill_tps", None)
         if self.uncached_fraction is not None and not 0.0 <= self.uncached_fraction <= 1.0:
             _set(self, "uncached_fraction", None)
@@ -404,7 +405,7 @@ class Pool:
             return
         now = time.monotonic() if now is None else now
         half_life = self.speed_half_life_s
-        if math.isfinite(tokens_per_s) and 0.0 < tokens_per_s <= MAX_COUNT:
+        if MIN_PREFILL_TPS <= tokens_per_s <= MAX_COUNT:  # False for NaN
             live.prefill_tps.observe(tokens_per_s, now, half_life)
         if uncached_fraction is not None and 0.0 <= uncached_fraction <= 1.0:
             live.uncached.observe(uncached_fraction, now, half_life)

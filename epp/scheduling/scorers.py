@@ -9,6 +9,7 @@ nothing about must not attract a herd. Inputs are finite and non-negative by con
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -319,6 +320,8 @@ def predicted_ttft(
     if not known:
         return [0.0] * len(candidates)
     best = min(known)
+    if not best < math.inf:  # every prediction overflowed: nothing to prefer
+        return [0.0] * len(candidates)
     return [0.0 if p is None else (best / p if p > 0.0 else 1.0) for p in preds]
 
 

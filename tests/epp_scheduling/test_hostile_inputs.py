@@ -249,6 +249,9 @@ def endpoint_states(draw: st.DrawFn, i: int) -> EndpointState:
         inflight_tokens=draw(st.one_of(st.integers(-3, 10**9), st.just(10**400))),
         ttft_ewma=draw(any_float),
         tpot_ewma=draw(any_float),
+        prefill_tps=draw(any_float),
+        uncached_fraction=draw(any_float),
+        mean_prompt_tokens=draw(any_float),
         healthy=draw(st.booleans()),
     )
 
