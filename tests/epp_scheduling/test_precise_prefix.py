@@ -10,7 +10,7 @@ from epp.kv_index import KVIndex
 from epp.scheduling.prefix import PrefixIndex
 from epp.scheduling.profiles import profile
 from epp.scheduling.registry import SCORERS
-from epp.scheduling.scorers import ScoringContext, precise_prefix_cache, prefix_cache
+from epp.scheduling.scorers import ScoringContext, precise_prefix_cache, predicted_ttft, prefix_cache
 from epp.scheduling.weighted import WeightedScheduler
 from modelsim.kv_events import block_stored
 from modelsim.kvcache import chain_hashes
@@ -128,3 +128,12 @@ def test_scheduler_tokenizes_only_for_profiles_that_read_tokens() -> None:
     assert decision.ranked[0] == "b"
     assert decision.scores["b"]["precise-prefix-cache"] == 1.0
     assert decision.scores["a"]["precise-prefix-cache"] == 0.0
+
+
+def test_predicted_ttft_counts_the_blocks_a_pods_kv_events_report_as_held() -> None:
+    """predicted-ttft reads the same matches: 30 of 40 blocks held leaves 160 of 640 tokens."""
+    index = _index("a", "b")
+    _store(index, "a", TOKENS[: 30 * BS])
+    request = dataclasses.replace(_request(), prompt_tokens=len(TOKENS))
+    pods = [dataclasses.replace(state(p), prefill_tps=10_000.0) for p in ("a", "b")]
+    assert predicted_ttft(request, pods, ScoringContext(kv_index=index)) == [1.0, 160 / 640]
