@@ -13,7 +13,8 @@ until a scrape succeeds again. The interval backs off on failure so a dead pod c
 
 Observed speed comes for free from the server's own latency histograms: the change of
 `_sum / _count` between scrapes is the mean TTFT and inter-token latency of the requests that
-finished meanwhile. That is what lets the scheduler tell an H100 from an A10G without any
+finished meanwhile. About once a second the same pass also reads vLLM's per-request prefill
+histograms, from which epp/pace.py learns the pod's prefill pace (predicted-ttft). That is what lets the scheduler tell an H100 from an A10G without any
 per-chunk response events through Envoy (which cost a gRPC round trip per SSE chunk).
 
 Each pod's loop runs under `gateway.supervise`: an exception the loop does not expect
@@ -249,7 +250,8 @@ class Scraper:
     async def scrape_once(self, ep: Endpoint, speed: SpeedTracker) -> Metrics | None:
         """Scrape and record one pod; its new metrics, or None when the scrape failed."""
         names = SPEED_HISTOGRAMS.get(ep.engine, ())
-        also = _also_names(ep.engine)
+        read_prefill = speed.prefill.due(time.monotonic())
+        also = _also_names(ep.engine) if read_prefill else _histogram_names(names)
         found: dict[str, list[Sample] | None] = {}
         try:
             host, port, path = _target(ep.address, ep.metrics_url)
@@ -283,7 +285,9 @@ class Scraper:
                 self.rejections.report(ep.address, rejected)
             if ttft is not None or tpot is not None:
                 self.pool.observe_speed(ep.address, ttft=ttft, tpot=tpot)
-            prefill = speed.prefill.sample(prefill_totals(found, ep.engine))
+            prefill = None
+            if read_prefill:
+                prefill = speed.prefill.sample(prefill_totals(found, ep.engine), time.monotonic())
             if prefill is not None:
                 self.pool.observe_prefill(
                     ep.address,

@@ -9,6 +9,7 @@ through its scrapes. The saturation filter is relaxed (queue 100) so the scorer 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from devstack.launch import LocalGateway, dev_trust, start_local_gateway
-from tests.integration.busy_pods import busy, pool_state, wait_for
+from tests.integration.busy_pods import busy, pool_state
 from tests.integration.conftest import chat
 
 MODEL = "llama-3.1-8b-instruct"
@@ -58,18 +59,22 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
 async def test_traffic_goes_to_the_fast_pod_while_idle_and_spills_once_its_queue_is_long(
     gateway: LocalGateway,
 ) -> None:
-    # Learn both paces: a few requests straight to each pod, then wait for the EPP's estimate.
-    async with httpx.AsyncClient(timeout=60) as client:
-        for pod in gateway.pods:
-            for _ in range(3):
-                body = {"model": MODEL, "prompt": prompt(), "max_tokens": 2}
-                assert (await client.post(f"http://{pod['address']}/v1/completions", json=body)).is_success
-
+    # Learn both paces: requests straight to each pod until the EPP has an estimate for both
+    # (it reads the prefill histograms about once a second, and needs a read on each side of
+    # some finished requests).
     async def learned() -> bool:
         state = await pool_state(gateway, POOL)
         return len(state) == 2 and all(p["prefill_tps"] is not None for p in state.values())
 
-    await wait_for(learned)
+    async with httpx.AsyncClient(timeout=60) as client:
+        for _ in range(100):
+            if await learned():
+                break
+            for pod in gateway.pods:
+                body = {"model": MODEL, "prompt": prompt(), "max_tokens": 2}
+                assert (await client.post(f"http://{pod['address']}/v1/completions", json=body)).is_success
+            await asyncio.sleep(0.2)
+    assert await learned(), "prefill paces not learned"
     paces = {p["address"]: p["prefill_tps"] for p in (await pool_state(gateway, POOL)).values()}
     by_name = {p["name"]: p["address"] for p in gateway.pods}
     assert paces[by_name["h100"]] > 4 * paces[by_name["a10g"]], paces

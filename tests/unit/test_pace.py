@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import httpx
@@ -14,7 +15,6 @@ from epp.scheduling.scorers import ScoringContext, predicted_ttft
 from epp.scrape import Scraper
 from modelsim.fleet import FleetSpec, run_fleet
 from tests.epp_scheduling.factories import req
-from tests.waiting import until
 
 
 def test_pace_uncached_share_and_typical_prompt_come_from_the_interval_deltas() -> None:
@@ -44,6 +44,15 @@ def test_without_the_computed_tokens_histogram_prompt_tokens_stand_in() -> None:
     s = t.sample(PrefillTotals(2, 0.2, 300))
     assert s is not None
     assert s.tokens_per_s == pytest.approx(2000) and s.uncached_fraction is None
+
+
+def test_reads_are_due_once_per_interval() -> None:
+    t = PrefillTracker(interval_s=1.0)
+    assert t.due(0.0)
+    t.sample(PrefillTotals(1, 0.1, 100), now=5.0)
+    assert not t.due(5.5) and t.due(6.0)
+    t.sample(None, now=6.0)  # a page without the series still waits an interval
+    assert not t.due(6.9)
 
 
 def test_zero_prefill_time_or_fully_cached_intervals_say_nothing() -> None:
@@ -111,17 +120,19 @@ async def test_paces_learned_from_real_modelsim_pages_tell_an_h100_from_an_a10g(
         scraper.sync()
         try:
             prompt = "the quick brown fox jumps over the lazy dog " * 60  # ~600 tokens
+            # A request to each pod per round until both paces are learned: a pace needs a
+            # read of the totals before some requests finish and one after (reads come
+            # about once a second).
             async with httpx.AsyncClient(timeout=30) as client:
-                for i in range(3):
+                for i in range(200):
+                    if all(s.prefill_tps is not None for s in pool.snapshot().endpoints):
+                        break
                     for pod in (fast, slow):
                         body = {"model": "m", "prompt": f"{i} {prompt}", "max_tokens": 2}
                         reply = await client.post(f"{pod.url}/v1/completions", json=body)
                         assert reply.status_code == 200
-            await until(
-                lambda: all(s.prefill_tps is not None for s in pool.snapshot().endpoints),
-                "both pods' paces learned",
-                within=20,
-            )
+                    await asyncio.sleep(0.1)
+            assert all(s.prefill_tps is not None for s in pool.snapshot().endpoints), "paces not learned"
             by = pool.snapshot().by_address()
             fast_tps, slow_tps = by[fast.address].prefill_tps, by[slow.address].prefill_tps
             assert fast_tps is not None and slow_tps is not None
