@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,11 @@ from epp.config import EppConfig
 from epp.context import EppContext
 from epp.discovery.static import static_endpoints
 from epp.flow_control import FlowController
-from epp.kv_events import KVEventMetrics, KVEventSubscribers
+from epp.kv_events import EventBatch, KVEventMetrics, KVEventSubscribers, stored_adapters
 from epp.kv_index import KVIndex
-from epp.pool import Endpoint, Pool
+from epp.pool import Endpoint, Metrics, Pool
 from epp.processor import EppProcessor
+from epp.scheduling.lora import event_time
 from epp.scheduling.weighted import WeightedScheduler
 from epp.scrape import Scraper
 from epp.shared_state import SharedState
@@ -132,7 +134,9 @@ class EppApp:
             self.telemetry.conformance_test_mode()
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
-        self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics)
+        # Adapter residency also learns from the scrapes' running adapters and the events' LoRA ids.
+        self.scraper.scraped_hook = self._on_scraped
+        self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics, on_batch=self._on_kv_batch)
         # The models' own tokenizers (models[].tokenizer): the token ids the precise index needs.
         self.tokenizers = PoolTokenizers()
         self.ctx.tokenizers = self.tokenizers
@@ -261,6 +265,20 @@ class EppApp:
         except RuntimeError:  # no running loop yet: start() syncs
             pass
 
+    def _on_scraped(self, address: str, metrics: Metrics, sent_at: float) -> None:
+        if metrics.running_adapters:
+            self.scheduler.residency.on_scrape(address, metrics.running_adapters, sent_at)
+
+    def _on_kv_batch(self, pod: str, batch: EventBatch) -> None:
+        adapters = stored_adapters(batch)
+        if not adapters:
+            return
+        at = event_time(batch.ts, time.time(), time.monotonic())
+        metrics = self.pool.metrics(pod)
+        max_lora = metrics.max_lora if metrics is not None else 0
+        for name, lora_id in adapters:
+            self.scheduler.residency.on_stored(pod, name, lora_id, at, max_lora)
+
     def _sync_kv_events(self) -> None:
         self.kv_events.sync(self.pool.endpoints(), self.store.current().pool(self.pool_name).kv_events)
 
@@ -308,11 +326,22 @@ class EppApp:
             "tokenizers": self.tokenizers.debug(),
             "prefix_scoring": self._prefix_scoring(),
             "flow_queue": len(self.flow.queue),
+            "adapters_resident": self._adapters_resident(),
         }
         if self.shared_state is not None:
             extra["shared_state"] = self.shared_state.debug()
             extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
         return extra
+
+    def _adapters_resident(self) -> dict[str, list[str]]:
+        """Per pod: the modelled GPU adapter set (epp/scheduling/lora.py), most recent first,
+        for the capacity its last scrape reported (empty while unknown)."""
+        out = {}
+        for ep in self.pool.endpoints():
+            metrics = self.pool.metrics(ep.address)
+            max_lora = metrics.max_lora if metrics is not None else 0
+            out[ep.address] = self.scheduler.residency.adapters(ep.address, max_lora)
+        return out
 
     def _prefix_scoring(self) -> dict[str, dict[str, str]]:
         """Per pod and model: "precise" (precise-prefix-cache reads the pod's KV events) or

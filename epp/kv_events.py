@@ -73,6 +73,7 @@ class BlockStored:
     lora_name: str | None = None
     medium: str | None = None
     group_idx: int | None = None
+    lora_id: int | None = None  # the pod's lora_int_id (older vLLM sends only this)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,7 @@ def decode_event(raw: Any) -> Event | None:
         except (OverflowError, TypeError):
             raise KVEventError("token_ids must be non-negative 64-bit integers") from None
         lora = f.get("lora_name")
+        lora_id = f.get("lora_id")
         return BlockStored(
             hashes,
             None if parent is None else _hash(parent),
@@ -147,6 +149,7 @@ def decode_event(raw: Any) -> Event | None:
             lora if isinstance(lora, str) and lora else None,
             f.get("medium"),
             f.get("group_idx"),
+            lora_id if isinstance(lora_id, int) and not isinstance(lora_id, bool) and lora_id > 0 else None,
         )
     if tag == "BlockRemoved":
         f = _fields(raw, _REMOVED_FIELDS)
@@ -196,6 +199,21 @@ def apply_batch(index: KVIndex, pod: str, batch: EventBatch) -> int:
             index.clear_pod(pod)
         used += 1
     return used
+
+
+def stored_adapters(batch: EventBatch) -> list[tuple[str | None, int | None]]:
+    """The adapters (lora_name, lora_id) whose GPU blocks a batch stored, each once: the
+    engine ran them in that step (epp/scheduling/lora.py, adapter residency)."""
+    seen: dict[tuple[str | None, int | None], None] = {}
+    for ev in batch.events:
+        if isinstance(ev, BlockStored) and ev.medium in (None, MEDIUM_GPU):
+            if ev.lora_name is not None or ev.lora_id is not None:
+                seen[(ev.lora_name, ev.lora_id)] = None
+    return list(seen)
+
+
+# Called with (pod, batch) for every batch applied to the index.
+BatchHook = Callable[[str, EventBatch], None]
 
 
 # ---- metrics -------------------------------------------------------------------------------
@@ -271,8 +289,10 @@ class KVEventSubscriber:
         context: zmq.asyncio.Context | None = None,
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
+        on_batch: BatchHook | None = None,
     ) -> None:
         self.pod = pod
+        self.on_batch = on_batch
         self.index = index
         self.index.add_pod(pod, model)
         host = _host(pod)
@@ -328,6 +348,8 @@ class KVEventSubscriber:
                 self.metrics.batches.labels(self.pod).inc()
                 self.metrics.events.labels(self.pod).inc(used)
                 self.metrics.lag.labels(self.pod).set(max(0.0, self._clock() - batch.ts))
+            if self.on_batch is not None:
+                self.on_batch(self.pod, batch)
         if topic:
             model = model_from_topic(topic)
             state = self.index.pod(self.pod)
@@ -466,9 +488,12 @@ class KVEventSubscribers:
         *,
         context: zmq.asyncio.Context | None = None,
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
+        on_batch: BatchHook | None = None,
     ) -> None:
+        """`on_batch`: also given every applied batch (adapter residency reads its LoRA ids)."""
         self.index = index
         self.metrics = metrics
+        self.on_batch = on_batch
         self._ctx = context
         self._replay_timeout_s = replay_timeout_s
         self._subs: dict[str, tuple[_Target, KVEventSubscriber, asyncio.Task[None]]] = {}
@@ -512,6 +537,7 @@ class KVEventSubscribers:
                 metrics=self.metrics,
                 context=self._ctx,
                 replay_timeout_s=self._replay_timeout_s,
+                on_batch=self.on_batch,
             )
             task = spawn(
                 "kv-events",

@@ -330,6 +330,11 @@ class Pool:
             if self.capacity_hook is not None:
                 self.capacity_hook()
 
+    def metrics(self, address: str) -> Metrics | None:
+        """The pod's last scraped metrics (None: unknown pod or not scraped yet)."""
+        live = self._live.get(address)
+        return live.metrics if live is not None else None
+
     def record_scrape_failure(self, address: str) -> None:
         live = self._live.get(address)
         if live is not None:

@@ -34,7 +34,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from epp.engines import MetricsParseError, Rejection, Sample, collect_samples, parse_metrics
@@ -200,6 +200,9 @@ class Scraper:
         self.rejections = RejectionReporter(telemetry)
         self.scrapes = 0
         self.failures = 0
+        # Called with (address, metrics, monotonic time the scrape was sent) after each good
+        # scrape: the page shows the pod at some instant after that (adapter residency).
+        self.scraped_hook: Callable[[str, Metrics, float], None] | None = None
         pool.routed_hook = self.wake
 
     @property
@@ -253,6 +256,7 @@ class Scraper:
         read_prefill = speed.prefill.due(time.monotonic())
         also = _also_names(ep.engine) if read_prefill else _histogram_names(names)
         found: dict[str, list[Sample] | None] = {}
+        sent_at = time.monotonic()
         try:
             host, port, path = _target(ep.address, ep.metrics_url)
             page = await self._client.get(host, port, path, self.timeout_s)
@@ -277,6 +281,8 @@ class Scraper:
             return None
         self.scrapes += 1
         self.pool.record_metrics(ep.address, metrics)
+        if self.scraped_hook is not None:
+            self.scraped_hook(ep.address, metrics, sent_at)
         if names:
             rejected = []
             ttft = speed.mean_since_last("ttft", _histogram_totals(found, names[0], "ttft", rejected))

@@ -1,44 +1,177 @@
-"""Which LoRA adapters each pod holds in its GPU slots, modelled from what the EPP routed.
+"""Which LoRA adapters each pod holds in its GPU slots, modelled from everything the EPP sees.
 
 vLLM keeps at most `max_loras` adapters on the GPU and evicts the least recently used one
 when a request needs another; `vllm:lora_requests_info` names only the adapters of running
 and waiting requests, so an adapter that is loaded but idle looks absent to a scrape, and a
 LoRA request sent to a pod that just served it pays a full load elsewhere. This model keeps,
-per pod, the adapters this EPP sent there in recency order; an adapter is taken as resident
-when it is among the pod's `max_lora` most recent (the capacity the pod itself reports), or
-when the scrape shows it running. Approximate in the same way as the prefix index: traffic
-from other gateways is not seen (the scrape's running set corrects part of that).
+per pod, each adapter's last known use in time order; an adapter is taken as resident when
+it is among the pod's `max_lora` most recently used (the capacity the pod itself reports).
+
+Three sources touch an adapter (mark it used at a time):
+
+- routing: this EPP sent a request for it to the pod (`on_routed`, now);
+- the scrape: it is among the running adapters (`on_scrape`, at the time the scrape was
+  *sent*: the page shows the state at some instant between sending and parsing, so the send
+  time is the conservative one). Waiting adapters do not count: vLLM loads an adapter when
+  it schedules the request, not when it queues it, so a waiting adapter is not in a slot yet
+  (its load shows up later as running or as a KV event); the scorer rates a waiting adapter
+  on its own (0.6, lora-affinity);
+- KV events: a GPU `BlockStored` for the adapter means the engine ran it in that step
+  (`on_stored`, at the batch's engine timestamp translated to this clock, `event_time`).
+
+A touch never moves an adapter back in time (the newest use wins), so an old observation,
+such as a scrape that was in flight while two newer adapters evicted the one it shows, or a
+replayed event batch, cannot re-promote an adapter evicted since. The sources other than
+routing are what make traffic from other gateways (and clients calling pods directly)
+visible; what no source sees stays invisible: an adapter loaded and evicted again between
+two scrapes whose requests stored no new KV block (short prompts, prefix-cache hits).
+
+Events name the adapter with `lora_name` (modelsim, newer vLLM); older vLLM sends only
+`lora_id`, the pod's `lora_int_id`, which the OpenAI server assigns from a per-process
+counter in registration order (`--lora-modules`, then dynamic loads): it cannot be turned
+into a name without knowing that order. `LoraIds` learns it per pod: from events that carry
+both, otherwise by intersecting, over that id's events, the sets of adapters the model holds
+resident on the pod (the engine ran the id's adapter, so it was in a slot); one name left is
+the answer, an empty intersection (the model was wrong) starts the candidates again.
 """
 
 from __future__ import annotations
 
+import bisect
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 # Adapters remembered per pod, beyond any realistic max_loras (vLLM's default is 1, large
 # deployments run 8-32): bounded so a client cycling through adapter names cannot grow it.
 MAX_TRACKED_PER_POD = 64
 
 
-class AdapterResidency:
+def event_time(batch_ts: float, wall_now: float, mono_now: float) -> float:
+    """A KV-event batch's engine wall-clock timestamp on this process's monotonic clock: now
+    less the batch's lag. A pod clock ahead of ours (negative lag) reads as now; one behind
+    makes the batch look old, which only weakens what it says (a touch never moves back)."""
+    lag = wall_now - batch_ts
+    return mono_now - lag if lag > 0.0 else mono_now
+
+
+class LoraIds:
+    """Per pod, the `lora_int_id` -> adapter name map learned from what the EPP sees."""
+
     def __init__(self, max_tracked: int = MAX_TRACKED_PER_POD) -> None:
+        self.max_tracked = max_tracked
+        self._names: dict[str, dict[int, str]] = {}
+        self._candidates: dict[str, dict[int, frozenset[str]]] = {}
+
+    def name(self, address: str, lora_id: int) -> str | None:
+        return self._names.get(address, {}).get(lora_id)
+
+    def names(self, address: str) -> dict[int, str]:
+        return dict(self._names.get(address, {}))
+
+    def learn(self, address: str, lora_id: int, name: str) -> None:
+        """An event carried both: the id is this name on this pod (ids and names are 1:1)."""
+        names = self._names.setdefault(address, {})
+        for other in [i for i, n in names.items() if n == name and i != lora_id]:
+            del names[other]  # a restarted pod registered the adapters in another order
+        names[lora_id] = name
+        if len(names) > self.max_tracked:
+            del names[next(iter(names))]
+        self._candidates.get(address, {}).pop(lora_id, None)
+
+    def narrow(self, address: str, lora_id: int, resident: Iterable[str]) -> str | None:
+        """An event with only `lora_id` while the model holds `resident` on the pod: the
+        learned name, or None while more than one candidate remains."""
+        known = self.name(address, lora_id)
+        if known is not None:
+            return known
+        taken = set(self._names.get(address, {}).values())
+        now = frozenset(resident) - taken
+        if not now:
+            return None
+        pending = self._candidates.setdefault(address, {})
+        left = pending.get(lora_id, now) & now
+        if not left:
+            left = now  # the earlier sets were wrong (unseen traffic): start again
+        if len(left) == 1:
+            (name,) = left
+            self.learn(address, lora_id, name)
+            return name
+        pending[lora_id] = left
+        if len(pending) > self.max_tracked:
+            del pending[next(iter(pending))]
+        return None
+
+    def retain(self, keep: set[str]) -> None:
+        for d in (self._names, self._candidates):
+            for address in [a for a in d if a not in keep]:
+                del d[address]
+
+
+class AdapterResidency:
+    def __init__(
+        self, max_tracked: int = MAX_TRACKED_PER_POD, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if max_tracked < 1:
             raise ValueError("max_tracked must be >= 1")
         self.max_tracked = max_tracked
-        self._pods: dict[str, OrderedDict[str, None]] = {}
+        self.clock = clock
+        # Per pod: adapter -> time of its last known use, kept in ascending time order.
+        self._pods: dict[str, OrderedDict[str, float]] = {}
+        self.ids = LoraIds(max_tracked)
 
-    def on_routed(self, address: str, adapter: str) -> None:
-        """`adapter` was just sent to `address`: it is that pod's most recently used one."""
+    # -- the sources ------------------------------------------------------------------------
+    def touch(self, address: str, adapter: str, at: float) -> None:
+        """`adapter` ran on `address` at `at` (this process's monotonic clock)."""
         lru = self._pods.get(address)
         if lru is None:
             lru = self._pods[address] = OrderedDict()
-        lru[adapter] = None
-        lru.move_to_end(adapter)
+        old = lru.get(adapter)
+        if old is not None:
+            if old >= at:
+                return  # already known used at or after `at`
+            del lru[adapter]
+        if not lru or next(reversed(lru.values())) <= at:
+            lru[adapter] = at  # the common case: the newest use
+        else:  # an older observation than the newest: insert it in time order
+            items = list(lru.items())
+            i = bisect.bisect_right([t for _, t in items], at)
+            items.insert(i, (adapter, at))
+            lru.clear()
+            lru.update(items)
         if len(lru) > self.max_tracked:
             lru.popitem(last=False)
 
+    def on_routed(self, address: str, adapter: str) -> None:
+        """`adapter` was just sent to `address`: it is that pod's most recently used one."""
+        self.touch(address, adapter, self.clock())
+
+    def on_scrape(self, address: str, running: Iterable[str], sent_at: float) -> None:
+        """A scrape sent at `sent_at` shows `running` adapters (waiting ones do not count)."""
+        for adapter in running:
+            self.touch(address, adapter, sent_at)
+
+    def on_stored(
+        self, address: str, lora_name: str | None, lora_id: int | None, at: float, max_lora: int
+    ) -> str | None:
+        """A GPU BlockStored of an adapter at `at`; `max_lora`: the pod's scraped capacity
+        (for learning an id's name). The adapter name used, or None when still unknown."""
+        if lora_name is not None:
+            if lora_id is not None:
+                self.ids.learn(address, lora_id, lora_name)
+            name: str | None = lora_name
+        elif lora_id is not None:
+            resident = self.adapters(address, max_lora, at) if max_lora > 0 else []
+            name = self.ids.narrow(address, lora_id, resident)
+        else:
+            return None
+        if name is not None:
+            self.touch(address, name, at)
+        return name
+
+    # -- the model --------------------------------------------------------------------------
     def resident(self, address: str, adapter: str, max_lora: int) -> bool:
-        """Among the pod's `max_lora` most recently routed adapters (False when unknown)."""
+        """Among the pod's `max_lora` most recently used adapters (False when unknown)."""
         lru = self._pods.get(address)
         if not lru or max_lora <= 0 or adapter not in lru:
             return False
@@ -49,13 +182,16 @@ class AdapterResidency:
                 return True
         return False
 
-    def adapters(self, address: str, max_lora: int) -> list[str]:
-        """The modelled GPU set of a pod, most recent first (for /debug and tests)."""
+    def adapters(self, address: str, max_lora: int, at: float | None = None) -> list[str]:
+        """The modelled GPU set of a pod, most recent first (for /debug and tests); with
+        `at`, the set as of that time (uses after it left out)."""
         lru = self._pods.get(address) or OrderedDict()
-        return list(reversed(lru))[: max(0, max_lora)]
+        names = [a for a, t in reversed(lru.items()) if at is None or t <= at]
+        return names[: max(0, max_lora)]
 
     def retain(self, addresses: Iterable[str]) -> None:
         """Forget pods that left the pool (a pod that comes back starts with empty slots)."""
         keep = set(addresses)
         for address in [a for a in self._pods if a not in keep]:
             del self._pods[address]
+        self.ids.retain(keep)

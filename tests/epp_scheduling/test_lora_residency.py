@@ -10,7 +10,7 @@ import pytest
 
 from epp.pool import Endpoint, Pool
 from epp.scheduling import WeightedScheduler, profile
-from epp.scheduling.lora import AdapterResidency
+from epp.scheduling.lora import AdapterResidency, LoraIds, event_time
 from epp.scrape import Scraper
 from modelsim.fleet import FleetSpec, run_fleet
 
@@ -37,6 +37,108 @@ def test_memory_per_pod_is_bounded() -> None:
     assert r.adapters("pod", 100) == ["a99", "a98", "a97"]
     with pytest.raises(ValueError):
         AdapterResidency(max_tracked=0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_scrape_touches_its_running_adapters_at_its_send_time() -> None:
+    """Another gateway made the pod load `x`: the scrape shows it running, so it is resident
+    and counts as used when the scrape was sent; waiting adapters are not in a slot yet."""
+    clock = Clock()
+    r = AdapterResidency(clock=clock)
+    r.on_routed("pod", "a")  # t=100
+    clock.t = 101.0
+    r.on_scrape("pod", ["x"], sent_at=100.5)
+    assert r.adapters("pod", 2) == ["x", "a"]
+    clock.t = 102.0
+    r.on_routed("pod", "b")
+    assert r.adapters("pod", 2) == ["b", "x"]  # a, the oldest use, was evicted for b
+
+
+def test_a_stale_scrape_does_not_re_promote_an_adapter_evicted_since() -> None:
+    """The scrape was sent before `b` and `c` were routed (max_lora 2): by the time it lands,
+    vLLM has evicted `a` for them; the scrape's `a` must stay behind both."""
+    clock = Clock()
+    r = AdapterResidency(clock=clock)
+    r.on_routed("pod", "a")  # 100
+    clock.t = 101.0
+    r.on_routed("pod", "b")
+    clock.t = 102.0
+    r.on_routed("pod", "c")
+    r.on_scrape("pod", ["a"], sent_at=100.5)  # a was still running at 100.5
+    assert r.adapters("pod", 2) == ["c", "b"]
+    assert r.adapters("pod", 3) == ["c", "b", "a"]  # its use at 100.5 is kept, in order
+    r.on_scrape("pod", ["b"], sent_at=99.0)  # older than what is known of b: no change
+    assert r.adapters("pod", 3) == ["c", "b", "a"]
+    r.on_scrape("pod", ["a"], sent_at=103.0)  # a fresh scrape: a ran after c
+    assert r.adapters("pod", 2) == ["a", "c"]
+
+
+def test_kv_events_touch_by_name_at_the_engine_time() -> None:
+    clock = Clock()
+    r = AdapterResidency(clock=clock)
+    r.on_routed("pod", "a")  # 100
+    clock.t = 101.0
+    r.on_routed("pod", "b")
+    assert r.on_stored("pod", "x", None, at=100.5, max_lora=2) == "x"
+    assert r.adapters("pod", 2) == ["b", "x"]
+    assert r.on_stored("pod", None, None, at=102.0, max_lora=2) is None  # a base-model block
+
+
+def test_event_time_subtracts_the_lag_and_never_runs_ahead() -> None:
+    assert event_time(batch_ts=1000.0, wall_now=1000.25, mono_now=50.0) == 49.75
+    assert event_time(batch_ts=1002.0, wall_now=1000.0, mono_now=50.0) == 50.0  # pod clock ahead
+
+
+def test_lora_ids_are_learned_from_events_that_name_them() -> None:
+    r = AdapterResidency()
+    r.on_stored("pod", "sql", 3, at=1.0, max_lora=2)
+    assert r.ids.names("pod") == {3: "sql"}
+    r.on_routed("pod", "chat")
+    assert r.on_stored("pod", None, 3, at=r.clock(), max_lora=2) == "sql"
+    assert r.adapters("pod", 2) == ["sql", "chat"]
+    assert r.ids.names("other") == {}  # ids are per pod (per vLLM process)
+
+
+def test_an_id_only_event_narrows_to_the_one_adapter_resident_every_time() -> None:
+    """Older vLLM sends lora_id alone: each event's id was in a slot, so intersecting the
+    modelled resident sets of its events leaves its name."""
+    clock = Clock()
+    r = AdapterResidency(clock=clock)
+    r.on_routed("pod", "a")
+    clock.t = 101.0
+    r.on_routed("pod", "b")
+    assert r.on_stored("pod", None, 7, at=101.5, max_lora=2) is None  # a or b
+    clock.t = 102.0
+    r.on_routed("pod", "c")  # resident now: c, b
+    assert r.on_stored("pod", None, 7, at=102.5, max_lora=2) == "b"
+    assert r.ids.names("pod") == {7: "b"}
+    assert r.adapters("pod", 2) == ["b", "c"]  # the event touched b at 102.5
+
+
+def test_lora_ids_recover_from_a_wrong_guess_and_stay_one_to_one() -> None:
+    ids = LoraIds()
+    assert ids.narrow("pod", 1, ["a", "b"]) is None
+    assert ids.narrow("pod", 1, ["c", "d"]) is None  # no overlap: the model missed traffic
+    assert ids.narrow("pod", 1, ["c"]) == "c"
+    assert ids.narrow("pod", 2, ["c", "e"]) == "e"  # c is id 1's
+    ids.learn("pod", 5, "c")  # a restarted pod registered c under another id
+    assert ids.names("pod") == {2: "e", 5: "c"}
+    ids.retain({"other"})
+    assert ids.names("pod") == {}
+
+
+def test_out_of_order_touches_stay_bounded() -> None:
+    r = AdapterResidency(max_tracked=3)
+    for i in range(10):
+        r.touch("pod", f"a{i}", float(10 - i))  # every touch older than the last
+    assert r.adapters("pod", 10) == ["a0", "a1", "a2"]  # the three newest uses (10, 9, 8)
 
 
 def test_an_idle_resident_adapter_wins_over_a_pod_that_must_load_it() -> None:

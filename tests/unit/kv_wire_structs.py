@@ -78,13 +78,14 @@ def stored(
     lora_name: str | None = None,
     medium: str | None = "GPU",
     group_idx: int | None = None,
+    lora_id: int | None = None,
 ) -> Any:
     return FAMILIES[family]["BlockStored"](
         block_hashes=hashes,
         parent_block_hash=parent,
         token_ids=tokens,
         block_size=block_size,
-        lora_id=None,
+        lora_id=lora_id,
         medium=medium,
         lora_name=lora_name,
         extra_keys=[(lora_name,) if lora_name else None for _ in hashes],

@@ -22,6 +22,7 @@ from epp.kv_events import (
     KVEventSubscribers,
     apply_batch,
     decode_batch,
+    stored_adapters,
 )
 from epp.kv_index import KVIndex, block_keys
 from epp.pool import Endpoint
@@ -60,6 +61,28 @@ def test_decodes_every_vllm_encoding(family: str) -> None:
     assert b == BlockStored([9], 7, _tokens(1, 8), BS, None, "GPU", None)
     assert c == BlockRemoved([7], "GPU", None)
     assert d == AllBlocksCleared()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stored_adapters_name_each_gpu_adapter_once(family: str) -> None:
+    """What adapter residency reads: the adapters a batch stored GPU blocks for, by name,
+    by id (older vLLM: lora_id only) or both; other tiers and base-model blocks say nothing."""
+    payload = wire.encode(
+        family,
+        1.0,
+        [
+            wire.stored(family, [1], None, _tokens(1), BS, lora_name="sql"),
+            wire.stored(family, [2], 1, _tokens(1, 4), BS, lora_name="sql"),
+            wire.stored(family, [3], None, _tokens(1), BS, lora_id=4),
+            wire.stored(family, [4], None, _tokens(1), BS, lora_name="chat", lora_id=2),
+            wire.stored(family, [5], None, _tokens(1), BS, lora_name="cpu-only", medium="CPU"),
+            wire.stored(family, [6], None, _tokens(1), BS),
+            wire.removed(family, [1]),
+        ],
+    )
+    batch = decode_batch(payload)
+    assert batch.events[2] == BlockStored([3], None, _tokens(1), BS, None, "GPU", None, 4)
+    assert stored_adapters(batch) == [("sql", None), (None, 4), ("chat", 2)]
 
 
 def test_bytes_hashes_unknown_fields_and_event_types() -> None:
@@ -423,6 +446,36 @@ async def test_dead_replay_port_times_out_into_a_resync(ctx: zmq.asyncio.Context
         await until(lambda: sub.last_seq == seq + 3, "resync after the replay timeout")
         assert index.lookup(_tokens(1, 7 * BS), "m") == {"127.0.0.1:8000": 1}
         assert not task.done()
+    finally:
+        task.cancel()
+        vllm.close()
+
+
+async def test_every_applied_batch_reaches_the_hook(ctx: zmq.asyncio.Context) -> None:
+    """The subscriber hands each applied batch (live or replayed) to `on_batch`, the edge
+    adapter residency hangs off."""
+    vllm = FakeVllm(ctx)
+    await vllm.publish(0, [wire.stored("current", [1], None, _tokens(1), BS, lora_name="sql")], send=False)
+    seen: list[tuple[str, list]] = []
+    index = _index()
+    sub = KVEventSubscriber(
+        "127.0.0.1:8000",
+        "m",
+        index,
+        vllm.port,
+        vllm.replay_port,
+        context=ctx,
+        replay_timeout_s=5.0,
+        on_batch=lambda pod, batch: seen.append((pod, stored_adapters(batch))),
+    )
+    task = asyncio.get_running_loop().create_task(sub.run())
+    try:
+        seq = await _connected(vllm, sub, 1)
+        await vllm.publish(seq, [wire.stored("current", [2], None, _tokens(1), BS, lora_id=3)])
+        await until(lambda: sub.last_seq == seq, "live batch applied")
+        assert seen[0] == ("127.0.0.1:8000", [("sql", None)])  # replayed from seq 0
+        assert seen[-1] == ("127.0.0.1:8000", [(None, 3)])
+        assert len(seen) == seq + 1  # heartbeats too: one call per applied batch
     finally:
         task.cancel()
         vllm.close()
