@@ -37,7 +37,6 @@ the answer, an empty intersection (the model was wrong) starts the candidates ag
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -131,14 +130,18 @@ class AdapterResidency:
             if old >= at:
                 return  # already known used at or after `at`
             del lru[adapter]
-        if not lru or next(reversed(lru.values())) <= at:
-            lru[adapter] = at  # the common case: the newest use
-        else:  # an older observation than the newest: insert it in time order
-            items = list(lru.items())
-            i = bisect.bisect_right([t for _, t in items], at)
-            items.insert(i, (adapter, at))
-            lru.clear()
-            lru.update(items)
+        lru[adapter] = at  # appended as the newest
+        # An older observation than the newest use (a scrape, a late event): the entries used
+        # after it go back behind it, keeping time order (few: only those newer than `at`).
+        later = []
+        names = reversed(lru)
+        next(names)  # `adapter` itself
+        for name in names:
+            if lru[name] <= at:
+                break
+            later.append(name)
+        for name in reversed(later):
+            lru.move_to_end(name)
         if len(lru) > self.max_tracked:
             lru.popitem(last=False)
 

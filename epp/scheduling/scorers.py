@@ -32,7 +32,7 @@ class ScoringContext:
     prefix_hashes: tuple[int, ...] = ()
     prefix_index: PrefixIndex | None = None
     addresses: Sequence[str] | None = None  # of the candidates, in order, when the caller has them
-    residency: AdapterResidency | None = None  # adapters the EPP recently sent to each pod
+    residency: AdapterResidency | None = None  # each pod's modelled GPU adapter slots
     kv_index: KVIndex | None = None  # the pods' own KV events (epp/kv_index.py)
     block_chars: int = DEFAULT_BLOCK_CHARS  # characters per block of `prefix_hashes`
 
@@ -83,14 +83,16 @@ def running_requests(
 def lora_affinity(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """1.0 adapter resident (running, or among the pod's max_lora most recently routed);
-    0.8 room to load it (active + waiting < max_lora, or the pod does not report LoRA state);
-    0.6 adapter waiting; else 0. A base-model request scores 1 everywhere; unknown metrics -> 0.
+    """1.0 adapter resident (running, or among the pod's max_lora most recently used as the EPP
+    models it); 0.8 room to load it (active + waiting < max_lora, or the pod does not report
+    LoRA state); 0.6 adapter waiting; else 0. A base-model request scores 1 everywhere;
+    unknown metrics -> 0.
 
     GIE's scorer, with residency: vLLM keeps idle adapters in their GPU slots until a newer one
     evicts them, and its metrics name only the adapters of running and waiting requests, so
-    without the EPP's own routing history a pod that served the adapter a moment ago looks
-    no better than one that must load it (epp/scheduling/lora.py).
+    a pod that served the adapter a moment ago would look no better than one that must load
+    it. The residency model (epp/scheduling/lora.py) is fed by the EPP's routing, the scrapes'
+    running adapters and the pods' KV events (BlockStored LoRA names / ids).
     """
     adapter = request.adapter
     if adapter is None:
@@ -113,7 +115,7 @@ def lora_affinity(
 
 
 def _adapter_resident(adapter: str, address: str, m: Metrics, residency: AdapterResidency | None) -> bool:
-    """Running on the pod, or among its max_lora most recently routed adapters."""
+    """Running on the pod, or among its max_lora most recently used adapters (the model)."""
     return adapter in m.running_adapters or (
         residency is not None and residency.resident(address, adapter, m.max_lora)
     )

@@ -141,6 +141,35 @@ def test_out_of_order_touches_stay_bounded() -> None:
     assert r.adapters("pod", 10) == ["a0", "a1", "a2"]  # the three newest uses (10, 9, 8)
 
 
+def test_touches_in_any_order_keep_the_newest_use_of_each_in_time_order() -> None:
+    """Against a reference (sort by time, a later touch after an equal time), bound included."""
+    rng = random.Random(5)
+    for _ in range(200):
+        r = AdapterResidency(max_tracked=4)
+        ref: dict[str, tuple[float, int]] = {}
+        for i in range(rng.randrange(1, 30)):
+            name, at = f"a{rng.randrange(8)}", float(rng.randrange(10))
+            r.touch("pod", name, at)
+            if name not in ref or ref[name][0] < at:
+                ref[name] = (at, i)
+            if len(ref) > 4:
+                del ref[min(ref, key=lambda n: ref[n])]
+        assert r.adapters("pod", 10) == sorted(ref, key=lambda n: ref[n], reverse=True)
+
+
+def test_a_scraped_idle_adapter_counts_as_resident_for_lora_affinity() -> None:
+    """Another gateway's request made `sql` run on `warm` (seen by one scrape); it is idle
+    now, so the current metrics name it nowhere, but the model still holds it."""
+    sched = WeightedScheduler({"default": profile("default", {"lora-affinity": 1})}, rng=random.Random(0))
+    pods = snap(
+        state("warm", adapters=("sql",), max_lora=2),
+        state("cold", adapters=("sql",), max_lora=2),
+    )
+    sched.residency.on_scrape("warm", ["sql"], sent_at=sched.residency.clock())
+    d = sched.pick(req(adapter="sql"), pods)
+    assert d.scores["warm"]["lora-affinity"] == 1.0 and d.scores["cold"]["lora-affinity"] == 0.8
+
+
 def test_an_idle_resident_adapter_wins_over_a_pod_that_must_load_it() -> None:
     """Both pods report no running adapter (the scrape cannot see idle ones) and free slots;
     the one this EPP sent `sql` to a moment ago holds it and must win."""

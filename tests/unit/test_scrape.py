@@ -72,6 +72,28 @@ async def test_scraper_fills_metrics_per_dialect_and_marks_dead_pods_unhealthy()
             await scraper.stop()
 
 
+async def test_the_scraped_hook_gets_each_good_scrape_with_its_send_time() -> None:
+    """Adapter residency dates a scrape's running adapters by when the scrape was sent (the
+    page shows the pod after that): the hook's time precedes the parse time, and one good
+    scrape calls it once with the recorded metrics."""
+    async with run_fleet(FleetSpec.from_dict(SPEC), host="127.0.0.1") as fleet:
+        v = fleet.pod("v")
+        pool = Pool([Endpoint(v.address, frozenset({"m"}))])
+        scraper = Scraper(pool, interval_s=0.02, timeout_s=0.5)
+        calls: list[tuple[str, Metrics, float]] = []
+        scraper.scraped_hook = lambda address, metrics, sent_at: calls.append((address, metrics, sent_at))
+        try:
+            metrics = await scraper.scrape_once(pool.endpoints()[0], SpeedTracker())
+            assert metrics is not None and pool.metrics(v.address) is metrics
+            [(address, got, sent_at)] = calls
+            assert address == v.address and got is metrics and sent_at <= metrics.scraped_at
+            await v.crash()
+            assert await scraper.scrape_once(pool.endpoints()[0], SpeedTracker()) is None
+            assert len(calls) == 1  # a failed scrape says nothing
+        finally:
+            await scraper.stop()
+
+
 async def test_scraper_follows_endpoint_changes() -> None:
     async with run_fleet(FleetSpec.from_dict(SPEC), host="127.0.0.1") as fleet:
         v = fleet.pod("v")
