@@ -30,9 +30,13 @@ Events name the adapter with `lora_name` (modelsim, newer vLLM); older vLLM send
 `lora_id`, the pod's `lora_int_id`, which the OpenAI server assigns from a per-process
 counter in registration order (`--lora-modules`, then dynamic loads): it cannot be turned
 into a name without knowing that order. `LoraIds` learns it per pod: from events that carry
-both, otherwise by intersecting, over that id's events, the sets of adapters the model holds
-resident on the pod (the engine ran the id's adapter, so it was in a slot); one name left is
-the answer, an empty intersection (the model was wrong) starts the candidates again.
+both (certain), otherwise by intersecting, over that id's events, the sets of adapters this
+EPP's own routing holds resident on the pod (the engine ran the id's adapter, so it was in a
+slot); one name left after two events is the guess. Routing alone, not the whole model, so a
+guess never confirms itself through the touches it caused; an empty intersection starts the
+candidates again, and a guess whose name is absent from two consecutive routed sets of its
+id is dropped. Traffic from elsewhere can still mislead a guess (an adapter loaded only by
+other clients never becomes a candidate); events that name the adapter need none of this.
 """
 
 from __future__ import annotations
@@ -57,10 +61,16 @@ def event_time(batch_ts: float, wall_now: float, mono_now: float) -> float:
 class LoraIds:
     """Per pod, the `lora_int_id` -> adapter name map learned from what the EPP sees."""
 
+    # An inferred name is trusted after this many of its id's events agree, and dropped after
+    # this many in a row whose routed set lacks it.
+    CONFIRM_EVENTS = 2
+    DROP_AFTER_MISSES = 2
+
     def __init__(self, max_tracked: int = MAX_TRACKED_PER_POD) -> None:
         self.max_tracked = max_tracked
         self._names: dict[str, dict[int, str]] = {}
-        self._candidates: dict[str, dict[int, frozenset[str]]] = {}
+        self._misses: dict[str, dict[int, int]] = {}  # inferred ids: consecutive misses
+        self._candidates: dict[str, dict[int, tuple[frozenset[str], int]]] = {}
 
     def name(self, address: str, lora_id: int) -> str | None:
         return self._names.get(address, {}).get(lora_id)
@@ -68,41 +78,62 @@ class LoraIds:
     def names(self, address: str) -> dict[int, str]:
         return dict(self._names.get(address, {}))
 
-    def learn(self, address: str, lora_id: int, name: str) -> None:
-        """An event carried both: the id is this name on this pod (ids and names are 1:1)."""
+    def learn(self, address: str, lora_id: int, name: str, *, inferred: bool = False) -> None:
+        """The id is this name on this pod (ids and names are 1:1); `inferred`: guessed from
+        routing (`narrow`) rather than read from an event carrying both."""
         names = self._names.setdefault(address, {})
+        misses = self._misses.setdefault(address, {})
         for other in [i for i, n in names.items() if n == name and i != lora_id]:
             del names[other]  # a restarted pod registered the adapters in another order
+            misses.pop(other, None)
         names[lora_id] = name
+        if inferred:
+            misses[lora_id] = 0
+        else:
+            misses.pop(lora_id, None)
         if len(names) > self.max_tracked:
-            del names[next(iter(names))]
+            oldest = next(iter(names))
+            del names[oldest]
+            misses.pop(oldest, None)
         self._candidates.get(address, {}).pop(lora_id, None)
 
-    def narrow(self, address: str, lora_id: int, resident: Iterable[str]) -> str | None:
-        """An event with only `lora_id` while the model holds `resident` on the pod: the
-        learned name, or None while more than one candidate remains."""
+    def narrow(self, address: str, lora_id: int, routed: Iterable[str]) -> str | None:
+        """An event with only `lora_id` while `routed` are the adapters this EPP's own routing
+        holds resident on the pod (not the whole model: an event attributed by a guess must
+        not confirm the guess). The name, or None while it is not settled."""
+        routed = frozenset(routed)
         known = self.name(address, lora_id)
+        misses = self._misses.get(address, {})
         if known is not None:
-            return known
-        taken = set(self._names.get(address, {}).values())
-        now = frozenset(resident) - taken
+            if lora_id not in misses:
+                return known  # read from an event: certain
+            if not routed or known in routed:
+                misses[lora_id] = 0
+                return known
+            misses[lora_id] += 1
+            if misses[lora_id] < self.DROP_AFTER_MISSES:
+                return known
+            del self._names[address][lora_id]  # the guess keeps disagreeing: start again
+            del misses[lora_id]
+        now = routed - set(self._names.get(address, {}).values())
         if not now:
             return None
         pending = self._candidates.setdefault(address, {})
-        left = pending.get(lora_id, now) & now
+        before, seen = pending.get(lora_id, (now, 0))
+        left, seen = before & now, seen + 1
         if not left:
-            left = now  # the earlier sets were wrong (unseen traffic): start again
-        if len(left) == 1:
+            left, seen = now, 1  # the earlier sets were wrong (traffic unseen): start again
+        if len(left) == 1 and seen >= self.CONFIRM_EVENTS:
             (name,) = left
-            self.learn(address, lora_id, name)
+            self.learn(address, lora_id, name, inferred=True)
             return name
-        pending[lora_id] = left
+        pending[lora_id] = (left, seen)
         if len(pending) > self.max_tracked:
             del pending[next(iter(pending))]
         return None
 
     def retain(self, keep: set[str]) -> None:
-        for d in (self._names, self._candidates):
+        for d in (self._names, self._misses, self._candidates):
             for address in [a for a in d if a not in keep]:
                 del d[address]
 
@@ -117,14 +148,19 @@ class AdapterResidency:
         self.clock = clock
         # Per pod: adapter -> time of its last known use, kept in ascending time order.
         self._pods: dict[str, OrderedDict[str, float]] = {}
+        # The same from this EPP's routing alone: candidates for an id-only event's name.
+        self._routed: dict[str, OrderedDict[str, float]] = {}
         self.ids = LoraIds(max_tracked)
 
     # -- the sources ------------------------------------------------------------------------
     def touch(self, address: str, adapter: str, at: float) -> None:
         """`adapter` ran on `address` at `at` (this process's monotonic clock)."""
-        lru = self._pods.get(address)
+        self._touch(self._pods, address, adapter, at)
+
+    def _touch(self, pods: dict[str, OrderedDict[str, float]], address: str, adapter: str, at: float) -> None:
+        lru = pods.get(address)
         if lru is None:
-            lru = self._pods[address] = OrderedDict()
+            lru = pods[address] = OrderedDict()
         old = lru.get(adapter)
         if old is not None:
             if old >= at:
@@ -147,7 +183,9 @@ class AdapterResidency:
 
     def on_routed(self, address: str, adapter: str) -> None:
         """`adapter` was just sent to `address`: it is that pod's most recently used one."""
-        self.touch(address, adapter, self.clock())
+        now = self.clock()
+        self.touch(address, adapter, now)
+        self._touch(self._routed, address, adapter, now)
 
     def on_scrape(self, address: str, running: Iterable[str], sent_at: float) -> None:
         """A scrape sent at `sent_at` shows `running` adapters (waiting ones do not count)."""
@@ -164,8 +202,8 @@ class AdapterResidency:
                 self.ids.learn(address, lora_id, lora_name)
             name: str | None = lora_name
         elif lora_id is not None:
-            resident = self.adapters(address, max_lora, at) if max_lora > 0 else []
-            name = self.ids.narrow(address, lora_id, resident)
+            routed = _newest(self._routed.get(address), max_lora, at) if max_lora > 0 else []
+            name = self.ids.narrow(address, lora_id, routed)
         else:
             return None
         if name is not None:
@@ -188,13 +226,25 @@ class AdapterResidency:
     def adapters(self, address: str, max_lora: int, at: float | None = None) -> list[str]:
         """The modelled GPU set of a pod, most recent first (for /debug and tests); with
         `at`, the set as of that time (uses after it left out)."""
-        lru = self._pods.get(address) or OrderedDict()
-        names = [a for a, t in reversed(lru.items()) if at is None or t <= at]
-        return names[: max(0, max_lora)]
+        return _newest(self._pods.get(address), max_lora, at)
 
     def retain(self, addresses: Iterable[str]) -> None:
         """Forget pods that left the pool (a pod that comes back starts with empty slots)."""
         keep = set(addresses)
-        for address in [a for a in self._pods if a not in keep]:
-            del self._pods[address]
+        for pods in (self._pods, self._routed):
+            for address in [a for a in pods if a not in keep]:
+                del pods[address]
         self.ids.retain(keep)
+
+
+def _newest(lru: OrderedDict[str, float] | None, n: int, at: float | None) -> list[str]:
+    """The `n` most recently used adapters of `lru`, newest first; with `at`, as of then."""
+    if not lru or n <= 0:
+        return []
+    out = []
+    for name, t in reversed(lru.items()):
+        if at is None or t <= at:
+            out.append(name)
+            if len(out) >= n:
+                break
+    return out

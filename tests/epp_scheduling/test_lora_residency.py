@@ -106,30 +106,45 @@ def test_lora_ids_are_learned_from_events_that_name_them() -> None:
     assert r.ids.names("other") == {}  # ids are per pod (per vLLM process)
 
 
-def test_an_id_only_event_narrows_to_the_one_adapter_resident_every_time() -> None:
-    """Older vLLM sends lora_id alone: each event's id was in a slot, so intersecting the
-    modelled resident sets of its events leaves its name."""
+def test_an_id_only_event_narrows_to_the_one_adapter_routed_there_every_time() -> None:
+    """Older vLLM sends lora_id alone: each event's id was in a slot, so intersecting the sets
+    this EPP's routing holds resident at its events leaves its name."""
     clock = Clock()
     r = AdapterResidency(clock=clock)
     r.on_routed("pod", "a")
     clock.t = 101.0
     r.on_routed("pod", "b")
     assert r.on_stored("pod", None, 7, at=101.5, max_lora=2) is None  # a or b
+    r.on_scrape("pod", ["x"], sent_at=101.7)  # in the model, but not a candidate: not routed
     clock.t = 102.0
-    r.on_routed("pod", "c")  # resident now: c, b
+    r.on_routed("pod", "c")  # routed resident now: c, b
     assert r.on_stored("pod", None, 7, at=102.5, max_lora=2) == "b"
     assert r.ids.names("pod") == {7: "b"}
     assert r.adapters("pod", 2) == ["b", "c"]  # the event touched b at 102.5
 
 
+def test_a_single_event_settles_no_guess() -> None:
+    ids = LoraIds()
+    assert ids.narrow("pod", 1, ["a"]) is None  # one routed adapter, but one event only
+    assert ids.narrow("pod", 1, ["a"]) == "a"
+
+
 def test_lora_ids_recover_from_a_wrong_guess_and_stay_one_to_one() -> None:
     ids = LoraIds()
     assert ids.narrow("pod", 1, ["a", "b"]) is None
-    assert ids.narrow("pod", 1, ["c", "d"]) is None  # no overlap: the model missed traffic
+    assert ids.narrow("pod", 1, ["c", "d"]) is None  # no overlap: traffic unseen, start again
     assert ids.narrow("pod", 1, ["c"]) == "c"
-    assert ids.narrow("pod", 2, ["c", "e"]) == "e"  # c is id 1's
-    ids.learn("pod", 5, "c")  # a restarted pod registered c under another id
-    assert ids.names("pod") == {2: "e", 5: "c"}
+    assert ids.narrow("pod", 2, ["c", "e"]) is None  # c is id 1's: e, after one more event
+    assert ids.narrow("pod", 2, ["e", "c"]) == "e"
+    assert ids.narrow("pod", 2, ["f"]) == "e"  # one disagreeing event: kept
+    assert ids.narrow("pod", 2, ["e"]) == "e"  # agreeing again: the miss count restarts
+    assert ids.narrow("pod", 2, ["f"]) == "e"
+    assert ids.narrow("pod", 2, ["f"]) is None  # two in a row: dropped, candidates start over
+    assert ids.names("pod") == {1: "c"}
+    ids.learn("pod", 5, "c")  # read from an event: a restarted pod registered c under id 5
+    assert ids.names("pod") == {5: "c"}
+    assert ids.narrow("pod", 5, ["z"]) == "c"  # a name read from an event is never dropped
+    assert ids.narrow("pod", 5, ["z"]) == "c"
     ids.retain({"other"})
     assert ids.names("pod") == {}
 
