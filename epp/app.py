@@ -136,7 +136,12 @@ class EppApp:
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
         # Adapter residency also learns from the scrapes' running adapters and the events' LoRA ids.
         self.scraper.scraped_hook = self._on_scraped
-        self.kv_events = KVEventSubscribers(self.kv_index, kv_metrics, on_batch=self._on_kv_batch)
+        self.kv_events = KVEventSubscribers(
+            self.kv_index,
+            kv_metrics,
+            on_batch=self._on_kv_batch,
+            on_restart=lambda pod: self.scheduler.residency.forget(pod),  # its slots are empty
+        )
         # The models' own tokenizers (models[].tokenizer): the token ids the precise index needs.
         self.tokenizers = PoolTokenizers()
         self.ctx.tokenizers = self.tokenizers

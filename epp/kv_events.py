@@ -290,9 +290,12 @@ class KVEventSubscriber:
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
         on_batch: BatchHook | None = None,
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         self.pod = pod
         self.on_batch = on_batch
+        # The engine is a new process (seq went back) or may be (the connection came back).
+        self.on_restart = on_restart
         self.index = index
         self.index.add_pod(pod, model)
         host = _host(pod)
@@ -436,6 +439,8 @@ class KVEventSubscriber:
                             # read the stream again from 0 (precise again if the buffer has it).
                             self._drop("disconnect")
                             self.last_seq = self._last_live = None
+                            if self.on_restart is not None:
+                                self.on_restart(self.pod)  # the replay from 0 re-feeds it
                         connected_once = True
                         if self.last_seq is None:
                             await self._catch_up(0, "start")
@@ -457,6 +462,8 @@ class KVEventSubscriber:
             # The live stream of one process only goes up: this is a new process.
             self._drop("restart")
             self.last_seq = None
+            if self.on_restart is not None:
+                self.on_restart(self.pod)
         self._last_live = seq
         if self.last_seq is not None and seq <= self.last_seq:
             return  # already applied through replay
@@ -489,11 +496,15 @@ class KVEventSubscribers:
         context: zmq.asyncio.Context | None = None,
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
         on_batch: BatchHook | None = None,
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
-        """`on_batch`: also given every applied batch (adapter residency reads its LoRA ids)."""
+        """`on_batch`: also given every applied batch (adapter residency reads its LoRA ids);
+        `on_restart`: given a pod whose engine restarted, or may have (a reconnect), before
+        its stream is read again from seq 0."""
         self.index = index
         self.metrics = metrics
         self.on_batch = on_batch
+        self.on_restart = on_restart
         self._ctx = context
         self._replay_timeout_s = replay_timeout_s
         self._subs: dict[str, tuple[_Target, KVEventSubscriber, asyncio.Task[None]]] = {}
@@ -538,6 +549,7 @@ class KVEventSubscribers:
                 context=self._ctx,
                 replay_timeout_s=self._replay_timeout_s,
                 on_batch=self.on_batch,
+                on_restart=self.on_restart,
             )
             task = spawn(
                 "kv-events",

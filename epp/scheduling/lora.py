@@ -17,7 +17,10 @@ Three sources touch an adapter (mark it used at a time):
   (its load shows up later as running or as a KV event); the scorer rates a waiting adapter
   on its own (0.6, lora-affinity);
 - KV events: a GPU `BlockStored` for the adapter means the engine ran it in that step
-  (`on_stored`, at the batch's engine timestamp translated to this clock, `event_time`).
+  (`on_stored`, at the batch's engine timestamp translated to this clock, `event_time`);
+  a stream that starts again from seq 0 (or reconnects: maybe a new process) forgets the
+  pod (`forget`: a new engine has empty slots) before it is read again from seq 0, whose
+  replayed batches, stamped with their own times, re-feed what the old process still holds.
 
 A touch never moves an adapter back in time (the newest use wins), so an old observation,
 such as a scrape that was in flight while two newer adapters evicted the one it shows, or a
@@ -132,6 +135,10 @@ class LoraIds:
             del pending[next(iter(pending))]
         return None
 
+    def forget(self, address: str) -> None:
+        for d in (self._names, self._misses, self._candidates):
+            d.pop(address, None)
+
     def retain(self, keep: set[str]) -> None:
         for d in (self._names, self._misses, self._candidates):
             for address in [a for a in d if a not in keep]:
@@ -227,6 +234,13 @@ class AdapterResidency:
         """The modelled GPU set of a pod, most recent first (for /debug and tests); with
         `at`, the set as of that time (uses after it left out)."""
         return _newest(self._pods.get(address), max_lora, at)
+
+    def forget(self, address: str) -> None:
+        """The pod's engine restarted, or may have (its KV event stream said so): empty slots,
+        ids assigned anew."""
+        self._pods.pop(address, None)
+        self._routed.pop(address, None)
+        self.ids.forget(address)
 
     def retain(self, addresses: Iterable[str]) -> None:
         """Forget pods that left the pool (a pod that comes back starts with empty slots)."""

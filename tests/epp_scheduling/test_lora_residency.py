@@ -123,6 +123,16 @@ def test_an_id_only_event_narrows_to_the_one_adapter_routed_there_every_time() -
     assert r.adapters("pod", 2) == ["b", "c"]  # the event touched b at 102.5
 
 
+def test_a_restarted_pod_starts_with_empty_slots_and_new_ids() -> None:
+    r = AdapterResidency()
+    for pod in ("pod", "other"):
+        r.on_routed(pod, "a")
+        r.on_stored(pod, "a", 1, at=r.clock(), max_lora=2)
+    r.forget("pod")
+    assert r.adapters("pod", 2) == [] and r.ids.names("pod") == {}
+    assert r.adapters("other", 2) == ["a"] and r.ids.names("other") == {1: "a"}
+
+
 def test_a_single_event_settles_no_guess() -> None:
     ids = LoraIds()
     assert ids.narrow("pod", 1, ["a"]) is None  # one routed adapter, but one event only

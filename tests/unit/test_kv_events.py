@@ -390,6 +390,8 @@ async def test_sequence_reset_is_a_restart(ctx: zmq.asyncio.Context) -> None:
     vllm = FakeVllm(ctx)
     index, sub, task = await _start(ctx, vllm)
     pod = "127.0.0.1:8000"
+    restarts: list[str] = []
+    sub.on_restart = restarts.append  # adapter residency forgets the pod's slots
     try:
         seq = await _connected(vllm, sub, 0)
         await vllm.publish(seq, [_stored(100, None, 0), _stored(101, 100, 1)])
@@ -398,6 +400,7 @@ async def test_sequence_reset_is_a_restart(ctx: zmq.asyncio.Context) -> None:
         vllm.buffer.clear()
         await vllm.publish(0, [_stored(500, None, 9)])
         await until(lambda: sub.last_seq == 0, "restart seen")
+        assert restarts == [pod]
         assert index.lookup(_tokens(2), "m") == {pod: 0}
         assert index.lookup(_tokens(1, 9 * BS), "m") == {pod: 1}
         assert index.pod(pod).precise and index.size() == 1
