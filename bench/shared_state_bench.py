@@ -52,7 +52,10 @@ def _pool(pods: int) -> Pool:
 
 
 async def measure(url: str, pods: int, peers: int, cycles: int, tag: str) -> Cycle:
-    config = SharedStateConfig.model_validate({"redis": url, "ttlMs": 60_000, "keyPrefix": tag})
+    # A generous timeout: this measures the cost of a cycle, and a loaded machine can stall one.
+    config = SharedStateConfig.model_validate(
+        {"redis": url, "ttlMs": 60_000, "timeoutMs": 5000, "keyPrefix": tag}
+    )
     addresses = [e.address for e in _pool(pods).endpoints()]
     others = []
     for n in range(peers):  # peers with something in flight on every pod, read back each cycle
