@@ -8,9 +8,9 @@ setups take turns `--rounds` times so machine load drifts over all of them alike
 average is printed before and after (the cores are shared with whatever else runs).
 
 Reading the figures: each busy replica makes up to 1 / publishIntervalMs (50) Redis round trips a
-second (~0.35 ms of client CPU each on a loaded 2-core machine, measured with sync_once in a
-loop), a cost per second, not per request: it shows as extra CPU per request at low request
-rates and fades as each replica's rate grows.
+second (~0.2-0.4 ms of event-loop CPU each at 16-100 pods on a loaded 2-core machine:
+bench/shared_state_bench.py), a cost per second, not per request: it shows as extra CPU per
+request at low request rates and fades as each replica's rate grows.
 
 python -m bench.replicas_bench [--setups 1 2 2-inflight] [--requests 1500] [--concurrency 32] [--rounds 2]
 (a setup is a replica count; `-inflight`: share in-flight counts only, not prefix decisions)

@@ -5,13 +5,16 @@ them), so each knows only its own in-flight per pod. A background loop looks at 
 every `publishIntervalMs` (a dict scan, no I/O) and, when they changed or `idleIntervalMs`
 passed, sends one script call that (1) replaces this replica's hash (pod -> "requests,tokens")
 and sets it to expire after `ttlMs`, (2) registers the replica in the pool's set and (3)
-returns every other live replica's hash; with `prefixIndex` (the default) the same call appends
-this replica's routing decisions since the last one (pod, prompt block hashes) to the pool's
-capped stream and returns the entries after the last one read, which the approximate prefix
-index `learn`s, so every replica's index sees every replica's traffic. The totals go into `Pool.set_remote_inflight`, and
-snapshots add them to the local counts: a scheduling decision reads memory, never Redis. A
-busy replica is one publish interval behind the others; an idle one, one idle interval (a
-round trip costs ~0.5-1 ms of Python CPU, so 50 a second while idle would be 2-5 % of a core). A replica that dies stops being counted
+returns the other live replicas' counts, summed per pod by the script; with `prefixIndex` (the
+default) the same call appends this replica's routing decisions since the last one (pod,
+prompt block hashes) to the pool's capped stream and returns the entries after the last one
+read, which the approximate prefix index `learn`s, so every replica's index sees every
+replica's traffic. The totals go into `Pool.set_remote_inflight`, and snapshots add them to
+the local counts: a scheduling decision reads memory, never Redis. A busy replica is one
+publish interval behind the others; an idle one, one idle interval. The call runs on the EPP's
+event loop over one lean connection (epp/redis_script.py): ~0.1-0.3 ms of loop CPU per cycle
+at 16-100 pods (bench/shared_state_bench.py), several times less than through redis-py's
+client, and that loop also carries the ext_proc streams. A replica that dies stops being counted
 when its hash expires (its in-flight requests died with it); one that stops cleanly deletes
 its hash at once. Redis unreachable or slow: the remote share is dropped (local counts only),
 the error logged and counted, and requests are never failed for it.
@@ -34,13 +37,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from epp.pool import Pool
+from epp.redis_script import ScriptConnection, encode_command
 from epp.scheduling.prefix import PrefixIndex
 from gateway.config import SharedStateConfig
 from gateway.supervise import spawn
@@ -51,20 +52,27 @@ log = logging.getLogger(__name__)
 # ARGV: 1 ttl_ms, 2 this replica's id, 3 the prefix of every replica's hash key, 4 the last
 # stream id read ("" = none yet: read from the oldest kept), 5 this replica's decisions since
 # the last call (msgpack, "" = none), 6 the stream's cap, 7 whether to read the stream (0/1),
-# 8.. pod, counts.
-# Returns {{id1, {pod, counts, ...}, id2, ...}, {the other replicas' decision blobs after
-# ARGV[4]}, the last stream id read}.
+# 8 this replica's counts ("pod requests,tokens" lines: one argument whatever the pod count).
+# Returns {{the other live replicas' ids}, {pod, requests, tokens, ...: their counts summed per
+# pod (malformed values skipped)}, {the other replicas' decision blobs after ARGV[4]}, the last
+# stream id read}. Summing here keeps the reply (and its parsing on the EPP's event loop) one
+# entry per pod however many replicas there are.
 _SCRIPT = """
 local ttl = tonumber(ARGV[1])
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], '_', '1')
-if #ARGV > 7 then
-  redis.call('HSET', KEYS[2], unpack(ARGV, 8))
+local fields = {}
+for pod, counts in string.gmatch(ARGV[8], '([^ \\n]+) ([^\\n]+)') do
+  fields[#fields + 1] = pod
+  fields[#fields + 1] = counts
+end
+if #fields > 0 then
+  redis.call('HSET', KEYS[2], unpack(fields))
 end
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('SADD', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ttl * 100)
-local peers = {}
+local peers, totals, order = {}, {}, {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if id ~= ARGV[2] then
     local vals = redis.call('HGETALL', ARGV[3] .. id)
@@ -72,9 +80,27 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
       redis.call('SREM', KEYS[1], id)
     else
       peers[#peers + 1] = id
-      peers[#peers + 1] = vals
+      for i = 1, #vals - 1, 2 do
+        local requests, tokens = string.match(vals[i + 1], '^(-?%d+),?(-?%d*)$')
+        if requests and vals[i] ~= '_' then
+          local sum = totals[vals[i]]
+          if sum == nil then
+            sum = {0, 0}
+            totals[vals[i]] = sum
+            order[#order + 1] = vals[i]
+          end
+          sum[1] = sum[1] + math.max(0, tonumber(requests))
+          sum[2] = sum[2] + math.max(0, tonumber(tokens) or 0)
+        end
+      end
     end
   end
+end
+local flat = {}
+for _, pod in ipairs(order) do
+  flat[#flat + 1] = pod
+  flat[#flat + 1] = totals[pod][1]
+  flat[#flat + 1] = totals[pod][2]
 end
 if ARGV[5] ~= '' then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'r', ARGV[2], 'b', ARGV[5])
@@ -94,7 +120,7 @@ if ARGV[7] == '1' then
     if not from_us then blobs[#blobs + 1] = blob or '' end
   end
 end
-return {peers, blobs, last}
+return {peers, flat, blobs, last}
 """
 
 # Pods per script call: Lua's unpack takes at most a few thousand values.
@@ -112,32 +138,10 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def parse_peers(reply: list[Any]) -> dict[str, dict[str, tuple[int, int]]]:
-    """The script's reply -> replica id -> pod -> (requests, tokens); malformed entries skipped."""
-    peers: dict[str, dict[str, tuple[int, int]]] = {}
-    for i in range(0, len(reply) - 1, 2):
-        flat = reply[i + 1]
-        counts: dict[str, tuple[int, int]] = {}
-        for j in range(0, len(flat) - 1, 2):
-            pod = _text(flat[j])
-            if pod == "_":
-                continue
-            requests, _, tokens = _text(flat[j + 1]).partition(",")
-            try:
-                counts[pod] = (max(0, int(requests)), max(0, int(tokens or 0)))
-            except ValueError:
-                continue
-        peers[_text(reply[i])] = counts
-    return peers
-
-
-def sum_peers(peers: Mapping[str, Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
-    totals: dict[str, tuple[int, int]] = {}
-    for counts in peers.values():
-        for pod, (requests, tokens) in counts.items():
-            r, t = totals.get(pod, (0, 0))
-            totals[pod] = (r + requests, t + tokens)
-    return totals
+def parse_totals(flat: list[Any]) -> dict[str, tuple[int, int]]:
+    """The script's summed counts (pod, requests, tokens, ...) -> pod -> (requests, tokens)."""
+    it = iter(flat)
+    return {pod.decode(): (requests, tokens) for pod, requests, tokens in zip(it, it, it, strict=False)}
 
 
 class SharedState:
@@ -152,7 +156,6 @@ class SharedState:
         registry: CollectorRegistry,
         *,
         replica_id: str | None = None,
-        client: aioredis.Redis | None = None,
         prefix_index: PrefixIndex | None = None,
     ) -> None:
         self.pool = pool
@@ -165,20 +168,15 @@ class SharedState:
             self.prefix_index.on_add = self._on_add
         self.config = config
         self.replica_id = replica_id or default_replica_id()
-        timeout = config.timeout_ms / 1000
-        self._redis = client or aioredis.Redis.from_url(
-            config.redis,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),  # no hidden retries: the loop's own cadence retries
-            max_connections=4,
-        )
-        self._script = self._redis.register_script(_SCRIPT)
+        # One connection, no hidden retries: the loop's own cadence retries.
+        self._redis = ScriptConnection(config.redis, _SCRIPT, config.timeout_ms / 1000)
         tag = f"{config.key_prefix}:{{{pool_name}}}"
         self._set_key = f"{tag}:replicas"
         self._hash_prefix = f"{tag}:inflight:"
         self._stream_key = f"{tag}:prefix"
-        self.peers: dict[str, dict[str, tuple[int, int]]] = {}
+        self.peers: list[str] = []  # the other live replicas' ids
+        self.remote: dict[str, tuple[int, int]] = {}  # their counts summed per pod
+        self._totals: list[Any] | None = None  # the script's reply they were parsed from
         self.connected = False
         self.errors = 0
         self._task: asyncio.Task[None] | None = None
@@ -215,22 +213,23 @@ class SharedState:
         if self._outbox:
             decisions = msgpack.packb([[a, list(h)] for a, h in self._outbox])
             self._outbox.clear()  # lost if the call fails: the index is a guess anyway
-        args: list[str | int | bytes] = [
-            *(self.config.ttl_ms, self.replica_id, self._hash_prefix, self._last_id, decisions),
-            *(self.config.prefix_stream_max_len, 1 if self.prefix_index is not None else 0),
-        ]
-        for pod, (requests, tokens) in list(local.items())[:MAX_PODS_PER_CALL]:
-            args += [pod, f"{requests},{tokens}"]
-        keys = [self._set_key, self._hash_prefix + self.replica_id, self._stream_key]
-        try:  # bounded by the client's socket timeouts (timeoutMs)
-            peers, blobs, last_id = await self._script(keys=keys, args=args)
-        except (RedisError, OSError, TimeoutError, ValueError) as exc:
+        config, me = self.config, self.replica_id
+        counts = "\n".join([f"{pod} {r},{t}" for pod, (r, t) in list(local.items())[:MAX_PODS_PER_CALL]])
+        reading = b"1" if self.prefix_index is not None else b"0"
+        args = [b"%d" % config.ttl_ms, me.encode(), self._hash_prefix.encode(), self._last_id.encode()]
+        args += (decisions, b"%d" % config.prefix_stream_max_len, reading, counts.encode())
+        keys = [k.encode() for k in (self._set_key, self._hash_prefix + me, self._stream_key)]
+        try:  # bounded by timeoutMs
+            peers, totals, blobs, last_id = await self._redis.evalsha(keys, args)
+            if totals != self._totals:  # unchanged (idle peers): nothing to parse
+                self.remote, self._totals = parse_totals(totals), totals
+            self.peers = [_text(p) for p in peers]
+            self._last_id = _text(last_id)
+        except (RedisError, OSError, TimeoutError, ValueError, TypeError, AttributeError) as exc:
             self._failed(exc)
             return False
-        self._last_id = _text(last_id)
         self._learn(blobs)
-        self.peers = parse_peers(peers)
-        self.pool.set_remote_inflight(sum_peers(self.peers))
+        self.pool.set_remote_inflight(self.remote)
         if not self.connected:
             log.info("shared state: connected (replica %s, %d peers)", self.replica_id, len(self.peers))
         self.connected = True
@@ -257,7 +256,7 @@ class SharedState:
         self._m_errors.inc()
         self._m_up.set(0)
         self._m_peers.set(0)
-        self.peers = {}
+        self.peers, self.remote, self._totals = [], {}, None
         self.pool.set_remote_inflight({})
         if self.connected or self.errors in (1, 10, 100) or self.errors % 1000 == 0:
             log.warning(
@@ -295,11 +294,12 @@ class SharedState:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        delete = encode_command([b"DEL", (self._hash_prefix + self.replica_id).encode()])
         try:
-            await asyncio.wait_for(self._redis.delete(self._hash_prefix + self.replica_id), 1.0)
+            await self._redis.request(delete)  # bounded by timeoutMs
         except (RedisError, OSError, TimeoutError):
             pass
-        await self._redis.aclose()
+        self._redis.close()
 
     def debug(self) -> dict[str, Any]:
         return {
@@ -307,5 +307,6 @@ class SharedState:
             "connected": self.connected,
             "errors": self.errors,
             "prefix_decisions_learned": self.learned,
-            "peers": {rid: {pod: list(c) for pod, c in counts.items()} for rid, counts in self.peers.items()},
+            "peers": list(self.peers),
+            "remote_inflight": {pod: list(c) for pod, c in self.remote.items()},
         }

@@ -17,6 +17,7 @@ import sys
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -538,6 +539,32 @@ def test_epp_replicas_are_each_reached_and_health_checked(target: str) -> None:
     assert cluster["outlier_detection"]["consecutive_local_origin_failure"] == 1
 
 
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_epp_replicas_share_state_through_the_store_the_manifests_run(target: str) -> None:
+    """`sharedState.redis` names the epp-state Service and its port; the Service selects the
+    store's pods on their container port; only EPP pods may connect, and the store dials out
+    to nothing."""
+    objs = render(target)
+    shared = parse_config(_gateway_config(objs)).shared_state
+    assert shared is not None
+    url = urlsplit(shared.redis)
+    service = find(objs, "Service", "epp-state")["spec"]
+    assert url.scheme == "redis" and url.hostname == "epp-state"
+    (port,) = [p for p in service["ports"] if p["port"] == url.port]
+    assert service["selector"].items() <= _pod_labels(objs, "epp-state").items()
+    (container,) = find(objs, "Deployment", "epp-state")["spec"]["template"]["spec"]["containers"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {port["targetPort"]: url.port}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "--save" in container["args"] and "noeviction" in container["args"]  # memory only, never evicts
+    policy = _policies(objs)["epp-state"]
+    assert _selects(policy, _pod_labels(objs, "epp-state")) and policy["egress"] == []
+    (rule,) = policy["ingress"]
+    (peer,) = rule["from"]
+    assert peer == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "epp"}}}
+    assert peer["podSelector"]["matchLabels"].items() <= _pod_labels(objs, "epp").items()
+    assert [p["port"] for p in rule["ports"]] == [port["targetPort"]]
+
+
 def test_plaintext_bootstrap_differs_from_base_only_by_tls() -> None:
     plain, mtls = _bootstrap("overlays/dev"), _bootstrap("base")
     assert plain == _without_transport_sockets(plain)
@@ -716,12 +743,26 @@ def test_epp_egress_reaches_model_servers_and_the_api_only() -> None:
     (policy,) = [p for p in _policies(objs).values() if _selects(p, _pod_labels(objs, "epp"))]
     assert "Egress" in policy["policyTypes"]
     to_pods = [r for r in policy["egress"] if r.get("to") == [{"podSelector": {}}]]
+    state_labels = _pod_labels(objs, "epp-state")
+    to_state = [
+        r
+        for r in policy["egress"]
+        if r.get("to") not in (None, [{"podSelector": {}}])
+        and all(_selects(peer, state_labels) and set(peer) == {"podSelector"} for peer in r["to"])
+    ]
     anywhere = [r for r in policy["egress"] if "to" not in r]
-    assert len(to_pods) + len(anywhere) == len(policy["egress"])
+    assert len(to_pods) + len(to_state) + len(anywhere) == len(policy["egress"])
     # The pool's target port (where vLLM serves /metrics too) and vLLM's KV-events port.
     target_port = find(objs, "InferencePool", "llama-3-8b")["spec"]["targetPorts"][0]["number"]
     assert {p["port"] for r in to_pods for p in r["ports"]} == {target_port, 5557}
-    assert {p["port"] for r in anywhere for p in r["ports"]} == {443, 6443}  # the Kubernetes API
+    assert {(p["protocol"], p["port"]) for r in to_state for p in r["ports"]} == {("TCP", 6379)}
+    # The Kubernetes API, and DNS (the shared-state store is named by its Service).
+    assert {(p["protocol"], p["port"]) for r in anywhere for p in r["ports"]} == {
+        ("TCP", 443),
+        ("TCP", 6443),
+        ("UDP", 53),
+        ("TCP", 53),
+    }
 
 
 def test_envoy_egress_reaches_the_ext_proc_services_dns_and_pool_pods_only() -> None:

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from devstack.redis_server import RedisServer, start_redis
 from epp.pool import Endpoint, Metrics, Pool
 from epp.scheduling.prefix import PrefixIndex
-from epp.shared_state import SharedState, parse_peers, sum_peers
+from epp.shared_state import SharedState
 from gateway.config import ConfigError, SharedStateConfig, parse_config
 from gateway.envoy_config import ext_proc_cluster
 
@@ -65,18 +65,6 @@ def test_the_epp_cluster_lists_every_replica_and_health_checks_them() -> None:
     assert (
         "health_checks" not in single and len(single["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 1
     )
-
-
-def test_peer_replies_parse_and_sum_skipping_junk() -> None:
-    reply = [
-        b"r1",
-        [b"_", b"1", POD_A.encode(), b"2,300", b"bad", b"x,y"],
-        b"r2",
-        [b"_", b"1", POD_A.encode(), b"1,10"],
-    ]
-    peers = parse_peers(reply)
-    assert peers == {"r1": {POD_A: (2, 300)}, "r2": {POD_A: (1, 10)}}
-    assert sum_peers(peers) == {POD_A: (3, 310)}
 
 
 def test_a_pool_adds_the_other_replicas_counts_to_its_own() -> None:
@@ -131,7 +119,7 @@ async def test_replicas_see_each_other_and_a_silent_one_expires(redis: RedisServ
         assert time.monotonic() < deadline, "a silent replica's share never expired"
         await asyncio.sleep(0.05)
         assert await b.sync_once()
-    assert b.peers == {}
+    assert b.peers == [] and b.remote == {}
     await a.stop()
     await b.stop()
 
@@ -190,3 +178,114 @@ async def test_routing_decisions_reach_the_other_replicas_prefix_index(redis: Re
     assert await late.sync_once() and late_index.match(hashes, POD_A) == len(hashes)
     for s in (a, b, late):
         await s.stop()
+
+
+async def test_peers_counts_are_summed_per_pod_and_junk_is_skipped(redis: RedisServer) -> None:
+    pool_a, a = _replica(redis.url, "t5", ttl_ms=60_000)
+    pool_b, b = _replica(redis.url, "t5", ttl_ms=60_000)
+    pool_c, c = _replica(redis.url, "t5")
+    b.replica_id, c.replica_id = "t5-b", "t5-c"
+    pool_a.on_routed(POD_A, 300)
+    pool_a.on_routed(POD_A, 300)
+    pool_a.on_routed(POD_B, 5)
+    pool_b.on_routed(POD_A, 10)
+    assert await a.sync_once() and await b.sync_once()
+    # Another writer's hash in the pool's set: values that are not "requests,tokens" are skipped,
+    # negative ones count as 0, a bare count is requests only.
+    client = Redis.from_url(redis.url)
+    junk = ["10.9.9.9:1", "x,y", POD_B, "-3,-4", "10.0.0.3:8000", "7"]
+    await client.execute_command("HSET", "t5:{p}:inflight:junk", *junk)
+    await client.pexpire("t5:{p}:inflight:junk", 60_000)
+    await client.sadd("t5:{p}:replicas", "junk")
+    await client.aclose()
+    assert await c.sync_once()
+    assert sorted(c.peers) == ["junk", "t5-b", "t5-r"]
+    assert c.remote == {POD_A: (3, 610), POD_B: (1, 5), "10.0.0.3:8000": (7, 0)}
+    assert pool_c.snapshot().by_address()[POD_A].inflight_tokens == 610
+    pool_b.on_finished(POD_A, 10)
+    assert await b.sync_once() and await c.sync_once()
+    assert c.remote[POD_A] == (2, 600)
+    assert c.debug()["remote_inflight"][POD_A] == [2, 600]
+    for s in (a, b, c):
+        await s.stop()
+
+
+async def test_a_restarted_redis_is_reconnected_and_given_the_script_again(tmp_path: Path) -> None:
+    server = start_redis(tmp_path / "restarted")
+    try:
+        pool_a, a = _replica(server.url, "t6", ttl_ms=60_000)
+        pool_b, b = _replica(server.url, "t6", ttl_ms=60_000)
+        b.replica_id = "t6-other"
+        pool_a.on_routed(POD_A, 1)
+        assert await a.sync_once() and await b.sync_once()
+        server.stop()
+        assert not await b.sync_once() and not b.connected and b.errors == 1
+        assert pool_b.snapshot().by_address()[POD_A].inflight_requests == 0
+        server.restart()  # empty, and without the script: EVALSHA is refused, EVAL loads it
+        assert await a.sync_once() and await b.sync_once() and b.connected
+        assert pool_b.snapshot().by_address()[POD_A].inflight_requests == 1
+        await a.stop()
+        await b.stop()
+    finally:
+        server.stop()
+
+
+async def test_a_redis_that_never_answers_times_out_and_the_next_call_reconnects(redis: RedisServer) -> None:
+    connections: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)  # reads nothing, answers nothing: a hung Redis
+
+    hung = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = hung.sockets[0].getsockname()[1]
+    config = SharedStateConfig.model_validate({"redis": f"redis://127.0.0.1:{port}/0", "timeoutMs": 100})
+    pool = Pool([Endpoint(POD_A, frozenset({"m"}))])
+    shared = SharedState(pool, "p", config, CollectorRegistry())
+    started = time.monotonic()
+    assert not await shared.sync_once()
+    assert time.monotonic() - started < 2 and shared.errors == 1
+    assert not await shared.sync_once() and shared.errors == 2
+    assert len(connections) == 2  # the timed-out connection was dropped, not reused
+    hung.close()
+    for writer in connections:
+        writer.close()
+    await shared.stop()
+
+
+def test_replicas_share_counts_on_uvloop(redis: RedisServer) -> None:
+    """The EPP's default event loop (--event-loop uvloop): its transports are not asyncio's classes."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def share() -> None:
+        pool_a, a = _replica(redis.url, "t7", ttl_ms=60_000)
+        pool_b, b = _replica(redis.url, "t7")
+        b.replica_id = "t7-other"
+        pool_a.on_routed(POD_A, 3)
+        assert await a.sync_once() and await b.sync_once()
+        assert b.remote == {POD_A: (1, 3)} and pool_b.snapshot().by_address()[POD_A].inflight_requests == 1
+        await a.stop()
+        await b.stop()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(share())
+
+
+async def test_a_password_and_a_database_in_the_url_are_used(tmp_path: Path) -> None:
+    server = start_redis(tmp_path / "auth")
+    try:
+        admin = Redis.from_url(server.url)
+        await admin.config_set("requirepass", "s3cret")
+        await admin.aclose()
+        base = f"redis://:s3cret@127.0.0.1:{server.port}"
+        pool, shared = _replica(f"{base}/2", "t8")
+        pool.on_routed(POD_A, 1)
+        assert await shared.sync_once()
+        reader = Redis.from_url(f"{base}/2")
+        assert await reader.hgetall("t8:{p}:inflight:t8-r") == {b"_": b"1", POD_A.encode(): b"1,1"}
+        await reader.aclose()
+        _, wrong = _replica(f"redis://:nope@127.0.0.1:{server.port}/2", "t8")
+        assert not await wrong.sync_once() and wrong.errors == 1  # refused, logged, counted
+        await shared.stop()
+        await wrong.stop()
+    finally:
+        server.stop()
