@@ -84,4 +84,7 @@ def test_cli_reports_each_route(tmp_path: Path, capsys: pytest.CaptureFixture[st
     )
     out = capsys.readouterr().out
     assert "round-robin: " in out and "oracle: " in out and "h100-1: share" in out
+    assert main(["--scenario", str(path), "--mode", "full", "--pod", "h100", "--rate", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "h100 alone at 2 req/s" in out and "h100-0: share 100 %" in out and "h100-1" not in out
     assert main(["--scenario", str(tmp_path / "missing.yaml")]) == 2
