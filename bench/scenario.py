@@ -47,6 +47,7 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
         "system_tokens": int,
         "question_tokens": int,
         "output_tokens": int,
+        "zipf_s": float,
     },
     "lora": {"adapters": int, "zipf_s": float, "adapter_prefix": str},
     "long_short": {"long_fraction": float, "long_input_tokens": int, "long_output_tokens": int},

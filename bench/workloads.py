@@ -222,15 +222,22 @@ def docqa_workload(times: list[float], p: Params, rng: random.Random, text: Text
 def shared_prefix_workload(
     times: list[float], p: Params, rng: random.Random, text: TextSource
 ) -> list[TraceRequest]:
-    """inference-perf `shared_prefix`: G groups x P prompts; a group shares its system prompt."""
+    """inference-perf `shared_prefix`: G groups x P prompts; a group shares its system prompt.
+
+    Groups (tenants) are equally popular, or with `zipf_s` > 0 Zipf(s) popular in group order:
+    a few hot tenants and a long tail, as production tenants are.
+    """
     groups, prompts = int(p.get("groups", 10)), int(p.get("prompts_per_group", 10))
+    zipf_s = float(p.get("zipf_s", 0.0))
+    weights = zipf_weights(groups, zipf_s) if zipf_s > 0 else None
     system_tokens = int(p.get("system_tokens", 100))
     q_tokens, out_tokens = int(p.get("question_tokens", 50)), int(p.get("output_tokens", 50))
     systems = [text.text(system_tokens, rng) for _ in range(groups)]
     questions = [[text.text(q_tokens, rng) for _ in range(prompts)] for _ in range(groups)]
     out = []
     for t in times:
-        g, q = rng.randrange(groups), rng.randrange(prompts)
+        g = rng.choices(range(groups), weights)[0] if weights else rng.randrange(groups)
+        q = rng.randrange(prompts)
         messages = [{"role": "system", "content": systems[g]}, {"role": "user", "content": questions[g][q]}]
         out.append(TraceRequest(t, chat_body(p["model"], messages, out_tokens), tag=f"group-{g}"))
     return out

@@ -333,24 +333,39 @@ class Engine:
             lag = max(0.0, now_sim - start) / self.clock.time_scale
             self.max_lag_seen_s = max(self.max_lag_seen_s, lag)
             self.lag_sum_s += lag
-            now = start
-            for seq, _ in plan.scheduled:
-                if seq.first_scheduled is None:
-                    seq.first_scheduled = now
-                    self.stats.queue_time.observe(now - seq.arrival)
-            pinned = {s.adapter for s in self.running if s.adapter}
-            load_ms = self.lora.ensure(sorted(plan.adapters), pinned) if plan.adapters else 0.0
-            step_ms = load_ms + self.profile.step_ms(
-                plan.prefill_tokens, plan.decode_tokens, plan.decode_context, bool(plan.adapters)
-            )
-            self.last_step_ms = step_ms
-            end = start + step_ms / 1000.0
-            self._busy_until = end
+            end = self._start_step(plan, start)
             await self.clock.sleep_until(end)
-            self._complete(plan, end)
-            self._flush_kv_events()
+            self.complete_step(plan, end)
             if self.on_step is not None:
                 self.on_step(plan, start, end)
+
+    def _start_step(self, plan: StepPlan, start: float) -> float:
+        """Begin a planned step at simulated ``start`` (adapter loads happen now); return its end."""
+        for seq, _ in plan.scheduled:
+            if seq.first_scheduled is None:
+                seq.first_scheduled = start
+                self.stats.queue_time.observe(start - seq.arrival)
+        pinned = {s.adapter for s in self.running if s.adapter}
+        load_ms = self.lora.ensure(sorted(plan.adapters), pinned) if plan.adapters else 0.0
+        step_ms = load_ms + self.profile.step_ms(
+            plan.prefill_tokens, plan.decode_tokens, plan.decode_context, bool(plan.adapters)
+        )
+        self.last_step_ms = step_ms
+        end = start + step_ms / 1000.0
+        self._busy_until = end
+        return end
+
+    def plan_step(self, start: float) -> tuple[StepPlan, float]:
+        """For offline drivers in virtual time (no step loop, no clock sleeps): schedule the next
+        step to start at ``start`` and return it with its end; apply it with ``complete_step``
+        at that end. An empty plan (nothing fits) ends at ``start``."""
+        plan = self._schedule()
+        return plan, (self._start_step(plan, start) if plan.scheduled else start)
+
+    def complete_step(self, plan: StepPlan, end: float) -> None:
+        """Apply a step at simulated time ``end``: computed and emitted tokens, KV events."""
+        self._complete(plan, end)
+        self._flush_kv_events()
 
     def _complete(self, plan: StepPlan, now: float) -> None:
         self.stats.steps += 1

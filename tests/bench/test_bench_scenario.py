@@ -27,6 +27,8 @@ def test_the_expected_scenarios_ship() -> None:
     names = {p.stem for p in SCENARIOS}
     assert {"uniform", "mixed-gpu", "bursty", "shared-prefix", "lora", "long-short"} <= names
     assert {"mixed-gpu-qwen3-32b", "bursty-qwen3-235b"} <= names  # the AWS Qwen rows
+    families = {"family-skewed-fleet", "family-tenant-prefix-kv", "family-bursty-mixed", "family-lora-tight"}
+    assert families | {"kv-cache-wins"} <= names  # issue #11's held-out families
 
 
 def test_scenario_profiles_are_exactly_modelsims() -> None:

@@ -162,6 +162,18 @@ def test_shared_prefix_groups_share_system_prompts() -> None:
     assert len(systems["group-0"].pop()) == pytest.approx(100 * CHARS_PER_TOKEN, abs=12)
 
 
+def test_shared_prefix_tenants_can_be_zipf_popular() -> None:
+    workload = {"kind": "shared_prefix", "model": MODEL, "groups": 20, "prompts_per_group": 2, "zipf_s": 1.0}
+    trace = generate_trace(workload, {"rate": 100}, 40, seed=5)
+    counts = Counter(r.tag for r in trace)
+    assert len(counts) == 20
+    harmonic = sum(1 / k for k in range(1, 21))
+    assert counts["group-0"] / len(trace) == pytest.approx(1 / harmonic, rel=0.1)
+    assert counts["group-0"] / counts["group-3"] == pytest.approx(4, rel=0.25)
+    uniform = Counter(r.tag for r in generate_trace({**workload, "zipf_s": 0.0}, {"rate": 100}, 40, seed=5))
+    assert max(uniform.values()) < 2 * min(uniform.values())
+
+
 def test_docqa_shares_a_few_long_documents() -> None:
     workload = {"kind": "docqa", "model": MODEL, "documents": 2, "document_tokens": 1000}
     trace = generate_trace(workload, {"rate": 10}, 10, seed=1)
