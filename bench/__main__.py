@@ -2,6 +2,7 @@
 
 python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-cache_aware [--policy ...]
     [--seeds reporting|tuning|N] [--seed N ...]     # default: the reporting seeds
+    [--fleet-tokenizer] [--fleet-kv-events]        # on anyway for a run with a precise policy
 python -m bench report [--summaries bench/summaries] [--doc docs/benchmarks.md] [--mode quick]
 python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
 python -m bench overhead                                          # load generator self-test
