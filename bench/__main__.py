@@ -80,9 +80,11 @@ async def _workers(
 
 def run_fleet_needs(args: argparse.Namespace) -> FleetNeeds:
     """One fleet configuration for every policy of a run: the union of what its policies need
-    (bench.targets.FLEET_NEEDS) and the --fleet-* flags. The tokenizer changes the prompt
-    tokens the pods see (~2.4x with the shipped one on the bench's text), so a policy compared
-    with a precise one must run on the same fleet: in the same run, or with --fleet-tokenizer."""
+    (bench.targets.FLEET_NEEDS) and the --fleet-* flags. The tokenizer changes the pods' token
+    ids and, a little, their prompt tokens (the shipped one gives 0.97-1.03x the chars / 4
+    target on the bench's text, the approximate ids 0.93-0.98x: `python -m bench.token_parity`),
+    so a policy compared with a precise one runs on the same fleet: in the same run, or with
+    --fleet-tokenizer."""
     return fleet_needs(list(args.policy)) | FleetNeeds(args.fleet_kv_events, args.fleet_tokenizer)
 
 

@@ -13,10 +13,11 @@ grew with the machine's load rather than with its routing. Apart, each has a cor
 A policy may need more of the fleet than the scenario's spec gives (`FleetNeeds`): KV events
 (each pod publishes vLLM-format KV events on ZMQ, PUB and replay on ports the pod picks free on
 loopback, reported in the ready file) and the shipped tokenizer (pods tokenize prompts with
-modelsim/tokenizer_files/sim-llama3-4k instead of the approximate word-piece ids, so the EPP can
-compute the same token ids and block hashes). The tokenizer changes how many prompt tokens the
-pods see (the bench's pseudo-English is ~2.4x the chars/4 target with it, ~0.95x without), so
-`bench run` gives every policy of one run the same fleet options (see `run_fleet_needs` there).
+modelsim/tokenizer_files/sim-llama3-12k instead of the approximate word-piece ids, so the EPP can
+compute the same token ids and block hashes). The tokenizer changes the pods' ids and, a little,
+their prompt tokens (the bench's pseudo-English is 0.97-1.03x the chars/4 target with it,
+0.93-0.98x without: `python -m bench.token_parity`), so `bench run` gives every policy of one
+run the same fleet options (see `run_fleet_needs` there).
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ def cell(s: Spread | None, unit: str, base: Spread | None = None) -> str:
 
 def tokenized(runs: Sequence[Mapping[str, Any]]) -> bool:
     """Ran on a fleet tokenizing with the shipped tokenizer (bench/fleet.py `FleetNeeds`): its
-    pods see ~2.4x the prompt tokens of the usual fleet, so it compares only with such runs."""
+    pods see other token ids (and ~5 % more prompt tokens) than the usual fleet's, so it compares
+    only with such runs."""
     return any((r.get("run", {}).get("fleet_options") or {}).get("tokenizer") for r in runs)
 
 
@@ -305,8 +306,8 @@ def render_section(
         note += f"; changes in parentheses compare medians with `{baseline}`"
     if any(tokenized(runs) for runs in policies.values()):
         note += (
-            f"; rows on the tokenizing fleet (precise policies, `+tok`: the shipped tokenizer, ~2.4x the"
-            f" prompt tokens) compare with `{baseline}+tok` only"
+            f"; rows on the tokenizing fleet (precise policies, `+tok`: the shipped tokenizer's ids,"
+            f" ~1.0x the chars / 4 prompt tokens) compare with `{baseline}+tok` only"
         )
     lines += ["", note + ".", "", render_phases(policies)]
     lag = max((stat(r, "steady.lag_p99") or 0.0) for rs in policies.values() for r in rs)

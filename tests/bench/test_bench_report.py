@@ -105,7 +105,7 @@ def test_report_tables_are_medians_with_ranges_over_reporting_seeds(tmp_path: Pa
 
 def test_runs_on_the_tokenizing_fleet_compare_with_the_baseline_on_it(tmp_path: Path) -> None:
     scenario = parse_scenario(SCENARIO, "quick")
-    tok = {"kv_events": True, "tokenizer": True, "tokenizer_name": "sim-llama3-4k"}
+    tok = {"kv_events": True, "tokenizer": True, "tokenizer_name": "sim-llama3-12k"}
     for seed in REPORTING_SEEDS:
         for policy, scale, options in (("round-robin", 0.1, None), ("round-robin+tok", 0.4, tok),
                                        ("epp-precise", 0.1, tok), ("epp-best", 0.05, None)):  # fmt: skip

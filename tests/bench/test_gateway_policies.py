@@ -295,7 +295,7 @@ def test_epp_precise_run_scores_by_the_pods_kv_events(tmp_path: Path) -> None:
     recorded = json.loads((summaries / "quick" / "tiny-prefix" / "epp-precise" / "seed-7.json").read_text())
     config = recorded["policy"]["config"]
     assert config["profile"]["weights"] == PRECISE_PROFILE["weights"]
-    assert config["tokenizers"] == {MODEL: "modelsim/tokenizer_files/sim-llama3-4k"}
+    assert config["tokenizers"] == {MODEL: "modelsim/tokenizer_files/sim-llama3-12k"}
     assert config["kv_events"] == {"endpoints": 2, "with_events_port": 2, "with_replay_port": 2}
     # /debug/pool as the run ended: both pods scored by their own KV events.
     assert config["prefix_scoring_at_end"]["pods_by_mode"] == {"precise": 2}
