@@ -2,6 +2,7 @@
 
 python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-cache_aware [--policy ...]
     [--seeds reporting|tuning|N] [--seed N ...]     # default: the reporting seeds
+    [--fleet-tokenizer] [--fleet-kv-events]        # on anyway for a run with a precise policy
 python -m bench report [--summaries bench/summaries] [--doc docs/benchmarks.md] [--mode quick]
 python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
 python -m bench overhead                                          # load generator self-test
@@ -24,7 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench.fleet import fleet_lag, running_fleet
+from bench.fleet import FleetNeeds, fleet_lag, fleet_with, running_fleet_pods
 from bench.loadgen import (
     LoadGenConfig,
     RequestResult,
@@ -52,7 +53,7 @@ from bench.summary import (
     machine_state,
     write_summary,
 )
-from bench.targets import POLICIES, TargetContext, load_plugins, make_target
+from bench.targets import FLEET_NEEDS, POLICIES, TargetContext, fleet_needs, load_plugins, make_target
 
 
 def _options(pairs: Sequence[str]) -> dict[str, str]:
@@ -66,12 +67,33 @@ def _options(pairs: Sequence[str]) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def _workers(scenario: Scenario, urls: Sequence[str]) -> AsyncIterator[list[str]]:
+async def _workers(
+    scenario: Scenario, urls: Sequence[str], needs: FleetNeeds
+) -> AsyncIterator[tuple[list[str], list[dict[str, Any]]]]:
+    """The pod URLs and, for the harness's own fleet, its pods as the fleet reports them."""
     if urls:
-        yield list(urls)
+        yield list(urls), []
         return
-    async with running_fleet(scenario.fleet) as fleet_urls:
-        yield fleet_urls
+    async with running_fleet_pods(fleet_with(scenario.fleet, needs)) as pods:
+        yield [f"http://{pod['address']}" for pod in pods], pods
+
+
+def run_fleet_needs(args: argparse.Namespace) -> FleetNeeds:
+    """One fleet configuration for every policy of a run: the union of what its policies need
+    (bench.targets.FLEET_NEEDS) and the --fleet-* flags. The tokenizer changes the pods' token
+    ids and, a little, their prompt tokens (the shipped one gives 0.97-1.03x the chars / 4
+    target on the bench's text, the approximate ids 0.93-0.98x: `python -m bench.token_parity`),
+    so a policy compared with a precise one runs on the same fleet: in the same run, or with
+    --fleet-tokenizer."""
+    return fleet_needs(list(args.policy)) | FleetNeeds(args.fleet_kv_events, args.fleet_tokenizer)
+
+
+def run_label(policy: str, needs: FleetNeeds) -> str:
+    """The policy's name, `+tok` added when the run's fleet tokenizes with the shipped tokenizer
+    and the policy did not ask for it: its figures are then not those of the usual fleet."""
+    if needs.tokenizer and not FLEET_NEEDS.get(policy, FleetNeeds()).tokenizer:
+        return f"{policy}+tok"
+    return policy
 
 
 async def run_policy(
@@ -112,10 +134,11 @@ async def run_policy(
     run.results = to_simulated(run.results, time_scale)
     wall_s = run.wall_s
     run.wall_s *= time_scale
-    label = args.label or policy
+    label = args.label or run_label(policy, ctx.fleet_needs)
     meta = {
         "description": scenario.description,
         "fleet": scenario.fleet,
+        "fleet_options": ctx.fleet_needs.describe(),
         "workload": scenario.workload,
         "arrivals": scenario.arrivals,
         "duration_s": scenario.duration_s,
@@ -141,6 +164,7 @@ async def run_policy(
         "machine_before": before,
         "machine_after": after,
         "fleet_lag": lag,
+        "fleet_options": ctx.fleet_needs.describe(),
     }
     summary = build_summary(
         scenario=scenario,
@@ -196,6 +220,14 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if args.label and len(args.policy) != 1:
         print("--label names one policy's runs; give exactly one --policy", file=sys.stderr)
         return 2
+    needs = run_fleet_needs(args)
+    if args.worker_urls and (needs.kv_events or needs.tokenizer):
+        print(
+            f"the run needs the harness's fleet ({needs.describe()}): KV-event ports and the"
+            " tokenizer are set when it starts the pods; drop --worker-urls",
+            file=sys.stderr,
+        )
+        return 2
     scenario = load_scenario(args.scenario, args.mode)
     seeds = run_seeds(args)
     work_dir = Path(tempfile.mkdtemp(prefix=f"bench-{scenario.name}-"))
@@ -204,8 +236,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
         for policy in args.policy:
             # A fresh simulated fleet per policy: every policy replays the same trace, and pods kept
             # from the previous policy would still hold its prompts in their prefix caches.
-            async with _workers(seeded, args.worker_urls) as urls:
-                ctx = TargetContext(urls, work_dir, seeded, _options(args.target_opt))
+            async with _workers(seeded, args.worker_urls, needs) as (urls, pods):
+                ctx = TargetContext(urls, work_dir, seeded, _options(args.target_opt), pods, needs)
                 await run_policy(seeded, policy, args, ctx)
     return 0
 
@@ -275,6 +307,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--max-requests", type=int, help="cut the trace to its first N requests")
     run.add_argument("--max-wall-s", type=float, help="hard wall-time limit per policy")
     run.add_argument("--no-progress", action="store_true")
+    run.add_argument(
+        "--fleet-tokenizer",
+        action="store_true",
+        help="pods tokenize with the shipped tokenizer (on anyway when a policy of the run needs it)",
+    )
+    run.add_argument(
+        "--fleet-kv-events",
+        action="store_true",
+        help="pods publish KV events (on anyway when a policy of the run needs them)",
+    )
 
     rep = sub.add_parser("report", help="render the committed summaries into docs/benchmarks.md")
     rep.add_argument("--summaries", default=str(SUMMARIES_DIR))

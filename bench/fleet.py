@@ -9,6 +9,15 @@ in one process the two shared a single core, and at the scenarios' rates (20-60 
 streamed answers) that core saturated (the load generator's TLS + SSE parsing ~55 % of it,
 the pods ~45 %), so the simulated engines fell behind the wall clock and every policy's TTFT
 grew with the machine's load rather than with its routing. Apart, each has a core's worth.
+
+A policy may need more of the fleet than the scenario's spec gives (`FleetNeeds`): KV events
+(each pod publishes vLLM-format KV events on ZMQ, PUB and replay on ports the pod picks free on
+loopback, reported in the ready file) and the shipped tokenizer (pods tokenize prompts with
+modelsim/tokenizer_files/sim-llama3-12k instead of the approximate word-piece ids, so the EPP can
+compute the same token ids and block hashes). The tokenizer changes the pods' ids and, a little,
+their prompt tokens (the bench's pseudo-English is 0.97-1.03x the chars/4 target with it,
+0.93-0.98x without: `python -m bench.token_parity`), so `bench run` gives every policy of one
+run the same fleet options (see `run_fleet_needs` there).
 """
 
 from __future__ import annotations
@@ -21,16 +30,65 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from modelsim.build_tokenizer import NAME as SHIPPED_TOKENIZER
 from modelsim.fleet import FleetSpec, SpecError
 
 START_TIMEOUT_S = 60.0
+# vLLM's --kv-events-config with port 0: each pod binds free loopback ports and reports them.
+KV_EVENTS_FREE_PORTS: dict[str, Any] = {
+    "enable_kv_cache_events": True,
+    "endpoint": "tcp://127.0.0.1:0",
+    "replay_endpoint": "tcp://127.0.0.1:0",
+}
+
+
+@dataclass(frozen=True)
+class FleetNeeds:
+    """What a policy needs of the simulated fleet beyond the scenario's own spec."""
+
+    kv_events: bool = False  # every pod publishes KV events (KV_EVENTS_FREE_PORTS)
+    tokenizer: bool = False  # every pod tokenizes with the shipped tokenizer (SHIPPED_TOKENIZER)
+
+    def __or__(self, other: FleetNeeds) -> FleetNeeds:
+        return FleetNeeds(self.kv_events or other.kv_events, self.tokenizer or other.tokenizer)
+
+    @classmethod
+    def union(cls, needs: Iterable[FleetNeeds]) -> FleetNeeds:
+        out = cls()
+        for need in needs:
+            out = out | need
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """For the run summary: what the fleet ran with beyond the scenario's spec."""
+        return {**asdict(self), "tokenizer_name": SHIPPED_TOKENIZER if self.tokenizer else None}
+
+
+def fleet_with(spec: Mapping[str, Any], needs: FleetNeeds) -> dict[str, Any]:
+    """The scenario's fleet spec with `needs` applied to every pod entry (a pod's own
+    `kv_events` / `tokenizer` setting is kept)."""
+    out = dict(spec)
+    if not (needs.kv_events or needs.tokenizer):
+        return out
+    pods = []
+    for raw in spec.get("pods", []):
+        pod = dict(raw) if isinstance(raw, Mapping) else raw
+        if isinstance(pod, dict):
+            if needs.kv_events:
+                pod.setdefault("kv_events", dict(KV_EVENTS_FREE_PORTS))
+            if needs.tokenizer:
+                pod.setdefault("tokenizer", SHIPPED_TOKENIZER)
+        pods.append(pod)
+    out["pods"] = pods
+    return out
 
 
 class FleetUnavailable(RuntimeError):
@@ -40,6 +98,14 @@ class FleetUnavailable(RuntimeError):
 @asynccontextmanager
 async def running_fleet(spec: Mapping[str, Any]) -> AsyncIterator[list[str]]:
     """Start the fleet in a child process, yield its pod URLs once every pod listens."""
+    async with running_fleet_pods(spec) as pods:
+        yield [f"http://{pod['address']}" for pod in pods]
+
+
+@asynccontextmanager
+async def running_fleet_pods(spec: Mapping[str, Any]) -> AsyncIterator[list[dict[str, Any]]]:
+    """As `running_fleet`, yielding the pods as the fleet reports them (modelsim's ready file:
+    name, model, address, and `kv_events_port` / `kv_replay_port` when events are on)."""
     try:
         FleetSpec.from_dict(dict(spec))  # a bad spec is reported here, not by the child
     except SpecError as exc:
@@ -53,7 +119,7 @@ async def running_fleet(spec: Mapping[str, Any]) -> AsyncIterator[list[str]]:
         child = await asyncio.to_thread(_spawn, spec, spec_file, ready_file, log_file)
         try:
             info = await _wait_ready(child, ready_file, log_file)
-            yield [f"http://{pod['address']}" for pod in info["pods"]]
+            yield list(info["pods"])
         finally:
             _stop(child)
 

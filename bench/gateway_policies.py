@@ -9,7 +9,15 @@
 - `epp-predicted`: the full gateway with the built-in `predicted` profile (predicted-ttft
   scorer, epp/scheduling/scorers.py), as shipped; `weights` / `thresholds` / `picker` options
   run a copy of it with those overrides.
+- `epp-precise`: epp-best's weights with `prefix-cache` replaced by `precise-prefix-cache` at
+  the same weight: the EPP tokenizes each prompt with the model's tokenizer and scores pods by
+  the KV blocks they report holding (their KV events), not by what it routed where.
+- `epp-predicted-precise`: `epp-predicted` whose predicted-ttft reads the same KV-event index.
 - `oracle`: the full gateway with the EPP replaced by `bench.oracle` (exact simulator state).
+
+The two precise policies declare `FleetNeeds(kv_events=True, tokenizer=True)`: the harness starts
+the fleet with KV events on free loopback ports and the shipped tokenizer (bench/fleet.py), and
+the gateway config carries each pod's `kvEventsPort` / `kvReplayPort` and the model's tokenizer.
 
 Target options (`--target-opt key=value`) for tuning without editing code:
 `weights='{"queue": 2, ...}'`, `thresholds='{"queue": 5}'`, `picker=max|weighted`,
@@ -34,6 +42,7 @@ import httpx
 import yaml
 
 from bench.baseline_envoy import render_baseline_bootstrap
+from bench.fleet import FleetNeeds
 from bench.oracle import PROBE_TIMEOUT_S
 from bench.targets import PolicyTarget, TargetContext, register_policy
 from devstack.certs import CertSet, make_certs
@@ -41,6 +50,7 @@ from devstack.launch import LocalGateway, Proc, envoy_binary, free_port, start_l
 from devstack.redis_server import RedisServer, start_redis
 from epp.config import parse_epp_config
 from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
+from modelsim.build_tokenizer import OUT as SHIPPED_TOKENIZER_DIR
 from modelsim.fleet import FleetSpec
 
 # Tuned on the scenarios of bench/scenarios (see docs/benchmarks.md, "epp-best").
@@ -55,6 +65,14 @@ BEST_PROFILE: dict[str, Any] = {
         "lora-affinity": 4,
     },
 }
+# epp-best with the precise (KV-event) prefix scorer in place of the approximate one.
+PRECISE_PROFILE: dict[str, Any] = {
+    "weights": {
+        ("precise-prefix-cache" if name == "prefix-cache" else name): weight
+        for name, weight in BEST_PROFILE["weights"].items()
+    },
+}
+PRECISE_NEEDS = FleetNeeds(kv_events=True, tokenizer=True)
 BEST_SCRAPE_MS = 50
 ORACLE_CONFIG: dict[str, Any] = {
     "picker": "lowest predicted_ttft_s from POST /sim/probe on every pod (ties: smaller batch, then random)",
@@ -66,7 +84,13 @@ SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first req
 
 async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:
     """The pods as `start_local_gateway(pods=...)` wants them, asked from each pod itself
-    (`GET /v1/models`: base model and adapters), so `--worker-urls` pods work too."""
+    (`GET /v1/models`: base model and adapters), so `--worker-urls` pods work too; the KV-event
+    ports come from the harness's fleet (`ctx.fleet_pods`), when it publishes them."""
+    events = {
+        p["address"]: {k: p[k] for k in ("kv_events_port", "kv_replay_port") if p.get(k)}
+        for p in ctx.fleet_pods
+        if p.get("kv_events_port")
+    }
     dialects: list[str] = []
     if ctx.scenario is not None:
         try:
@@ -94,9 +118,18 @@ async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:
                     "adapters": adapters,
                     "dialect": dialect,
                     "address": address,
+                    **events.get(address, {}),
                 }
             )
     return pods
+
+
+def with_tokenizer(config: dict[str, Any]) -> None:
+    """`config_patch` for start_local_gateway: every model gets the shipped tokenizer's folder
+    (the one the fleet's pods tokenize with, bench/fleet.py)."""
+    for pool in config.get("pools", []):
+        for model in pool.get("models", []):
+            model["tokenizer"] = str(SHIPPED_TOKENIZER_DIR)
 
 
 def _addresses(ctx: TargetContext) -> list[str]:
@@ -214,7 +247,8 @@ def epp_config(
             profile["picker"] = options["picker"]
         extra["profiles"] = {"bench": profile}
         extra["defaultProfile"] = "bench"
-    scrape = options.get("scrape_ms", str(BEST_SCRAPE_MS) if base is BEST_PROFILE else None)
+    best = base is BEST_PROFILE or base is PRECISE_PROFILE
+    scrape = options.get("scrape_ms", str(BEST_SCRAPE_MS) if best else None)
     if scrape is not None:
         extra["scrape"] = {"intervalMs": int(scrape)}
     return extra
@@ -223,9 +257,11 @@ def epp_config(
 def effective_epp_config(config_path: Path) -> dict[str, Any]:
     """The scheduling configuration the EPP really ran with, read back from the gateway's own
     config file: the default profile resolved over the built-ins (so `epp-default` records the
-    published weights too), thresholds, scrape and admission settings."""
+    published weights too), thresholds, scrape and admission settings, and the precise prefix
+    index's inputs: each model's tokenizer (repository-relative) and the pods with KV events."""
     config = parse_epp_config(yaml.safe_load(config_path.read_text()))
     profile = config.scheduler_profiles()[config.default_profile]
+    endpoints = [ep for pool in config.pools for ep in pool.endpoints]
     return json.loads(
         json.dumps(
             {
@@ -240,10 +276,51 @@ def effective_epp_config(config_path: Path) -> dict[str, Any]:
                 "thresholds": config.thresholds.model_dump(by_alias=True),
                 "scrape": config.scrape.model_dump(by_alias=True),
                 "admission": config.admission.model_dump(by_alias=True),
+                "tokenizers": {
+                    m.name: _repo_relative(m.tokenizer) for pool in config.pools for m in pool.models
+                },
+                "kv_events": {
+                    "endpoints": len(endpoints),
+                    "with_events_port": sum(ep.kv_events_port is not None for ep in endpoints),
+                    "with_replay_port": sum(ep.kv_replay_port is not None for ep in endpoints),
+                },
             },
             default=str,
         )
     )
+
+
+async def prefix_scoring(gateway: LocalGateway) -> dict[str, Any]:
+    """How the EPP scored prefixes when the run ended, from each pool's /debug/pool (first
+    replica): pods per mode ("precise", or "approximate: <why>") and the KV blocks its precise
+    index holds; shows a run's precise scoring did not fall back."""
+    modes: dict[str, int] = {}
+    blocks = 0
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            for port in gateway.epp_metrics_ports.values():
+                reply = await client.get(f"http://127.0.0.1:{port}/debug/pool")
+                reply.raise_for_status()
+                debug = reply.json()
+                for per_model in debug["prefix_scoring"].values():
+                    for mode in per_model.values():
+                        modes[mode] = modes.get(mode, 0) + 1
+                blocks += sum(int(p.get("blocks", 0)) for p in debug["kv_events"]["pods"].values())
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"pods_by_mode": modes, "kv_blocks": blocks}
+
+
+def _repo_relative(path: str | None) -> str | None:
+    """A tokenizer folder as the summary records it: relative to the repository when inside it
+    (no machine paths in committed summaries)."""
+    if path is None:
+        return None
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return Path(path).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return Path(path).name
 
 
 def gateway_factory(
@@ -253,9 +330,13 @@ def gateway_factory(
     epp_module: str = "epp",
     config_extra: Mapping[str, Any] | None = None,
     builtin: str | None = None,
+    needs: FleetNeeds | None = None,
 ):
     """`config_extra`: fixed gateway config keys of a policy (bench/flow_policies.py);
-    `builtin`: run that built-in profile (`profile` is then its data, the base of overrides)."""
+    `builtin`: run that built-in profile (`profile` is then its data, the base of overrides);
+    `needs.tokenizer`: the models get the shipped tokenizer (register the policy with the same
+    `needs`, so the fleet tokenizes with it and publishes the KV events the pods' ports name)."""
+    tokenizer = needs is not None and needs.tokenizer
 
     def factory(ctx: TargetContext) -> PolicyTarget:
         running: list[LocalGateway] = []
@@ -289,6 +370,7 @@ def gateway_factory(
                 epp_module=epp_module,
                 epp_replicas=replicas,
                 single_hop=single_hop,
+                config_patch=with_tokenizer if tokenizer else None,
             )
             running.append(gateway)
             target.handle = gateway
@@ -304,6 +386,8 @@ def gateway_factory(
             return gateway.url
 
         async def stop() -> None:
+            if running and epp_module == "epp" and ctx.fleet_needs.kv_events:
+                target.config["prefix_scoring_at_end"] = await prefix_scoring(running[-1])
             while running:
                 running.pop().stop()
             while stores:
@@ -322,5 +406,18 @@ register_policy("epp-best", gateway_factory("epp-best", profile=BEST_PROFILE))
 register_policy(
     "epp-predicted",
     gateway_factory("epp-predicted", profile=BUILTIN_PROFILE_DATA["predicted"], builtin="predicted"),
+)
+register_policy(
+    "epp-precise", gateway_factory("epp-precise", profile=PRECISE_PROFILE, needs=PRECISE_NEEDS), PRECISE_NEEDS
+)
+register_policy(
+    "epp-predicted-precise",
+    gateway_factory(
+        "epp-predicted-precise",
+        profile=BUILTIN_PROFILE_DATA["predicted"],
+        builtin="predicted",
+        needs=PRECISE_NEEDS,
+    ),
+    PRECISE_NEEDS,
 )
 register_policy("oracle", gateway_factory("oracle", profile=None, epp_module="bench.oracle"))

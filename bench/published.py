@@ -57,7 +57,8 @@ Runs = Sequence[Mapping[str, Any]]
 
 
 def is_peer(policy: str) -> bool:
-    return policy.startswith(PEER_PREFIXES) or policy in PEER_NAMES
+    """A peer router's runs on the usual fleet (`+tok` runs tokenize differently: not comparable)."""
+    return (policy.startswith(PEER_PREFIXES) or policy in PEER_NAMES) and not policy.endswith("+tok")
 
 
 def best_peer(policies: Mapping[str, Runs]) -> str | None:

@@ -100,7 +100,9 @@ def check_scenario(scenario: str, figures: Figures) -> list[tuple[str, str, bool
     if o95 is None:
         return rows
     peers = {
-        p: f["ttft_p95"] for p, f in figures.items() if p.startswith(PEER_PREFIXES) and f.get("ttft_p95")
+        p: f["ttft_p95"]
+        for p, f in figures.items()
+        if p.startswith(PEER_PREFIXES) and not p.endswith("+tok") and f.get("ttft_p95")
     }
     if peers:
         not_beaten = sorted(p for p, s in peers.items() if s is not None and not o95.below(s))

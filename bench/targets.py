@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.fleet import FleetNeeds
 from bench.peers import PEER_POLICIES, RunningPeer, start_peer
 
 # Optional modules that register more policies when they exist (others own them).
@@ -26,6 +27,10 @@ class TargetContext:
     work_dir: Path  # scratch space for logs and rendered configs
     scenario: Any = None  # bench.scenario.Scenario (fleet, workload, ...)
     options: dict[str, str] = field(default_factory=dict)  # --target-opt key=value
+    # The harness's fleet as its ready file lists the pods (address, kv_events_port, ...);
+    # empty with --worker-urls.
+    fleet_pods: list[dict[str, Any]] = field(default_factory=list)
+    fleet_needs: FleetNeeds = field(default_factory=FleetNeeds)  # what the fleet was started with
 
 
 @dataclass
@@ -43,10 +48,19 @@ class PolicyTarget:
 
 PolicyFactory = Callable[[TargetContext], PolicyTarget]
 POLICIES: dict[str, PolicyFactory] = {}
+# What a policy needs of the simulated fleet (KV events, the shipped tokenizer); absent: nothing.
+FLEET_NEEDS: dict[str, FleetNeeds] = {}
 
 
-def register_policy(name: str, factory: PolicyFactory) -> None:
+def register_policy(name: str, factory: PolicyFactory, needs: FleetNeeds | None = None) -> None:
     POLICIES[name] = factory
+    if needs is not None:
+        FLEET_NEEDS[name] = needs
+
+
+def fleet_needs(policies: list[str]) -> FleetNeeds:
+    """What the fleet of a run of these policies must provide: the union of their needs."""
+    return FleetNeeds.union(FLEET_NEEDS.get(p, FleetNeeds()) for p in policies)
 
 
 def make_target(name: str, ctx: TargetContext) -> PolicyTarget:

@@ -3,7 +3,7 @@
 A trace is a list of `TraceRequest` sorted by `at_s` (seconds after the run starts). The same
 seed always yields the same trace, so every routing policy sees identical traffic. Lengths
 are in tokens and converted to text at ~4 characters per token (the estimate the gateway
-itself uses), with words drawn from a seeded synthetic vocabulary.
+itself uses), with words drawn from a seeded synthetic vocabulary (modelsim/pseudo_text.py).
 
 Arrivals: Poisson, Gamma (vLLM's burstiness knob: gaps ~ Gamma(shape=b, scale=1/(rate*b)),
 b=1 is Poisson, b<1 burstier) and "bursty" (a base rate with periodic spikes of k times it).
@@ -20,7 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-CHARS_PER_TOKEN = 4
+# Re-exported: the bench sizes and writes its text with modelsim's generator.
+from modelsim.pseudo_text import CHARS_PER_TOKEN as CHARS_PER_TOKEN
+from modelsim.pseudo_text import TextSource as TextSource
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,35 +83,6 @@ def bursty_arrivals(
 
 def in_spike(t: float, first_spike_s: float, spike_len_s: float, spike_every_s: float) -> bool:
     return t >= first_spike_s and (t - first_spike_s) % spike_every_s < spike_len_s
-
-
-# ---------------------------------------------------------------- synthetic text
-
-_CONSONANTS = "bcdfghjklmnprstvwz"
-_VOWELS = "aeiou"
-
-
-class TextSource:
-    """Deterministic pseudo-English: a seeded vocabulary of ~2,000 words; ~4 chars per token."""
-
-    def __init__(self, seed: int = 0, vocabulary: int = 2000) -> None:
-        rng = random.Random(f"vocab-{seed}")
-        words: set[str] = set()
-        while len(words) < vocabulary:
-            syllables = rng.choice((1, 1, 2, 2, 2, 3))
-            words.add("".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(syllables)))
-        self.words = sorted(words)
-
-    def text(self, tokens: int, rng: random.Random) -> str:
-        """About `tokens` tokens of text: exactly tokens*4 characters, cut at a word boundary."""
-        target = max(1, tokens) * CHARS_PER_TOKEN
-        parts: list[str] = []
-        size = 0
-        while size < target:
-            word = rng.choice(self.words)
-            parts.append(word)
-            size += len(word) + 1
-        return " ".join(parts)[:target].rstrip() or "a"
 
 
 # ---------------------------------------------------------------- lengths

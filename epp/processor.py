@@ -98,14 +98,18 @@ class EppProcessor:
 
     async def _with_tokens(self, request: InferenceRequest) -> InferenceRequest:
         """The request with the engine's token ids, when its model has a tokenizer and its
-        profile reads them (precise-prefix-cache); long new text is tokenized off the loop."""
+        profile reads them (precise-prefix-cache); long new text is tokenized off the loop.
+        Its prompt size becomes their count, so every scorer (predicted-ttft's prefill beside
+        the KV index's cached tokens) and the in-flight token accounting count real tokens."""
         tokenizers, body = self._ctx.tokenizers, self._body
         if tokenizers is None or body is None or tokenizers.get(request.target_model) is None:
             return request
         if not self._ctx.scheduler.wants_tokens(request):
             return request
         ids = await tokenizers.token_ids(request.target_model, body)
-        return request if ids is None else replace(request, token_ids=ids)
+        if ids is None:
+            return request
+        return replace(request, token_ids=ids, prompt_tokens=max(1, len(ids)))
 
     def _snapshot(self, request: InferenceRequest, headers: dict[str, str]) -> PoolSnapshot:
         """The pool, or only the pod holding `previous_response_id` (epp/scheduling/affinity.py),

@@ -27,7 +27,7 @@ class InferenceRequest:
     target_model: str  # the base model whose pool serves it
     adapter: str | None  # the LoRA adapter to run, when `model` names one
     prompt: str  # prompt text used for prefix-affinity hashing
-    prompt_tokens: int  # estimated prompt tokens
+    prompt_tokens: int  # chars / 4 of the prompt; the tokenizer's count once token_ids are set
     max_tokens: int | None
     objective: str | None = None  # x-gateway-inference-objective
     priority: int = 0  # negative = sheddable

@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--tokenizer",
         help="the model's tokenizer folder (tokenizer.json + tokenizer_config.json) or a shipped "
-        "name (sim-llama3-4k); default: approximate token ids",
+        "name (sim-llama3-12k); default: approximate token ids",
     )
     cap = sub.add_parser("capacity", help="measure how many pods / req/s one process holds accurately")
     cap.add_argument("--pods", type=int, nargs="+", default=[1, 4, 8])

@@ -10,7 +10,7 @@ close to BPE tokenisers. Chat messages are first rendered with a fixed template.
 
 With ``tokenizer:`` (fleet spec) or ``--tokenizer`` (``HFTokenizer``): a folder in the Hugging
 Face layout (``tokenizer.json``, ``tokenizer_config.json`` with ``chat_template``), or the name
-of one shipped in modelsim/tokenizer_files/ (``sim-llama3-4k``, built by
+of one shipped in modelsim/tokenizer_files/ (``sim-llama3-12k``, built by
 ``python -m modelsim.build_tokenizer``). Chat messages are rendered as vLLM renders them
 (transformers' sandboxed Jinja environment, ``add_generation_prompt=True``, text parts joined
 by newlines) and the whole text is tokenized in one call without adding special tokens;

@@ -12,7 +12,7 @@ import pytest
 
 from bench.__main__ import main
 from bench.loadgen import RequestResult
-from bench.published import PUBLISHED, SECTION, best_peer, published_section
+from bench.published import PUBLISHED, SECTION, best_peer, is_peer, published_section
 from bench.report import (
     PolicyRun,
     build_report,
@@ -101,6 +101,29 @@ def test_report_tables_are_medians_with_ranges_over_reporting_seeds(tmp_path: Pa
     assert "load average before/after runs 0.50-2.50" in text
     # Phases: pod share, then warm-up requests (arrivals before 1.17 s).
     assert "| round-robin | pod-0 50, pod-1 50 % | 4 |" in text
+
+
+def test_runs_on_the_tokenizing_fleet_compare_with_the_baseline_on_it(tmp_path: Path) -> None:
+    scenario = parse_scenario(SCENARIO, "quick")
+    tok = {"kv_events": True, "tokenizer": True, "tokenizer_name": "sim-llama3-12k"}
+    for seed in REPORTING_SEEDS:
+        for policy, scale, options in (("round-robin", 0.1, None), ("round-robin+tok", 0.4, tok),
+                                       ("epp-precise", 0.1, tok), ("epp-best", 0.05, None)):  # fmt: skip
+            summary = build_summary(
+                scenario=scenario.with_seed(seed), policy=policy, policy_config={}, results=_results(scale),
+                run={"max_requests": None, "fleet_options": options}, env={"git": {}, "packages": {}},
+            )  # fmt: skip
+            write_summary(tmp_path / "s", summary)
+    doc = tmp_path / "doc.md"
+    build_report(tmp_path / "s", doc, tmp_path / "img")
+    text = doc.read_text()
+    rows = _rows(text)
+    assert rows["epp-precise"][3].endswith("(-75 %)")  # against round-robin+tok, not round-robin
+    assert rows["epp-best"][3].endswith("(-50 %)")
+    assert "(" not in rows["round-robin+tok"][3] and "(" not in rows["round-robin"][3]
+    assert "compare with `round-robin+tok` only" in text
+    # a peer's run on the tokenizing fleet is not the published peer figure
+    assert is_peer("sglang-cache_aware") and not is_peer("sglang-cache_aware+tok")
 
 
 def test_smoke_and_incomplete_runs_are_marked(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Our benchmark policies: the oracle's pick, the Envoy baseline bootstraps, one run through Envoy."""
+"""Our benchmark policies: the oracle's pick, the Envoy baseline bootstraps, runs through Envoy
+(round-robin; epp-precise on a fleet publishing KV events and tokenizing with the shipped files)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,20 @@ import httpx
 import pytest
 import yaml
 
-from bench.__main__ import main
+from bench.__main__ import main, run_label
 from bench.baseline_envoy import render_baseline_bootstrap
-from bench.gateway_policies import BEST_PROFILE, BEST_SCRAPE_MS, effective_epp_config, epp_config
+from bench.fleet import KV_EVENTS_FREE_PORTS, SHIPPED_TOKENIZER, FleetNeeds, fleet_with
+from bench.gateway_policies import (
+    BEST_PROFILE,
+    BEST_SCRAPE_MS,
+    PRECISE_NEEDS,
+    PRECISE_PROFILE,
+    effective_epp_config,
+    epp_config,
+)
 from bench.loadgen import PROBE_HEADER
 from bench.oracle import OraclePicker, OracleProcessor, Probe, best_probe
+from bench.targets import fleet_needs, load_plugins
 from devstack.certs import make_certs
 from devstack.launch import envoy_binary, gateway_config_for
 from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
@@ -223,3 +233,75 @@ async def test_oracle_returns_its_probe_time_on_the_response() -> None:
     assert route.set_headers == {"x-gateway-destination-endpoint": "127.0.0.1:1"}  # type: ignore[union-attr]
     probe = float(processor.on_response_headers({":status": "200"})[PROBE_HEADER])  # type: ignore[index]
     assert 0.05 <= probe < 30
+
+
+def test_precise_policies_ask_the_fleet_for_events_and_tokenizer() -> None:
+    load_plugins()
+    assert PRECISE_PROFILE["weights"] == {
+        **{k: v for k, v in BEST_PROFILE["weights"].items() if k != "prefix-cache"},
+        "precise-prefix-cache": BEST_PROFILE["weights"]["prefix-cache"],
+    }
+    assert fleet_needs(["epp-best"]) == FleetNeeds()
+    assert fleet_needs(["epp-predicted-precise"]) == PRECISE_NEEDS == FleetNeeds(True, True)
+    # One fleet for the whole run: epp-best beside epp-precise tokenizes the same way, and its
+    # summaries say so in their label.
+    needs = fleet_needs(["epp-best", "epp-precise"])
+    assert needs == PRECISE_NEEDS
+    assert (run_label("epp-best", needs), run_label("epp-precise", needs)) == ("epp-best+tok", "epp-precise")
+    assert run_label("epp-best", FleetNeeds(kv_events=True)) == "epp-best"
+    pods: list[dict[str, object]] = [{"model": MODEL, "replicas": 2}, {"model": MODEL, "tokenizer": "x"}]
+    spec = {"time_scale": 2.0, "pods": pods}
+    out = fleet_with(spec, needs)
+    assert out["pods"][0] == {
+        "model": MODEL,
+        "replicas": 2,
+        "kv_events": KV_EVENTS_FREE_PORTS,
+        "tokenizer": SHIPPED_TOKENIZER,
+    }
+    assert out["pods"][1]["tokenizer"] == "x"  # a pod's own setting stays
+    assert pods[0] == {"model": MODEL, "replicas": 2}  # the scenario's spec is not changed
+    assert fleet_with(spec, FleetNeeds()) == spec
+
+
+def test_epp_precise_run_scores_by_the_pods_kv_events(tmp_path: Path) -> None:
+    scenario = tmp_path / "tiny-prefix.yaml"
+    scenario.write_text(
+        yaml.safe_dump(
+            {
+                "seed": 7,
+                "fleet": {
+                    "time_scale": 10.0,
+                    "pods": [{"model": MODEL, "profile": "h100-llama3.1-8b", "replicas": 2}],
+                },
+                "workload": {
+                    "kind": "shared_prefix", "model": MODEL, "groups": 4, "prompts_per_group": 6,
+                    "system_tokens": 300, "question_tokens": 30, "output_tokens": 16,
+                },
+                "arrivals": {"pattern": "poisson", "rate": 20},
+                "duration_s": 3,
+            }
+        )
+    )  # fmt: skip
+    results, summaries = tmp_path / "results", tmp_path / "summaries"
+    code = main(
+        ["run", "--scenario", str(scenario), "--policy", "epp-precise", "--results", str(results),
+         "--summaries", str(summaries), "--seed", "7", "--no-progress", "--max-requests", "36",
+         "--max-wall-s", "60"]
+    )  # fmt: skip
+    assert code == 0
+    raw = json.loads((results / "quick" / "tiny-prefix" / "epp-precise" / "seed-7.json").read_text())
+    assert raw["summary"]["requests"] >= 30
+    assert raw["summary"]["ok"] == raw["summary"]["requests"]
+    recorded = json.loads((summaries / "quick" / "tiny-prefix" / "epp-precise" / "seed-7.json").read_text())
+    config = recorded["policy"]["config"]
+    assert config["profile"]["weights"] == PRECISE_PROFILE["weights"]
+    assert config["tokenizers"] == {MODEL: "modelsim/tokenizer_files/sim-llama3-12k"}
+    assert config["kv_events"] == {"endpoints": 2, "with_events_port": 2, "with_replay_port": 2}
+    # /debug/pool as the run ended: both pods scored by their own KV events.
+    assert config["prefix_scoring_at_end"]["pods_by_mode"] == {"precise": 2}
+    assert config["prefix_scoring_at_end"]["kv_blocks"] > 0
+    assert recorded["run"]["fleet_options"] == {
+        "kv_events": True,
+        "tokenizer": True,
+        "tokenizer_name": SHIPPED_TOKENIZER,
+    }

@@ -24,7 +24,9 @@ KV = {
 }
 FLEET = {
     "time_scale": 20.0,
-    "pods": [{"name": "llama", "model": MODEL, "replicas": 2, "tokenizer": "sim-llama3-4k", "kv_events": KV}],
+    "pods": [
+        {"name": "llama", "model": MODEL, "replicas": 2, "tokenizer": "sim-llama3-12k", "kv_events": KV}
+    ],
 }
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "scheduling.md").read_text()
 

@@ -42,14 +42,14 @@ async def fleet() -> AsyncIterator[Fleet]:
         {
             "time_scale": 50.0,
             "pods": [
-                {"name": "a", "model": "llama", "tokenizer": "sim-llama3-4k", "kv_events": KV},
+                {"name": "a", "model": "llama", "tokenizer": "sim-llama3-12k", "kv_events": KV},
                 {
                     "name": "b",
                     "model": "llama",
                     "tokenizer": str(SHIPPED),
                     "kv_events": {**KV},
                 },
-                {"name": "c", "model": "llama", "tokenizer": "sim-llama3-4k"},  # no events
+                {"name": "c", "model": "llama", "tokenizer": "sim-llama3-12k"},  # no events
             ],
         }
     )
@@ -62,8 +62,8 @@ def test_fleet_spec_tokenizer_errors(tmp_path: Path) -> None:
         FleetSpec.from_dict({"pods": [{"model": "m", "tokenizer": str(tmp_path)}]})
     with pytest.raises(SpecError, match="'tokenizer' must be"):
         FleetSpec.from_dict({"pods": [{"model": "m", "tokenizer": 5}]})
-    spec = FleetSpec.from_dict({"pods": [{"model": "m", "tokenizer": "sim-llama3-4k"}]})
-    assert spec.pod_config(spec.pods[0]).profile.vocab_size == 4096  # ids stay in the vocabulary
+    spec = FleetSpec.from_dict({"pods": [{"model": "m", "tokenizer": "sim-llama3-12k"}]})
+    assert spec.pod_config(spec.pods[0]).profile.vocab_size == 12288  # ids stay in the vocabulary
 
 
 async def _chat(client: httpx.AsyncClient, messages: list[dict]) -> str:

@@ -6,16 +6,20 @@ import json
 
 import pytest
 
+from epp.app import build_scheduler
 from epp.config import parse_epp_config
 from epp.context import EppContext
 from epp.pool import Endpoint, Metrics, Pool
 from epp.processor import EppProcessor
+from epp.request import parse_request
 from epp.scheduling.weighted import WeightedScheduler
 from epp.telemetry import Telemetry
+from epp.tokenize import PoolTokenizers
 from epp.trust import HeaderPolicy
 from extproc.errors import ErrorResponse
 from extproc.headers import DESTINATION_HEADER
 from extproc.stream import RequestRoute
+from modelsim.build_tokenizer import OUT as SHIPPED_TOKENIZER
 
 CONFIG = parse_epp_config(
     {
@@ -178,3 +182,38 @@ def test_prompt_text_of_every_openai_shape() -> None:
     ]
     assert prompt_text({"input": items}) == "user:q1\nuser:q2\n"
     assert prompt_text({"prompt": ["x", "y"]}) == "xy"
+
+
+async def test_tokenized_request_counts_its_real_prompt_tokens() -> None:
+    """With token ids (a model tokenizer, a profile reading them) the prompt size every scorer
+    and the in-flight accounting use is the ids' count, not the chars / 4 estimate."""
+    config = parse_epp_config(
+        {
+            "profiles": {"default": {"weights": {"precise-prefix-cache": 3, "queue": 1}}},
+            "pools": [{"name": "llama", "models": [{"name": "llama", "tokenizer": str(SHIPPED_TOKENIZER)}]}],
+        }
+    )
+    ctx = make_ctx()
+    ctx.scheduler = build_scheduler(config)
+    ctx.tokenizers = PoolTokenizers()
+    ctx.tokenizers.configure([("llama", str(SHIPPED_TOKENIZER))])
+    # Punctuation and digits: the shipped BPE needs far more than chars / 4 tokens for them.
+    data = {
+        "model": "llama",
+        "messages": [{"role": "user", "content": "(1, 2); [3, 4]! " * 20}],
+        "max_tokens": 7,
+    }
+    ids = await ctx.tokenizers.token_ids("llama", data)
+    assert ids is not None
+    estimate = parse_request(
+        data, request_id="r", target_model="llama", adapter=None, headers={}
+    ).prompt_tokens
+    assert len(ids) > 1.5 * estimate  # the two counts must differ for this test to mean anything
+    proc = EppProcessor(ctx)
+    route = await proc.on_request({"x-gateway-model-name": "llama"}, json.dumps(data).encode())
+    assert isinstance(route, RequestRoute)
+    address = route.set_headers[DESTINATION_HEADER].split(",")[0]
+    inflight = {e.address: e.inflight_tokens for e in ctx.pool.snapshot().endpoints}
+    assert inflight[address] == len(ids) + 7
+    proc.on_close(True)
+    assert all(e.inflight_tokens == 0 for e in ctx.pool.snapshot().endpoints)

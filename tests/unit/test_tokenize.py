@@ -20,7 +20,7 @@ from epp.tokenize import (
 from modelsim.build_tokenizer import CHAT_TEMPLATE, OUT
 from modelsim.tokenizer import HFTokenizer
 
-SHIPPED = OUT  # modelsim/tokenizer_files/sim-llama3-4k
+SHIPPED = OUT  # modelsim/tokenizer_files/sim-llama3-12k
 TEXT = (Path(__file__).resolve().parents[2] / "docs" / "scheduling.md").read_text()
 
 
@@ -205,7 +205,7 @@ def test_pool_tokenizers_fall_back_per_model_and_keep_loaded_ones(tmp_path: Path
 
 
 def test_modelsim_tokenizes_with_the_same_files_identically(tok) -> None:
-    sim = HFTokenizer("sim-llama3-4k")  # a shipped name
+    sim = HFTokenizer("sim-llama3-12k")  # a shipped name
     assert sim.template.environment.trim_blocks
     for turns in (1, 4, 9):
         msgs = _conversation(turns)
