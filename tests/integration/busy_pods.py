@@ -19,11 +19,16 @@ def pod_address(gw: LocalGateway, name: str) -> str:
     return next(p["address"] for p in gw.pods if p["name"] == name)
 
 
-async def pool_state(gw: LocalGateway, pool: str) -> dict[str, dict]:
-    """The EPP's view of each pod (`/debug/pool`), by address."""
+async def debug_pool(gw: LocalGateway, pool: str) -> dict:
+    """The EPP's whole `/debug/pool` document."""
     async with httpx.AsyncClient() as c:
         r = await c.get(f"http://127.0.0.1:{gw.epp_metrics_ports[pool]}/debug/pool")
-    return {e["address"]: e for e in r.json()["endpoints"]}
+    return r.json()
+
+
+async def pool_state(gw: LocalGateway, pool: str) -> dict[str, dict]:
+    """The EPP's view of each pod (`/debug/pool`), by address."""
+    return {e["address"]: e for e in (await debug_pool(gw, pool))["endpoints"]}
 
 
 async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 20.0) -> None:

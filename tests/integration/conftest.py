@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -29,20 +30,28 @@ REQUEST_PATHS = (*MODES, *(f"{mode}-buffered" for mode in MODES))
 BUFFER_LIMIT_BYTES = 3 * 1024 * 1024
 
 
+def local_gateway(
+    tmp_path_factory: pytest.TempPathFactory, name: str, **options: Any
+) -> Iterator[LocalGateway]:
+    """A module's gateway (`start_local_gateway` options), stopped when the module is done."""
+    gw = start_local_gateway(tmp_path_factory.mktemp(name), **options)
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
 def canary_gateway(tmp_path_factory: pytest.TempPathFactory, mode: str = "two-hop") -> Iterator[LocalGateway]:
     buffered = mode.endswith("-buffered")
     listener = {"requestBodyMode": "buffered", "maxBufferedBodyBytes": BUFFER_LIMIT_BYTES}
-    gw = start_local_gateway(
-        tmp_path_factory.mktemp(f"gateway-{mode}"),
+    yield from local_gateway(
+        tmp_path_factory,
+        f"gateway-{mode}",
         fleet=FAST_FLEET,
         config_patch=add_canary,
         config_extra={"listener": listener} if buffered else None,
         single_hop=mode.removesuffix("-buffered") == "single-hop",
     )
-    try:
-        yield gw
-    finally:
-        gw.stop()
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from devstack.launch import LocalGateway, dev_trust, start_local_gateway
-from tests.integration.busy_pods import pod_address, pool_state, wait_for
+from devstack.launch import LocalGateway, dev_trust
+from tests.integration.busy_pods import debug_pool, pod_address, pool_state, wait_for
+from tests.integration.conftest import local_gateway
 
 MODEL = "llama-3.1-8b-instruct"
 POOL = "llama-3-1-8b-instruct"
@@ -48,16 +49,11 @@ def _patch(config: dict) -> None:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    gw = start_local_gateway(tmp_path_factory.mktemp("lora-residency"), fleet=FLEET, config_patch=_patch)
-    try:
-        yield gw
-    finally:
-        gw.stop()
+    yield from local_gateway(tmp_path_factory, "lora-residency", fleet=FLEET, config_patch=_patch)
 
 
 async def _debug(gw: LocalGateway) -> dict:
-    async with httpx.AsyncClient() as c:
-        return (await c.get(f"http://127.0.0.1:{gw.epp_metrics_ports[POOL]}/debug/pool")).json()
+    return await debug_pool(gw, POOL)
 
 
 async def _truth(client: httpx.AsyncClient, address: str) -> list[str]:

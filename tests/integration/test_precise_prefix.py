@@ -7,13 +7,13 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from devstack.launch import LocalGateway, dev_trust, start_local_gateway
+from devstack.launch import LocalGateway, dev_trust
 from epp.tokenize import load_tokenizer
 from modelsim.build_tokenizer import OUT as SHIPPED
-from tests.integration.busy_pods import wait_for
+from tests.integration.busy_pods import debug_pool, wait_for
+from tests.integration.conftest import local_gateway
 
 MODEL = "llama-3.1-8b-instruct"
 POOL = "llama-3-1-8b-instruct"
@@ -40,16 +40,11 @@ def _patch(config: dict) -> None:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    gw = start_local_gateway(tmp_path_factory.mktemp("precise"), fleet=FLEET, config_patch=_patch)
-    try:
-        yield gw
-    finally:
-        gw.stop()
+    yield from local_gateway(tmp_path_factory, "precise", fleet=FLEET, config_patch=_patch)
 
 
 async def _debug(gw: LocalGateway) -> dict:
-    async with httpx.AsyncClient() as c:
-        return (await c.get(f"http://127.0.0.1:{gw.epp_metrics_ports[POOL]}/debug/pool")).json()
+    return await debug_pool(gw, POOL)
 
 
 def _scores(decision: str) -> dict[str, float]:

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from devstack.launch import LocalGateway, dev_trust, start_local_gateway
+from devstack.launch import LocalGateway, dev_trust
 from tests.integration.busy_pods import busy, pool_state
-from tests.integration.conftest import chat
+from tests.integration.conftest import chat, local_gateway
 
 MODEL = "llama-3.1-8b-instruct"
 POOL = "llama-3-1-8b-instruct"
@@ -44,16 +44,13 @@ def prompt() -> str:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    gw = start_local_gateway(
-        tmp_path_factory.mktemp("predicted"),
+    yield from local_gateway(
+        tmp_path_factory,
+        "predicted",
         fleet=FLEET,
         config_extra={"defaultProfile": "predicted", "thresholds": {"queue": 100}},
         config_patch=dev_trust,
     )
-    try:
-        yield gw
-    finally:
-        gw.stop()
 
 
 async def test_traffic_goes_to_the_fast_pod_while_idle_and_spills_once_its_queue_is_long(
