@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from devstack.launch import FAST_FLEET, LocalGateway, start_local_gateway
+from devstack.launch import FAST_FLEET, LocalGateway, dev_trust, start_local_gateway
 
 
 def add_canary(config: dict) -> None:
@@ -28,6 +28,13 @@ MODES = ("two-hop", "single-hop")
 # limited to BUFFER_LIMIT_BYTES) instead of streamed through the services (the default).
 REQUEST_PATHS = (*MODES, *(f"{mode}-buffered" for mode in MODES))
 BUFFER_LIMIT_BYTES = 3 * 1024 * 1024
+
+
+def use_profile(config: dict, name: str, weights: dict[str, float]) -> None:
+    """Make `name` (these weights) the pools' default profile, with the decision header on."""
+    dev_trust(config)
+    config["profiles"] = {name: {"weights": weights}}
+    config["defaultProfile"] = name
 
 
 def local_gateway(

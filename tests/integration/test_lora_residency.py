@@ -23,9 +23,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from devstack.launch import LocalGateway, dev_trust
+from devstack.launch import LocalGateway
 from tests.integration.busy_pods import debug_pool, pod_address, pool_state, wait_for
-from tests.integration.conftest import local_gateway
+from tests.integration.conftest import local_gateway, use_profile
 
 MODEL = "llama-3.1-8b-instruct"
 POOL = "llama-3-1-8b-instruct"
@@ -42,9 +42,7 @@ FLEET = {
 
 
 def _patch(config: dict) -> None:
-    dev_trust(config)
-    config["profiles"] = {"lora": {"weights": {"lora-affinity": 2, "queue": 1}}}
-    config["defaultProfile"] = "lora"
+    use_profile(config, "lora", {"lora-affinity": 2, "queue": 1})
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from devstack.launch import LocalGateway, dev_trust
+from devstack.launch import LocalGateway
 from epp.tokenize import load_tokenizer
 from modelsim.build_tokenizer import OUT as SHIPPED
 from tests.integration.busy_pods import debug_pool, wait_for
-from tests.integration.conftest import local_gateway
+from tests.integration.conftest import local_gateway, use_profile
 
 MODEL = "llama-3.1-8b-instruct"
 POOL = "llama-3-1-8b-instruct"
@@ -32,10 +32,8 @@ DOC = (Path(__file__).resolve().parents[2] / "docs" / "scheduling.md").read_text
 
 
 def _patch(config: dict) -> None:
-    dev_trust(config)  # the decision header
     config["pools"][0]["models"][0]["tokenizer"] = str(SHIPPED)
-    config["profiles"] = {"precise": {"weights": {"precise-prefix-cache": 10, "queue": 1}}}
-    config["defaultProfile"] = "precise"
+    use_profile(config, "precise", {"precise-prefix-cache": 10, "queue": 1})
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgpack
 import pytest
@@ -289,7 +290,8 @@ def _stored(h: int, parent: int | None, block: int) -> object:
     return wire.stored("current", [h], parent, _tokens(1, block * BS), BS)
 
 
-async def _start(ctx: zmq.asyncio.Context, vllm: FakeVllm, replay: bool = True):
+async def _start(ctx: zmq.asyncio.Context, vllm: FakeVllm, replay: bool = True, **hooks: Any):
+    """A subscriber of pod 127.0.0.1:8000 running on `vllm` (`hooks`: on_batch, on_restart)."""
     index = _index()
     sub = KVEventSubscriber(
         "127.0.0.1:8000",
@@ -300,6 +302,7 @@ async def _start(ctx: zmq.asyncio.Context, vllm: FakeVllm, replay: bool = True):
         metrics=KVEventMetrics(None),
         context=ctx,
         replay_timeout_s=5.0,
+        **hooks,
     )
     task = asyncio.get_running_loop().create_task(sub.run())
     return index, sub, task
@@ -460,18 +463,9 @@ async def test_every_applied_batch_reaches_the_hook(ctx: zmq.asyncio.Context) ->
     vllm = FakeVllm(ctx)
     await vllm.publish(0, [wire.stored("current", [1], None, _tokens(1), BS, lora_name="sql")], send=False)
     seen: list[tuple[str, list]] = []
-    index = _index()
-    sub = KVEventSubscriber(
-        "127.0.0.1:8000",
-        "m",
-        index,
-        vllm.port,
-        vllm.replay_port,
-        context=ctx,
-        replay_timeout_s=5.0,
-        on_batch=lambda pod, batch: seen.append((pod, stored_adapters(batch))),
+    _, sub, task = await _start(
+        ctx, vllm, on_batch=lambda pod, batch: seen.append((pod, stored_adapters(batch)))
     )
-    task = asyncio.get_running_loop().create_task(sub.run())
     try:
         seq = await _connected(vllm, sub, 1)
         await vllm.publish(seq, [wire.stored("current", [2], None, _tokens(1), BS, lora_id=3)])
