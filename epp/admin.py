@@ -40,6 +40,7 @@ def pool_json(snapshot: PoolSnapshot) -> dict[str, Any]:
                 "queue": s.queue,
                 "backlog": s.backlog,
                 "finished_since_scrape": s.finished_since_scrape,
+                "routed_since_scrape": s.routed_since_scrape,
                 "ttft_ewma_s": s.ttft_ewma,
                 "tpot_ewma_s": s.tpot_ewma,
                 "prefill_tps": s.prefill_tps,

@@ -176,9 +176,11 @@ class EndpointState:
     mean_prompt_tokens: float | None = None  # a typical prompt's length on this pod
     healthy: bool = True  # False after repeated scrape failures
     # The effective queue, computed here once for every scorer and filter that reads it:
-    # scraped waiting + requests routed here that the scrape does not show yet
-    # (max(0, in-flight - waiting - running); other replicas' requests only ever make the
-    # pod's counts larger, so this never double counts). None while waiting is unknown.
+    # scraped waiting (less what finishes since admitted) + requests routed here that the
+    # scrape does not show yet: at least this EPP's requests routed since the scrape and
+    # still in flight, and at least in-flight - waiting - running (requests in transit when
+    # the scrape was read; other replicas' requests only ever make the pod's counts larger,
+    # so this never double counts). None while waiting is unknown.
     queue: float | None = field(init=False, default=None)
     # The part of `queue` the pod cannot start now, what saturation reads: the scraped
     # waiting count (the engine did not admit those: KV full, its sequence limit, or a step in
@@ -190,6 +192,11 @@ class EndpointState:
     # Requests of this EPP that finished on the pod since its last scrape: each let the engine
     # admit one waiting request, so the scraped waiting count is that much too high by now.
     finished_since_scrape: int = 0
+    # Requests this EPP routed to the pod since its last scrape and still in flight: none is in
+    # the scraped counts, each still needs its prefill. Netting them against finished ones
+    # (in-flight - waiting - running alone) read a pod that finished as many as it was sent
+    # as having nothing pending, and a burst clumped onto it between two scrapes.
+    routed_since_scrape: int = 0
 
     def __post_init__(self) -> None:
         # Cheap comparisons only: one record per pod per scheduling decision.
@@ -218,6 +225,8 @@ class EndpointState:
                 if done > 0:
                     waiting = waiting - done if waiting > done else 0.0
                 unseen = self.inflight_requests - waiting - (m.running or 0.0)
+                if self.routed_since_scrape > unseen:
+                    unseen = float(self.routed_since_scrape)
                 if unseen > 0:
                     room = kv_room(m, self.inflight_requests, self.inflight_tokens)
                     _set(self, "queue", waiting + unseen)
@@ -271,6 +280,8 @@ class _Live:
     inflight_requests: int = 0
     inflight_tokens: int = 0
     finished_since_scrape: int = 0
+    routed_since_scrape: int = 0  # this EPP's, still in flight (EndpointState)
+    scrape_seen_at: float = -math.inf  # monotonic time the last scrape was recorded
     ttft: _Speed = field(default_factory=_Speed)
     tpot: _Speed = field(default_factory=_Speed)
     prefill_tps: _Speed = field(default_factory=_Speed)
@@ -327,6 +338,8 @@ class Pool:
             live.metrics = metrics
             live.failures = 0
             live.finished_since_scrape = 0
+            live.routed_since_scrape = 0
+            live.scrape_seen_at = time.monotonic()
             if self.capacity_hook is not None:
                 self.capacity_hook()
 
@@ -352,27 +365,44 @@ class Pool:
         if live is not None:
             live.inflight_requests += 1
             live.inflight_tokens += tokens
+            live.routed_since_scrape += 1
             if self.routed_hook is not None:
                 self.routed_hook(address)
 
-    def on_finished(self, address: str, tokens: int) -> None:
-        """Undo `on_routed`; callers guarantee exactly one call per routed request."""
+    def on_finished(self, address: str, tokens: int, routed_at: float | None = None) -> None:
+        """Undo `on_routed`; callers guarantee exactly one call per routed request.
+        `routed_at` (monotonic) tells whether it was routed since the pod's last scrape."""
         live = self._live.get(address)
         if live is not None:
             live.inflight_requests = max(0, live.inflight_requests - 1)
             live.inflight_tokens = max(0, live.inflight_tokens - tokens)
             live.finished_since_scrape += 1
+            self._unroute_since_scrape(live, routed_at)
         if self.capacity_hook is not None:
             self.capacity_hook()
 
-    def move_inflight(self, old: str, new: str, tokens: int) -> None:
+    def move_inflight(self, old: str, new: str, tokens: int, routed_at: float | None = None) -> None:
         """A retry served the request on `new` instead of `old`: move its slot, as if routed
-        there in the first place (nothing finished on `old`)."""
+        there in the first place (nothing finished on `old`). Its finish must then not pass a
+        `routed_at` (it was never counted as routed since `new`'s scrape)."""
         live = self._live.get(old)
         if live is not None:
             live.inflight_requests = max(0, live.inflight_requests - 1)
             live.inflight_tokens = max(0, live.inflight_tokens - tokens)
-        self.on_routed(new, tokens)
+            self._unroute_since_scrape(live, routed_at)
+        moved = self._live.get(new)
+        if moved is not None:  # being served there already: not pending a prefill as routed ones are
+            moved.inflight_requests += 1
+            moved.inflight_tokens += tokens
+            if self.routed_hook is not None:
+                self.routed_hook(new)
+
+    @staticmethod
+    def _unroute_since_scrape(live: _Live, routed_at: float | None) -> None:
+        # Without `routed_at` the request is taken as routed since the scrape: the count only
+        # errs low then, and every scrape resets it.
+        if live.routed_since_scrape > 0 and (routed_at is None or routed_at > live.scrape_seen_at):
+            live.routed_since_scrape -= 1
 
     def observe_speed(
         self,
@@ -456,6 +486,7 @@ class Pool:
                 mean_prompt_tokens=live.prompt_tokens.current(now, half_life),
                 healthy=live.failures < self._unhealthy_after,
                 finished_since_scrape=live.finished_since_scrape,
+                routed_since_scrape=live.routed_since_scrape,
             )
             for address, live in self._live.items()
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import replace
@@ -45,6 +46,7 @@ class EppProcessor:
         self._address: str | None = None
         self._request: InferenceRequest | None = None
         self._routed_at = 0.0
+        self._counted_at = 0.0  # when it was counted as routed to its current pod
         self._status: int | None = None
         self._explain: str | None = None  # returned on the response when the client asked
         # What the decision span describes (gateway/tracing.py; read only when tracing is on).
@@ -159,10 +161,10 @@ class EppProcessor:
         prefix = decision.scores.get(address, {}).get("prefix-cache")
         if prefix is not None:
             self._ctx.telemetry.prefix_lookup(prefix)
+        self._routed_at = self._counted_at = time.monotonic()
         self._ctx.pool.on_routed(address, request.estimated_tokens)
         self._ctx.scheduler.on_routed(request, address)
         self._ctx.telemetry.routed(request)
-        self._routed_at = time.monotonic()
         if self._ctx.header_policy.explain(headers):  # the client asked and may see the fleet
             self._explain = explain(decision)
         return RequestRoute(
@@ -267,8 +269,10 @@ class EppProcessor:
         served = headers.get(SERVED_HEADER)
         if served and served != self._address and self._request is not None:
             # A retry moved the request to another endpoint of the ranked list: account it there.
-            self._ctx.pool.move_inflight(self._address, served, self._request.estimated_tokens)
-            self._address = served
+            self._ctx.pool.move_inflight(
+                self._address, served, self._request.estimated_tokens, routed_at=self._counted_at
+            )
+            self._address, self._counted_at = served, -math.inf  # not routed since `served`'s scrape
         out = {DECISION_HEADER: self._explain} if self._explain else {}
         if self._ctx.conformance_test_mode:
             out[test_picker.SERVED_RESULT_HEADER] = served or "fail: the gateway reported no served endpoint"
@@ -282,7 +286,7 @@ class EppProcessor:
             return
         address, request = self._address, self._request
         self._address = None  # exactly once, even if called again
-        self._ctx.pool.on_finished(address, request.estimated_tokens)
+        self._ctx.pool.on_finished(address, request.estimated_tokens, routed_at=self._counted_at)
         # Response bodies are not streamed to the EPP (a gRPC round trip per SSE chunk would
         # cost more than the scheduling itself); the route asks for response trailers, so Envoy
         # closes this stream only when the HTTP stream ends (last byte, reset or abort), which

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from epp.pool import Endpoint, Metrics, Pool, kv_room
 from epp.scheduling.params import SaturationParams
 from epp.scheduling.saturation import is_saturated
@@ -11,9 +13,9 @@ def test_the_queue_estimate_follows_completions_between_scrapes() -> None:
     """Each request that finishes lets the engine admit one waiting request: the scraped
     waiting count is lowered by the completions seen since, until the next scrape says."""
     pool = Pool([Endpoint("a", frozenset({"m"}))])
-    pool.record_metrics("a", Metrics(waiting=2, running=4, kv_usage=0.5))
     for _ in range(6):
         pool.on_routed("a", 10)
+    pool.record_metrics("a", Metrics(waiting=2, running=4, kv_usage=0.5))  # shows all six
     assert pool.snapshot().endpoints[0].queue == 2
     pool.on_finished("a", 10)
     assert pool.snapshot().endpoints[0].queue == 1  # one waiting request was admitted meanwhile
@@ -24,6 +26,31 @@ def test_the_queue_estimate_follows_completions_between_scrapes() -> None:
     assert pool.snapshot().endpoints[0].queue == 1  # a fresh scrape is the truth again
     pool.move_inflight("a", "a", 10)  # a retry's move is not a completion
     assert pool.snapshot().endpoints[0].queue == 1
+
+
+def test_requests_routed_since_the_scrape_are_pending_whatever_finished() -> None:
+    """Measured on bursty-qwen3-235b: a pod that finished as many requests as it was sent
+    since its last scrape read an empty queue (in-flight - waiting - running nets the two), so
+    a burst clumped onto it between scrapes. The requests routed since the scrape and still in
+    flight each still need their prefill; the ones that finished freed running slots."""
+    pool = Pool([Endpoint("a", frozenset({"m"}))])
+    for _ in range(10):
+        pool.on_routed("a", 10)
+    before = time.monotonic()
+    pool.record_metrics("a", Metrics(waiting=0, running=10, kv_usage=0.5))
+    for _ in range(5):
+        pool.on_finished("a", 10, routed_at=before)  # five of the scraped ten finish
+    for _ in range(5):
+        pool.on_routed("a", 10)  # and five new ones come
+    pod = pool.snapshot().endpoints[0]
+    assert pod.inflight_requests == 10 and pod.routed_since_scrape == 5
+    assert pod.queue == 5  # netted, the old estimate read 0
+    pool.on_finished("a", 10, routed_at=time.monotonic())  # one of the new ones is done
+    assert pool.snapshot().endpoints[0].queue == 4
+    pool.on_finished("a", 10, routed_at=before)  # an old one: the new ones still pend
+    assert pool.snapshot().endpoints[0].queue == 4
+    pool.record_metrics("a", Metrics(waiting=1, running=7, kv_usage=0.5))
+    assert pool.snapshot().endpoints[0].queue == 1  # the scrape is the truth again
 
 
 def _pod(pool: Pool, *, waiting: float, running: float, kv: float, blocks: int | None = 1000) -> None:
@@ -47,8 +74,10 @@ def test_requests_in_transit_to_a_pod_with_free_kv_are_no_backlog() -> None:
     the effective queue read 1 on a pod with half its KV free, and at a queue threshold of 1
     the pool read saturated all the time. Its free KV admits them at the next engine step."""
     pool = Pool([Endpoint("a", frozenset({"m"}))])
+    for _ in range(40):
+        pool.on_routed("a", 200)
     _pod(pool, waiting=0, running=40, kv=0.49)
-    for _ in range(42):
+    for _ in range(2):
         pool.on_routed("a", 200)  # 40 running, 2 routed since the scrape
     pod = pool.snapshot().endpoints[0]
     assert pod.queue == 2
@@ -63,8 +92,10 @@ def test_requests_in_transit_to_a_pod_with_free_kv_are_no_backlog() -> None:
 
 def test_a_full_pod_keeps_its_backlog() -> None:
     pool = Pool([Endpoint("a", frozenset({"m"}))])
+    for _ in range(43):
+        pool.on_routed("a", 200)
     _pod(pool, waiting=3, running=40, kv=0.975)  # 240 free tokens: one request of 200
-    for _ in range(45):
+    for _ in range(2):
         pool.on_routed("a", 200)
     pod = pool.snapshot().endpoints[0]
     assert pod.queue == 5 and pod.backlog == 4  # 3 waiting + 2 unseen, one of which fits
