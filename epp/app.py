@@ -195,6 +195,10 @@ class EppApp:
         self.scraper.configure(
             scrape.interval_ms / 1000, scrape.max_interval() / 1000, scrape.jitter, scrape.timeout_ms / 1000
         )
+        shared = self.shared_state
+        self.scraper.sharers = (
+            (lambda: 1 + len(shared.peers)) if shared is not None and scrape.share_across_replicas else None
+        )
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
 

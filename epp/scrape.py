@@ -203,6 +203,9 @@ class Scraper:
         # Called with (address, metrics, monotonic time the scrape was sent) after each good
         # scrape: the page shows the pod at some instant after that (adapter residency).
         self.scraped_hook: Callable[[str, Metrics, float], None] | None = None
+        # How many replicas share the scraping of this pool (scrape.shareAcrossReplicas): each
+        # good scrape's next interval is that many times the cadence's. None: this one alone.
+        self.sharers: Callable[[], int] | None = None
         pool.routed_hook = self.wake
 
     @property
@@ -307,7 +310,7 @@ class Scraper:
         speed = SpeedTracker()
         loop = asyncio.get_running_loop()
         # Start at a random phase: pods synced together must not be scraped in lock-step.
-        await self._sleep(ep.address, self._rng.random() * self.cadence.fast_s, loop)
+        await self._sleep(ep.address, self._rng.random() * self.cadence.fast_s * self._share(), loop)
         interval = self.cadence.fast_s
         previous: Metrics | None = None
         failure_delay = 0.0
@@ -322,9 +325,13 @@ class Scraper:
                 failure_delay = 0.0
                 busy = _busy(previous, metrics, self.pool.inflight(ep.address))
                 interval = cadence.next_interval(interval, busy)
-                delay = cadence.jittered(interval, self._rng)
+                delay = cadence.jittered(interval * self._share(), self._rng)
                 previous = metrics
             await self._sleep(ep.address, delay - (loop.time() - started), loop)
+
+    def _share(self) -> int:
+        sharers = self.sharers
+        return max(1, sharers()) if sharers is not None else 1
 
     async def _sleep(self, address: str, delay: float, loop: asyncio.AbstractEventLoop) -> None:
         """Sleep `delay`; a sleep longer than the fast interval (an idle pod's) ends at once on

@@ -213,6 +213,12 @@ class ScrapeConfig(_Model):
     # Observed-speed EWMAs lose half their weight per half-life; after 4 without a new
     # observation the pod's speed is unknown again (epp/pool.py).
     speed_half_life_ms: int = Field(default=10_000, ge=100, le=86_400_000, alias="speedHalfLifeMs")
+    # With sharedState, each replica waits its interval times the pool's live replica count, so
+    # the pods see about one scrape per interval from all of a pool's EPPs together: N replicas
+    # scraping every pod at the full rate multiplied the load on the servers' metrics endpoints
+    # by N (measured: docs/benchmarks.md, "More than one EPP process"). The counts that move
+    # between scrapes (in-flight per pod) are shared, so each replica's picture stays current.
+    share_across_replicas: bool = Field(default=True, alias="shareAcrossReplicas")
 
     def max_interval(self) -> int:
         """The idle interval in ms: `maxIntervalMs`, or the default but never below intervalMs."""

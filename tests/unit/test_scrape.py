@@ -242,3 +242,33 @@ async def test_a_configured_kv_capacity_gives_tgi_pods_a_kv_usage(tmp_path) -> N
             assert metrics is not None and metrics.kv_usage is not None and 0.0 <= metrics.kv_usage <= 1.0
         finally:
             await scraper.stop()
+
+
+async def test_replicas_sharing_a_pool_scrape_it_at_their_interval_times_their_count() -> None:
+    """scrape.shareAcrossReplicas: N replicas each wait N intervals between good scrapes, so
+    the pods see one scrape per interval from the pool's EPPs together; one replica alone, or
+    one whose shared state is down (no peers known), waits one interval."""
+    pool = Pool([Endpoint("10.0.0.1:8000", frozenset({"m"}))])
+    scraper = Scraper(pool, interval_s=1.0, max_interval_s=4.0, jitter=0.0)
+    sharers = [3]
+    scraper.sharers = lambda: sharers[0]
+    delays: list[float] = []
+
+    async def scrape_once(ep: Endpoint, speed: SpeedTracker) -> Metrics:
+        return Metrics(waiting=1, running=1)  # busy: the fast interval applies
+
+    async def sleep(address: str, delay: float, loop: asyncio.AbstractEventLoop) -> None:
+        delays.append(delay)
+        if len(delays) == 3:
+            sharers[0] = 1  # the peers are gone
+        if len(delays) == 5:
+            raise asyncio.CancelledError
+
+    scraper.scrape_once = scrape_once  # type: ignore[method-assign]
+    scraper._sleep = sleep  # type: ignore[method-assign]
+    with pytest.raises(asyncio.CancelledError):
+        await scraper._loop(pool.endpoints()[0])
+    phase, *waits = delays
+    assert 0.0 <= phase <= 3.0  # a random phase over the shared period
+    assert all(2.5 < d <= 3.0 for d in waits[:2]), waits  # three sharers: 3 x 1 s
+    assert all(0.5 < d <= 1.0 for d in waits[2:]), waits  # alone again: 1 s

@@ -62,3 +62,29 @@ def test_the_half_life_comes_from_the_config_and_follows_reloads(tmp_path: Path)
     write(700)
     assert app._watcher.check()
     assert app.pool.speed_half_life_s == 0.7
+
+
+def test_the_scrape_is_shared_by_the_live_replicas_unless_turned_off(tmp_path: Path) -> None:
+    """No Redis is contacted here: the replicas sharing the scrape are this one plus the peers
+    the shared-state loop last saw (none until it has seen any, or while Redis is down)."""
+
+    def write(share: bool, shared: bool = True) -> Path:
+        path = tmp_path / "gw.yaml"
+        config: dict = {
+            "pools": [{"name": "p", "models": [{"name": "m"}], "endpoints": [{"address": "127.0.0.1:9"}]}],
+            "scrape": {"shareAcrossReplicas": share},
+        }
+        if shared:
+            config["sharedState"] = {"redis": "redis://127.0.0.1:9"}
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    app = EppApp(write(True), "p")
+    assert app.shared_state is not None and app.scraper.sharers is not None
+    assert app.scraper.sharers() == 1
+    app.shared_state.peers = ["r2", "r3"]
+    assert app.scraper.sharers() == 3
+    write(False)
+    assert app._watcher.check()
+    assert app.scraper.sharers is None  # each replica scrapes at the full rate
+    assert EppApp(write(True, shared=False), "p").scraper.sharers is None
