@@ -1,7 +1,8 @@
 """The benchmarks' oracle endpoint picker: ask every pod, take the lowest predicted TTFT.
 
-Not a product: it reads the simulator's exact state (`POST /sim/probe` on each modelsim pod,
-all pods concurrently) instead of scraped metrics. It is a reference, not a bound: it is greedy
+Not a product: it reads the simulator's exact state (`POST /sim/probe-fleet`: every pod of
+the simulator process in one call; `POST /sim/probe` on each pod it did not cover) instead of
+scraped metrics. It is a reference, not a bound: it is greedy
 per request (no look-ahead), requests probing at the same moment see the same state and can
 herd onto one pod, and a metrics-based picker can beat it (one did in mixed-gpu).
 
@@ -96,13 +97,34 @@ class OraclePicker:
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
             return None  # a pod that cannot answer is not a candidate
 
+    async def probe_fleet(self, address: str, body: bytes) -> dict[str, Probe]:
+        """Every pod of `address`'s simulator process in one call (`/sim/probe-fleet`); empty
+        when it cannot answer (then each pod is probed on its own)."""
+        try:
+            async with self.client.post(
+                f"http://{address}/sim/probe-fleet",
+                data=body,
+                headers={"content-type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
+            ) as reply:
+                if reply.status != 200:
+                    return {}
+                pods = json.loads(await reply.read())["pods"]
+            return {a: Probe(a, float(p["predicted_ttft_s"]), int(p["running"])) for a, p in pods.items()}
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
     async def pick(self, model: str, body: bytes) -> str | ErrorResponse:
         addresses = self.candidates(model)
         if not addresses:
             return ErrorResponse(
                 404, f"The model '{model}' is not served by pool '{self.pool_name}'", "model_not_found"
             )
-        probes = await asyncio.gather(*(self.probe(a, body) for a in addresses))
+        # One call for the pods the first candidate's process runs, one each for the rest.
+        found = await self.probe_fleet(addresses[0], body)
+        rest = [a for a in addresses if a not in found]
+        probes = [found[a] for a in addresses if a in found]
+        probes += await asyncio.gather(*(self.probe(a, body) for a in rest))
         best = best_probe([p for p in probes if p is not None], self.rng)
         if best is None:
             return unavailable(f"no pod of pool '{self.pool_name}' answered /sim/probe")

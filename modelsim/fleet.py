@@ -316,6 +316,8 @@ async def run_fleet(spec: FleetSpec, host: str = "127.0.0.1") -> AsyncIterator[F
     """Start every pod of ``spec`` on ``host`` and stop them all on exit."""
     clock = SimClock(spec.time_scale)
     pods = [Pod(spec.pod_config(p), clock) for p in spec.pods]
+    for pod in pods:
+        pod.fleet = pods
     started: list[Pod] = []
     try:
         for pod, ps in zip(pods, spec.pods, strict=True):

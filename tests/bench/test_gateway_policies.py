@@ -96,6 +96,10 @@ async def test_oracle_picks_the_pod_with_lowest_predicted_ttft() -> None:
             body = json.dumps(_chat("hello there")).encode()
             probes = [await picker.probe(p["address"], body) for p in pods]
             assert all(p is not None for p in probes)
+            # One call answers for the whole simulator process, as each pod would.
+            together = await picker.probe_fleet(pods[2]["address"], body)
+            assert sorted(together) == sorted(p["address"] for p in pods)
+            assert min(together.values(), key=lambda p: p.predicted_ttft_s).address == fleet.pods[1].address
             picked = await picker.pick(MODEL, body)
             assert picked == fleet.pods[1].address
             assert min(probes, key=lambda p: p.predicted_ttft_s).address == picked  # type: ignore[union-attr]

@@ -63,6 +63,25 @@ async def test_probe_reports_cache_and_prediction(fleet: Fleet) -> None:
     assert pod.probe([1, 2, 3])["running"] == 0
 
 
+async def test_probe_fleet_answers_for_every_pod_of_the_process_that_serves_the_model(fleet: Fleet) -> None:
+    body = {"model": "llama-sql", "prompt": "a shared system prompt about databases " * 60, "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=fleet.pod("qwen").url) as c:  # any pod of the process
+        alone = (await c.post(f"{fleet.pod('llama-0').url}/sim/probe", json=body)).json()
+        together = (await c.post("/sim/probe-fleet", json=body)).json()["pods"]
+        qwen = (await c.post("/sim/probe-fleet", json={**body, "model": "qwen"})).json()["pods"]
+        assert (await c.post("/sim/probe-fleet", json={"model": "zzz", "prompt": "x"})).json() == {"pods": {}}
+        assert (await c.post("/sim/probe-fleet", content=b"{")).status_code == 400
+    assert list(together) == [fleet.pod("llama-0").address]  # the only pod serving the adapter
+    mine = together[fleet.pod("llama-0").address]
+    assert {k: mine[k] for k in ("prompt_tokens", "cached_prefix_tokens", "adapter_resident")} == {
+        k: alone[k] for k in ("prompt_tokens", "cached_prefix_tokens", "adapter_resident")
+    }
+    assert list(qwen) == [fleet.pod("qwen").address]
+    await fleet.pod("qwen").crash()
+    async with httpx.AsyncClient(base_url=fleet.pod("llama-0").url) as c:
+        assert (await c.post("/sim/probe-fleet", json={**body, "model": "qwen"})).json() == {"pods": {}}
+
+
 async def test_each_pod_serves_with_its_own_name() -> None:
     spec = FleetSpec.from_dict({"time_scale": 50, "pods": [{"name": "p", "model": "m", "replicas": 2}]})
     async with run_fleet(spec) as fleet:

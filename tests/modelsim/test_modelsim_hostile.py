@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from devstack.launch import Proc, start_fleet
 
 MODEL, ADAPTER = "llama", "llama-sql"
-PATHS = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/sim/probe"]
+PATHS = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/sim/probe", "/sim/probe-fleet"]
 FLEET = {
     "time_scale": 50.0,
     "pods": [{"name": "llama", "model": MODEL, "adapters": [ADAPTER], "profile": "h100-llama3.1-8b"}],

@@ -34,6 +34,7 @@ NOT_SERVED = [
     "/tokenize",
     "/detokenize",
     "/sim/probe",
+    "/sim/probe-fleet",
     "/sim/fault",
     "/metrics",
     "/health",
