@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from modelsim import metrics as metrics_module
 from modelsim.fleet import Fleet
 
 
@@ -90,3 +93,24 @@ async def test_repeated_long_prompt_hits_prefix_cache_over_http(fleet: Fleet) ->
     ttft_sum = next(s.value for s in fams["vllm:time_to_first_token_seconds"] if s.name.endswith("_sum"))
     assert ttft["+Inf"] == 2 and ttft["0.01"] <= 1
     assert ttft_sum >= 0.05  # the cold prefill alone is ~65 ms of simulated time
+
+
+async def test_the_fast_page_is_byte_for_byte_the_librarys(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """modelsim writes its pages itself (the library's per-sample escaping made a scraping
+    router slow every simulated engine); the bytes must stay prometheus_client's, every dialect,
+    with counters and histograms that moved, adapter names that need escaping, and an empty page."""
+    monkeypatch.setattr(metrics_module.time, "time", lambda: 1_700_000_000.25)  # lora_requests_info
+    async with httpx.AsyncClient(base_url=fleet.pod("llama-0").url) as c:
+        body = {"model": "llama-sql", "prompt": "count the tables " * 20, "max_tokens": 4}
+        assert (await c.post("/v1/completions", json=body)).status_code == 200
+    for pod in fleet.pods:
+        registry = pod._pod.registry
+        assert metrics_module.render(registry) == generate_latest(registry), pod.name
+    llama = fleet.pod("llama-0")._pod
+    engine = llama.engine
+    monkeypatch.setattr(engine, "running_adapters", lambda: ['a"b', "c\\d", "e\nf"])
+    assert metrics_module.render(llama.registry) == generate_latest(llama.registry)
+    empty = CollectorRegistry(auto_describe=False)
+    assert metrics_module.render(empty) == generate_latest(empty) == b""
