@@ -3,8 +3,11 @@
 - `round-robin`, `least-request`: the same Envoy binary and HTTPS listener (concurrency 1)
   with a STATIC cluster of the scenario's pods and a plain load balancer: what a Kubernetes
   Service gives. Every "change vs round-robin" in docs/benchmarks.md is against the first.
-- `epp-default`: the full gateway (BBR + EPP + Envoy) at the published default weights
-  (queue 2, kv-cache 2, prefix-cache 3).
+- `epp-default`: the full gateway (BBR + EPP + Envoy) with the shipped default profile, as a
+  user gets it (since issue #11 predicted-ttft 5, prefix-cache 2, kv-cache 1; before, the
+  published GIE weights: each summary records the weights it ran).
+- `epp-gie`: the full gateway with the built-in `gie` profile, GIE's and AWS's published
+  defaults (queue 2, kv-cache 2, prefix-cache 3).
 - `epp-best`: the full gateway with `BEST_PROFILE`, our tuned profile.
 - `epp-predicted`: the full gateway with the built-in `predicted` profile (predicted-ttft
   scorer, epp/scheduling/scorers.py), as shipped; `weights` / `thresholds` / `picker` options
@@ -21,7 +24,7 @@ the gateway config carries each pod's `kvEventsPort` / `kvReplayPort` and the mo
 
 Target options (`--target-opt key=value`) for tuning without editing code:
 `weights='{"queue": 2, ...}'`, `thresholds='{"queue": 5}'`, `picker=max|weighted`,
-`scrape_ms=50`, `profile=<built-in name>` (epp-best and epp-predicted only); `replicas=N` (any `epp-*`): N EPP
+`scrape_ms=50`, `profile=<built-in name>` (epp-best, epp-gie and epp-predicted only); `replicas=N` (any `epp-*`): N EPP
 replicas sharing state through a private redis-server (`shared_state=1`: the same Redis wiring for
 one replica; `shared_publish_ms=N`: its sharedState.publishIntervalMs); `single_hop=1` (any `epp-*`): the
 single-hop mode (one EPP process does BBR's routing and picks the pod).
@@ -403,6 +406,7 @@ register_policy("round-robin", baseline_factory("ROUND_ROBIN", "round-robin"))
 register_policy("least-request", baseline_factory("LEAST_REQUEST", "least-request"))
 register_policy("epp-default", gateway_factory("epp-default", profile=None))
 register_policy("epp-best", gateway_factory("epp-best", profile=BEST_PROFILE))
+register_policy("epp-gie", gateway_factory("epp-gie", profile=BUILTIN_PROFILE_DATA["gie"], builtin="gie"))
 register_policy(
     "epp-predicted",
     gateway_factory("epp-predicted", profile=BUILTIN_PROFILE_DATA["predicted"], builtin="predicted"),

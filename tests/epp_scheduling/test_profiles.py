@@ -5,10 +5,12 @@ from epp.scheduling.profiles import BUILTIN_PROFILES, Profile, ProfileError, pro
 from epp.scheduling.registry import PICKER_NAMES, SCORER_NAMES
 
 
-def test_default_profile_is_the_published_one():
+def test_default_profile_is_predicted_ttft_with_prefix_affinity_and_the_published_one_is_kept():
     p = BUILTIN_PROFILES["default"]
-    assert dict(p.weights) == {"queue": 2.0, "kv-cache": 2.0, "prefix-cache": 3.0}
+    assert dict(p.weights) == {"predicted-ttft": 5.0, "prefix-cache": 2.0, "kv-cache": 1.0}
     assert p.picker == "max" and p.thresholds == Thresholds(queue=5, kvCache=0.8)
+    gie = BUILTIN_PROFILES["gie"]
+    assert dict(gie.weights) == {"queue": 2.0, "kv-cache": 2.0, "prefix-cache": 3.0}
 
 
 def test_config_spelling_is_kebab_case_names_and_camel_case_thresholds():
@@ -70,7 +72,7 @@ def test_invalid_profile_names_the_field(data, field):
 def test_profiles_from_dict_overlays_builtins():
     merged = profiles_from_dict({"chat": {"weights": {"queue": 1}}, "gold": {"weights": {"inflight": 1}}})
     assert dict(merged["chat"].weights) == {"queue": 1.0}
-    assert set(merged) == {"default", "chat", "batch", "predicted", "gold"}
+    assert set(merged) == {"default", "gie", "chat", "batch", "predicted", "gold"}
     with pytest.raises(ProfileError, match=r"profiles\.gold\.weights"):
         profiles_from_dict({"gold": {"weights": {}}})
 
