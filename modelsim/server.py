@@ -411,18 +411,26 @@ class Pod:
         kind = "chat" if "messages" in body else "completion"
         ids_by_tokenizer: dict[int, list[int]] = {}
         out: dict[str, dict[str, Any]] = {}
-        for pod in self.fleet:
-            if not pod.listening:
-                continue
-            try:
-                _, adapter = resolve_model(body, pod.config.model, pod.config.adapters)
+        unserved: ApiError | None = None
+        try:
+            prompt_ids_of(body, kind, self.tokenizer)  # a malformed prompt is a 400, as on /sim/probe
+            for pod in self.fleet:
+                if not pod.listening:
+                    continue
+                try:
+                    _, adapter = resolve_model(body, pod.config.model, pod.config.adapters)
+                except ApiError as exc:
+                    unserved = exc  # not this pod's model (or adapter): not a candidate
+                    continue
                 key = id(pod.tokenizer)
                 ids = ids_by_tokenizer.get(key)
                 if ids is None:
                     ids = ids_by_tokenizer[key] = prompt_ids_of(body, kind, pod.tokenizer)
-            except ApiError:
-                continue  # not this pod's model (or adapter): not a candidate
-            out[pod.address] = pod.probe(ids, adapter)
+                out[pod.address] = pod.probe(ids, adapter)
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        if not out and unserved is not None:  # no live pod serves the model: /sim/probe's 404
+            return _json(unserved.status, unserved.body(), self.name)
         return _json(200, {"pods": out}, self.name)
 
     def probe(self, prompt_ids: list[int], adapter: str | None) -> dict[str, Any]:

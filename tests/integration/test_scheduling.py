@@ -81,7 +81,7 @@ async def test_decision_header_explains_the_choice(gateway: LocalGateway) -> Non
     assert decision.startswith("profile=default;")
     for address in gateway.pods_of(MODEL):
         assert address in decision
-    assert "kv-cache=" in decision and "queue=" in decision and "total=" in decision
+    assert "kv-cache=" in decision and "predicted-ttft=" in decision and "total=" in decision
 
 
 async def test_requests_avoid_the_pod_with_a_queue(gateway: LocalGateway) -> None:
