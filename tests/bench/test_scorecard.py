@@ -8,10 +8,10 @@ from bench.scorecard import check_scenario, render_scorecard, scorecard_for
 from bench.stats import Spread
 
 
-def _f(*values: float) -> dict[str, Spread | None]:
-    """Figures of one policy: the same values for P95 and P99."""
+def _f(*values: float, p50: tuple[float, ...] = ()) -> dict[str, Spread | None]:
+    """Figures of one policy: the same values for P95 and P99 (P50: `p50`)."""
     s = Spread.of(values)
-    return {"ttft_p95": s, "ttft_p99": s}
+    return {"ttft_p50": Spread.of(p50), "ttft_p95": s, "ttft_p99": s}
 
 
 def test_a_cut_hits_only_when_the_medians_meet_it_and_the_ranges_do_not_overlap() -> None:
@@ -47,3 +47,25 @@ def test_missing_runs_render_as_not_applicable(tmp_path: Path) -> None:
     text = render_scorecard({"bursty": {"round-robin": _f(1.0)}})
     assert "run missing | n/a" in text and "**missed**" not in text
     assert scorecard_for(tmp_path) is None  # no summaries: the page keeps its scorecard
+
+
+def test_a_family_wants_the_shipped_default_lowest_but_the_oracle_and_its_p50_near_round_robins() -> None:
+    figures = {
+        "round-robin": _f(2.0, 2.2, 2.4, p50=(0.20, 0.21, 0.22)),
+        "epp-default": _f(0.30, 0.31, 0.35, p50=(0.22, 0.23, 0.24)),
+        "epp-best": _f(0.33, 0.40, 0.41),
+        "sglang-cache_aware": _f(0.5, 0.6),
+        "oracle": _f(0.1),  # lower, but the oracle does not count
+    }
+    by_what = {what: (text, hit) for what, text, hit in check_scenario("family-x", figures)}
+    text, hit = by_what["TTFT P95 lowest of all policies but the oracle"]
+    assert hit is True and "next epp-best 0.400 s" in text and "ranges overlap" in text
+    text, hit = by_what["TTFT P50 within +10 % of round-robin"]
+    assert hit is True and "+9.5 %" in text  # 0.23 vs 0.21
+    figures["epp-gie"] = _f(0.29, 0.30, 0.31)
+    figures["epp-default"] = _f(0.30, 0.31, 0.35, p50=(0.3,))
+    by_what = {what: (text, hit) for what, text, hit in check_scenario("family-x", figures)}
+    text, hit = by_what["TTFT P95 lowest of all policies but the oracle"]
+    assert hit is False and "as low or lower: epp-gie" in text
+    assert by_what["TTFT P50 within +10 % of round-robin"][1] is False
+    assert check_scenario("family-x", {"round-robin": _f(1.0)})[0][1:] == ("run missing", None)
