@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -82,36 +83,35 @@ class OraclePicker:
             out.append(ep.address)
         return out
 
-    async def probe(self, address: str, body: bytes) -> Probe | None:
+    async def _post(self, address: str, path: str, body: bytes) -> Any:
+        """The JSON answer of one probe call; None when the pod cannot answer."""
         try:
             async with self.client.post(
-                f"http://{address}/sim/probe",
+                f"http://{address}{path}",
                 data=body,
                 headers={"content-type": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
             ) as reply:
-                if reply.status != 200:
-                    return None
-                data = json.loads(await reply.read())
+                return json.loads(await reply.read()) if reply.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def probe(self, address: str, body: bytes) -> Probe | None:
+        data = await self._post(address, "/sim/probe", body)
+        try:
             return Probe(address, float(data["predicted_ttft_s"]), int(data["running"]))
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+        except (KeyError, TypeError, ValueError):
             return None  # a pod that cannot answer is not a candidate
 
     async def probe_fleet(self, address: str, body: bytes) -> dict[str, Probe]:
         """Every pod of `address`'s simulator process in one call (`/sim/probe-fleet`); empty
         when it cannot answer (then each pod is probed on its own)."""
+        data = await self._post(address, "/sim/probe-fleet", body)
         try:
-            async with self.client.post(
-                f"http://{address}/sim/probe-fleet",
-                data=body,
-                headers={"content-type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
-            ) as reply:
-                if reply.status != 200:
-                    return {}
-                pods = json.loads(await reply.read())["pods"]
-            return {a: Probe(a, float(p["predicted_ttft_s"]), int(p["running"])) for a, p in pods.items()}
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError, AttributeError):
+            return {
+                a: Probe(a, float(p["predicted_ttft_s"]), int(p["running"])) for a, p in data["pods"].items()
+            }
+        except (KeyError, TypeError, ValueError, AttributeError):
             return {}
 
     async def pick(self, model: str, body: bytes) -> str | ErrorResponse:
