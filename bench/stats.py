@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -219,20 +219,41 @@ def by_tag(results: Sequence[RequestResult], max_tags: int = 12) -> dict[str, di
     return out
 
 
-def session_stickiness(results: Sequence[RequestResult]) -> float | None:
-    """Share of a session's turns served by the pod that served its previous turn (tags
-    `session-<n>/turn-<k>`, in send order); None when the workload has no sessions."""
+def _session_of(tag: str) -> str | None:
+    session, sep, _ = tag.partition("/turn-")
+    return session if sep and session.startswith("session-") else None
+
+
+def _group_of(tag: str) -> str | None:
+    return tag if tag.startswith("group-") else None
+
+
+def _stickiness(results: Sequence[RequestResult], key: Callable[[str], str | None]) -> float | None:
+    """Share of requests served by the pod that served the previous request of the same key
+    (in send order); None when no key repeats."""
     last: dict[str, str] = {}
     same = total = 0
     for r in sorted(results, key=lambda r: r.sent_s):
-        session, sep, _ = r.tag.partition("/turn-")
-        if not sep or not session.startswith("session-") or not r.ok or not r.pod:
+        k = key(r.tag)
+        if k is None or not r.ok or not r.pod:
             continue
-        if session in last:
+        if k in last:
             total += 1
-            same += last[session] == r.pod
-        last[session] = r.pod
+            same += last[k] == r.pod
+        last[k] = r.pod
     return same / total if total else None
+
+
+def session_stickiness(results: Sequence[RequestResult]) -> float | None:
+    """Share of a session's turns served by the pod that served its previous turn (tags
+    `session-<n>/turn-<k>`); None when the workload has no sessions."""
+    return _stickiness(results, _session_of)
+
+
+def group_stickiness(results: Sequence[RequestResult]) -> float | None:
+    """The same for prompt groups (tags `group-<n>`: requests sharing a system prompt), how
+    often a group stays where its prefix was just cached; None without groups."""
+    return _stickiness(results, _group_of)
 
 
 def by_arrival_window(
@@ -290,6 +311,9 @@ def phase_stats(
     sticky = session_stickiness(results)
     if sticky is not None:
         steady_stats["session_stickiness"] = sticky
+    grouped = group_stickiness(results)
+    if grouped is not None:
+        steady_stats["group_stickiness"] = grouped
     warm_stats = latency_stats(warm)
     warm_stats["output_tok_s"] = tokens_between(results, 0.0, w.start_s) / w.start_s if w.start_s > 0 else 0.0
     drain_tokens = tokens_between(results, w.end_s, math.inf)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from bench.loadgen import RequestResult
-from bench.stats import by_tag, session_stickiness
+from bench.stats import by_tag, group_stickiness, session_stickiness
 from bench.workloads import generate_trace
 
 
@@ -49,3 +49,8 @@ def test_by_tag_counts_refusals_and_tokens_and_stickiness_counts_pod_changes() -
              result(2, "session-1/turn-2", "p1"), result(3, "session-2/turn-0", "p1")]  # fmt: skip
     assert session_stickiness(turns) == 0.5
     assert session_stickiness(rs) is None
+    assert group_stickiness(turns) is None
+    groups = [result(0, "group-1", "p0"), result(1, "group-2", "p1"), result(2, "group-1", "p0"),
+              result(3, "group-1", "p1", status=500), result(4, "group-1", "p2"),
+              result(5, "group-1", "p2")]  # fmt: skip
+    assert group_stickiness(groups) == 2 / 3  # p0 -> p0 kept, p0 -> p2 moved, p2 -> p2 kept
