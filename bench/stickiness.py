@@ -5,7 +5,9 @@ before their summaries recorded it (`stats.steady.group_stickiness` since issue 
     python -m bench.stickiness bench/results/quick/family-tenant-prefix-kv
 
 prints one line per policy and seed: group and session stickiness over the whole run, and
-the number of group moves (a group's request on another pod than its previous one).
+the number of group moves (a group's request on another pod than its previous one);
+`--by tag` counts moves and pods per whole tag instead (e.g. the LoRA adapter of the lora
+workloads).
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from bench.loadgen import RequestResult
 from bench.stats import group_stickiness, session_stickiness
 
 
-def _moves(results: Sequence[RequestResult]) -> int:
+def _moves(results: Sequence[RequestResult], every_tag: bool) -> tuple[int, float]:
+    """(moves, mean pods per tag) over the groups' tags, or over every tag."""
     last: dict[str, str] = {}
+    pods: dict[str, set[str]] = {}
     moves = 0
     for r in sorted(results, key=lambda r: r.sent_s):
-        if not r.tag.startswith("group-") or not r.ok or not r.pod:
+        if not (every_tag or r.tag.startswith("group-")) or not r.ok or not r.pod:
             continue
         moves += r.tag in last and last[r.tag] != r.pod
         last[r.tag] = r.pod
-    return moves
+        pods.setdefault(r.tag, set()).add(r.pod)
+    return moves, (sum(map(len, pods.values())) / len(pods) if pods else 0.0)
 
 
 def _fmt(value: float | None) -> str:
@@ -37,13 +42,16 @@ def _fmt(value: float | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.stickiness", description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario_dir", type=Path, help="bench/results/<mode>/<scenario>")
+    parser.add_argument("--by", choices=("group", "tag"), default="group", help="what a move is counted for")
     args = parser.parse_args(argv)
     for path in sorted(args.scenario_dir.glob("*/seed-*.json")):
         raw = json.loads(path.read_text())
         results = [RequestResult(**r) for r in raw["results"]]
+        moves, pods = _moves(results, args.by == "tag")
         print(
             f"{path.parent.name} {path.stem}: group stickiness {_fmt(group_stickiness(results))}, "
-            f"group moves {_moves(results)}, session stickiness {_fmt(session_stickiness(results))}"
+            f"{args.by} moves {moves}, pods per {args.by} {pods:.2f}, "
+            f"session stickiness {_fmt(session_stickiness(results))}"
         )
     return 0
 
