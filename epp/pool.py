@@ -361,13 +361,18 @@ class Pool:
 
     # -- request accounting edge ----------------------------------------------------
     def on_routed(self, address: str, tokens: int) -> None:
+        live = self._count_in(address, tokens)
+        if live is not None:
+            live.routed_since_scrape += 1
+
+    def _count_in(self, address: str, tokens: int) -> _Live | None:
         live = self._live.get(address)
         if live is not None:
             live.inflight_requests += 1
             live.inflight_tokens += tokens
-            live.routed_since_scrape += 1
             if self.routed_hook is not None:
                 self.routed_hook(address)
+        return live
 
     def on_finished(self, address: str, tokens: int, routed_at: float | None = None) -> None:
         """Undo `on_routed`; callers guarantee exactly one call per routed request.
@@ -390,12 +395,7 @@ class Pool:
             live.inflight_requests = max(0, live.inflight_requests - 1)
             live.inflight_tokens = max(0, live.inflight_tokens - tokens)
             self._unroute_since_scrape(live, routed_at)
-        moved = self._live.get(new)
-        if moved is not None:  # being served there already: not pending a prefill as routed ones are
-            moved.inflight_requests += 1
-            moved.inflight_tokens += tokens
-            if self.routed_hook is not None:
-                self.routed_hook(new)
+        self._count_in(new, tokens)  # served there already: not pending a prefill as routed ones are
 
     @staticmethod
     def _unroute_since_scrape(live: _Live, routed_at: float | None) -> None:

@@ -409,11 +409,11 @@ class Pod:
         except ApiError as exc:
             return _json(exc.status, exc.body(), self.name)
         kind = "chat" if "messages" in body else "completion"
-        ids_by_tokenizer: dict[int, list[int]] = {}
         out: dict[str, dict[str, Any]] = {}
         unserved: ApiError | None = None
         try:
-            prompt_ids_of(body, kind, self.tokenizer)  # a malformed prompt is a 400, as on /sim/probe
+            # A malformed prompt is a 400, as on /sim/probe; the ids serve every pod sharing it.
+            ids_by_tokenizer = {id(self.tokenizer): prompt_ids_of(body, kind, self.tokenizer)}
             for pod in self.fleet:
                 if not pod.listening:
                     continue
