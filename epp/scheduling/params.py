@@ -3,7 +3,7 @@
 Each filter or scorer that takes a parameter declares it here as a small pydantic model, and
 the registry (epp/scheduling/registry.py) names that model beside the plugin. A profile's
 `thresholds` is the union of them, so one config block (`thresholds: {queue, kvCache,
-staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs}`, pool-wide or per profile) sets every plugin's knobs, with
+staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, evictionWeight}`, pool-wide or per profile) sets every plugin's knobs, with
 one spelling per field (the camelCase name above) and a bound on every value.
 Defaults are GIE's published ones; `staleAfterMs`, `prefixMinBlocks` and the prediction
 ones are ours.
@@ -44,10 +44,14 @@ class PrefixParams(_Params):
 
 class PredictionParams(_Params):
     """The `predicted-ttft` scorer: the prefill pace assumed while no candidate's own pace is
-    learned yet, and the time a LoRA adapter takes to load on a pod that does not hold it."""
+    learned yet, the time a LoRA adapter takes to load on a pod that does not hold it, and
+    how much of a pod's cache hits a cold prefill is charged for evicting."""
 
     prefill_tokens_per_s: float = Field(default=10_000.0, gt=0, le=1e9, alias="prefillTokensPerS")
     adapter_load_ms: float = Field(default=200.0, ge=0, le=3_600_000, alias="adapterLoadMs")
+    # The price of the cached blocks a prefill evicts: the pod's prefix-cache hit share times
+    # this, per uncached prompt token (0: greedy per request, moves ignore what they destroy).
+    eviction_weight: float = Field(default=0.0, ge=0, le=100, alias="evictionWeight")
 
     @property
     def adapter_load_s(self) -> float:

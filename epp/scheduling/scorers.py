@@ -265,7 +265,7 @@ def queue_speed(
 def predicted_ttft(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """min(pred) / pred_i with pred_i = (q_i x L_i x u_i + max(1, P - C_i)) / pace_i + A_i + K_i: predicted TTFT.
+    """min(pred) / pred_i with pred_i = (q_i x L_i x u_i + max(1, P - C_i) x (1 + e x h_i)) / pace_i + A_i + K_i.
 
     The time until this request's first token on pod i: the prompt tokens queued ahead of it
     (q_i = `EndpointState.queue`, scraped waiting + routed-but-unseen, times L_i, the pod's
@@ -275,13 +275,20 @@ def predicted_ttft(
     else the approximate prefix index; at least the one token vLLM always recomputes), over
     the pod's prefill pace pace_i (tokens/s learned from `vllm:request_prefill_time_seconds`
     and the prompt-token histograms, epp/pace.py; else the candidates' median, else
-    `prefillTokensPerS`); plus A_i = `adapterLoadMs` when the request's LoRA adapter is not
-    resident there (as in lora-affinity); plus K_i when the pod's free KV (less vLLM's
-    admission watermark) does not hold the tokens ahead, this prompt and its expected output:
-    it admits nothing until a running request ends, about tpot_i x expected output /
-    (running + 1) (the soonest of the running requests' remaining decodes). Proportional, so a
-    pod predicted twice as slow scores 0.5 and the score blends with others. A pod whose
-    metrics or waiting count are unknown scores 0, as in every scorer here.
+    `prefillTokensPerS`). The uncached tokens are charged 1 + e x h_i times: a full cache
+    evicts a block for each block prefilled, and h_i (1 - u_i, the pod's prefix-cache hit
+    share) says how likely those blocks were to be hit again; e = `evictionWeight`. That is
+    the price of a move the greedy per-request prediction does not see: a prompt family sent
+    to a pod that does not hold it costs the cached families it pushes out. Plus A_i =
+    `adapterLoadMs` when the request's LoRA adapter is not resident there (as in
+    lora-affinity); plus K_i when the pod's free KV (less vLLM's admission watermark) does
+    not hold the tokens ahead, this prompt and its expected output: it admits nothing until a
+    running request ends, about tpot_i x expected output / (running + 1) (the soonest of the
+    running requests' remaining decodes); or, for a non-resident adapter on a pod whose
+    `max_lora` slots all hold adapters of running requests, tpot_i x expected output: vLLM
+    schedules no request of another adapter until one of them has no request running.
+    Proportional, so a pod predicted twice as slow scores 0.5 and the score blends with
+    others. A pod whose metrics or waiting count are unknown scores 0, as in every scorer here.
     """
     th = ctx.thresholds
     pace_fallback: float | None = None  # the medians, computed when a pod first needs one
@@ -291,6 +298,7 @@ def predicted_ttft(
     prompt = float(request.prompt_tokens)
     output = float(request.expected_output_tokens)
     adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
+    evict = th.eviction_weight
     preds: list[float | None] = []
     for s, n, size in zip(candidates, counts, block_sizes, strict=True):
         m, q = s.metrics, s.queue
@@ -307,16 +315,22 @@ def predicted_ttft(
             if pace_fallback is None:
                 pace_fallback = _median([c.prefill_tps for c in candidates], th.prefill_tokens_per_s)
             pace = pace_fallback
-        pred = (ahead + own) / pace
+        hits = 1.0 - s.uncached_fraction if s.uncached_fraction is not None else 0.0
+        pred = (ahead + own * (1.0 + evict * hits)) / pace
+        slot_wait = False
         if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s
-        if not _kv_holds(m, ahead + own + output):
+            slot_wait = 0 < m.max_lora <= len(m.running_adapters)
+        if slot_wait or not _kv_holds(m, ahead + own + output):
             tpot = s.tpot_ewma
             if tpot is None:
                 if tpot_fallback is None:
                     tpot_fallback = _median([c.tpot_ewma for c in candidates], DEFAULT_TPOT_S)
                 tpot = tpot_fallback
-            pred += tpot * output / ((m.running or 0.0) + 1.0)
+            if slot_wait:  # every slot pinned: wait until one adapter's requests all end
+                pred += tpot * output
+            else:
+                pred += tpot * output / ((m.running or 0.0) + 1.0)
         preds.append(pred)
     known = [p for p in preds if p is not None]
     if not known:
