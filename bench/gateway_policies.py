@@ -16,9 +16,12 @@
   the same weight: the EPP tokenizes each prompt with the model's tokenizer and scores pods by
   the KV blocks they report holding (their KV events), not by what it routed where.
 - `epp-predicted-precise`: `epp-predicted` whose predicted-ttft reads the same KV-event index.
+- `epp-default-precise`: the shipped default as a user who turns on KV events and names the
+  model's tokenizer gets it: the same profile, its prefix terms read from the pods' KV events
+  (`epp-default` in the same run, on the same fleet, is its approximate twin, `epp-default+tok`).
 - `oracle`: the full gateway with the EPP replaced by `bench.oracle` (exact simulator state).
 
-The two precise policies declare `FleetNeeds(kv_events=True, tokenizer=True)`: the harness starts
+The precise policies declare `FleetNeeds(kv_events=True, tokenizer=True)`: the harness starts
 the fleet with KV events on free loopback ports and the shipped tokenizer (bench/fleet.py), and
 the gateway config carries each pod's `kvEventsPort` / `kvReplayPort` and the model's tokenizer.
 
@@ -405,6 +408,11 @@ def gateway_factory(
 register_policy("round-robin", baseline_factory("ROUND_ROBIN", "round-robin"))
 register_policy("least-request", baseline_factory("LEAST_REQUEST", "least-request"))
 register_policy("epp-default", gateway_factory("epp-default", profile=None))
+register_policy(
+    "epp-default-precise",
+    gateway_factory("epp-default-precise", profile=None, needs=PRECISE_NEEDS),
+    PRECISE_NEEDS,
+)
 register_policy("epp-best", gateway_factory("epp-best", profile=BEST_PROFILE))
 register_policy("epp-gie", gateway_factory("epp-gie", profile=BUILTIN_PROFILE_DATA["gie"], builtin="gie"))
 register_policy(

@@ -158,7 +158,8 @@ class EppProcessor:
         address = decision.ranked[0]
         self._address, self._request = address, request
         destination = ",".join(decision.ranked[: 1 + self._ctx.fallback_endpoints])
-        prefix = decision.scores.get(address, {}).get("prefix-cache")
+        scores = decision.scores.get(address, {})
+        prefix = scores.get("precise-prefix-cache", scores.get("prefix-cache"))
         if prefix is not None:
             self._ctx.telemetry.prefix_lookup(prefix)
         self._routed_at = self._counted_at = time.monotonic()

@@ -275,7 +275,8 @@ def predicted_ttft(
     else the approximate prefix index; at least the one token vLLM always recomputes), over
     the pod's prefill pace pace_i (tokens/s learned from `vllm:request_prefill_time_seconds`
     and the prompt-token histograms, epp/pace.py; else the candidates' median, else
-    `prefillTokensPerS`). The uncached tokens are charged 1 + e x h_i times: a full cache
+    `prefillTokensPerS`), its difference from the candidates' median raised to `paceContrast`
+    (a pace learned from a pod's recent prompt mix is noisy: identical GPUs read 1.4x apart). The uncached tokens are charged 1 + e x h_i times: a full cache
     evicts a block for each block prefilled, and h_i (1 - u_i, the pod's prefix-cache hit
     share) says how likely those blocks were to be hit again; e = `evictionWeight`. That is
     the price of a move the greedy per-request prediction does not see: a prompt family sent
@@ -298,7 +299,7 @@ def predicted_ttft(
     prompt = float(request.prompt_tokens)
     output = float(request.expected_output_tokens)
     adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
-    evict = th.eviction_weight
+    evict, contrast = th.eviction_weight, th.pace_contrast
     preds: list[float | None] = []
     for s, n, size in zip(candidates, counts, block_sizes, strict=True):
         m, q = s.metrics, s.queue
@@ -310,11 +311,13 @@ def predicted_ttft(
         own = prompt - n * (approx_block_tokens if size is None else size)
         if own < 1.0:
             own = 1.0
+        if pace_fallback is None:
+            pace_fallback = _median([c.prefill_tps for c in candidates], th.prefill_tokens_per_s)
         pace = s.prefill_tps
         if pace is None:
-            if pace_fallback is None:
-                pace_fallback = _median([c.prefill_tps for c in candidates], th.prefill_tokens_per_s)
             pace = pace_fallback
+        elif contrast != 1.0:
+            pace = pace_fallback * (pace / pace_fallback) ** contrast
         hits = 1.0 - s.uncached_fraction if s.uncached_fraction is not None else 0.0
         pred = (ahead + own * (1.0 + evict * hits)) / pace
         slot_wait = False
