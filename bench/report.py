@@ -171,6 +171,32 @@ def baseline_for(
     return None
 
 
+SHIPPED_PREFIX = "epp-default"  # the shipped default profile and its variants (replicas, precise, +tok)
+
+
+def shipped_default() -> dict[str, Any]:
+    """The shipped default profile's weights and thresholds, as a run summary records them."""
+    from epp.scheduling.profiles import DEFAULT
+
+    return json.loads(
+        json.dumps(
+            {"weights": dict(DEFAULT.weights), "thresholds": DEFAULT.thresholds.model_dump(by_alias=True)}
+        )
+    )
+
+
+def ran_earlier_default(policy: str, runs: Sequence[Mapping[str, Any]]) -> bool:
+    """An `epp-default*` row some of whose runs used another default profile than today's."""
+    if not policy.startswith(SHIPPED_PREFIX):
+        return False
+    current = shipped_default()
+    for r in runs:
+        profile = (r.get("policy", {}).get("config") or {}).get("profile") or {}
+        if {"weights": profile.get("weights"), "thresholds": profile.get("thresholds")} != current:
+            return True
+    return False
+
+
 def render_table(policies: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str = BASELINE) -> str:
     head = " | ".join(c[0] for c in COLUMNS)
     lines = [
@@ -192,8 +218,9 @@ def render_table(policies: Mapping[str, Sequence[Mapping[str, Any]]], baseline: 
         if errors:
             error_text += " (" + ", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) + ")"
         seeds = ", ".join(str(r["seed"]) for r in runs)
+        name = f"{policy} (earlier default)" if ran_earlier_default(policy, runs) else policy
         lines.append(
-            f"| {policy} | {seeds} | {_fmt(requests.median, '') if requests else 'n/a'} | "
+            f"| {name} | {seeds} | {_fmt(requests.median, '') if requests else 'n/a'} | "
             + " | ".join(cells)
             + f" | {error_text} |"
         )

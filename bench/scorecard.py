@@ -1,8 +1,11 @@
 """The targets of docs/benchmarks.md checked against the run summaries: hit or missed, with figures.
 
-Targets (TTFT, `epp-best` vs `round-robin` on the same traces): the AWS HyperPod Inference
+Targets (TTFT, the shipped default `epp-default` vs `round-robin` on the same traces; issue
+#11 asks the shipped default, not a tuned profile, to meet them): the AWS HyperPod Inference
 Gateway's published cuts, tightened where we claim to beat them; plus better P95 than every
-peer router and within 10 % of the oracle's P95.
+peer router, within 10 % of the oracle's P95 (1.5x on `lora`), N EPP replicas within 5 % of
+one (`epp-default-Nreplicas`), and the precise prefix index beside the approximate one on the
+same tokenizing fleet (`epp-default-precise` vs `epp-default+tok`).
 
 Figures are over the reporting seeds: the median and the [min-max] range. A win counts only
 outside the spread: a cut is hit when the medians' change meets the goal AND every seed of
@@ -21,11 +24,17 @@ from bench.report import spread
 from bench.stats import Spread
 from bench.summary import REPORTING_SEEDS, load_summaries
 
-OURS = "epp-best"
+OURS = "epp-default"
 BASELINE = "round-robin"
 ORACLE = "oracle"
 PEER_PREFIXES = ("sglang-", "vllm-")
 ORACLE_MARGIN = 0.10
+# Scenarios where issue #11 allows more than ORACLE_MARGIN: the P95 may be this many times the oracle's.
+ORACLE_FACTOR: Mapping[str, float] = {"lora": 1.5}
+REPLICAS = (2, 4)
+REPLICA_MARGIN = 0.05
+PRECISE = "epp-default-precise"
+APPROXIMATE_SAME_FLEET = "epp-default+tok"
 # The held-out scenario families (issue #11): the shipped default profile, as a user gets it,
 # must have the lowest TTFT P95 of every policy run but the oracle, at a TTFT P50 no more than
 # 10 % above round-robin's.
@@ -157,8 +166,49 @@ def check_scenario(scenario: str, figures: Figures) -> list[tuple[str, str, bool
     if oracle is not None and oracle.median > 0:
         gap = _change(o95.median, oracle.median)
         text = f"ours {_fmt_s(o95)} vs oracle {_fmt_s(oracle)}: {_fmt_pct(gap)}"
-        rows.append(("TTFT P95 within 10 % of the oracle", text, gap is not None and gap <= ORACLE_MARGIN))
+        factor = ORACLE_FACTOR.get(scenario)
+        if factor is None:
+            rows.append(
+                ("TTFT P95 within 10 % of the oracle", text, gap is not None and gap <= ORACLE_MARGIN)
+            )
+        else:
+            within = gap is not None and gap <= factor - 1.0
+            rows.append((f"TTFT P95 within {factor:g}x the oracle's", text, within))
+    return rows + check_replicas(figures) + check_precise(figures)
+
+
+def check_replicas(figures: Figures) -> list[tuple[str, str, bool | None]]:
+    """N EPP replicas (`epp-default-Nreplicas`) vs one: TTFT P95 and P50 medians within +5 %."""
+    one = figures.get(OURS, {})
+    rows: list[tuple[str, str, bool | None]] = []
+    for n in REPLICAS:
+        many = figures.get(f"{OURS}-{n}replicas")
+        if many is None:
+            continue
+        for metric in ("ttft_p95", "ttft_p50"):
+            o, m = one.get(metric), many.get(metric)
+            label = f"{n} EPP replicas: TTFT {metric[-3:].upper()} within +5 % of one"
+            if o is None or m is None:
+                rows.append((label, "run missing", None))
+                continue
+            change = _change(m.median, o.median)
+            text = f"{_fmt_s(m)} vs {_fmt_s(o)}: {_fmt_pct(change)}"
+            rows.append((label, text, change is not None and change <= REPLICA_MARGIN))
     return rows
+
+
+def check_precise(figures: Figures) -> list[tuple[str, str, bool | None]]:
+    """The precise index (KV events) vs the approximate one on the same tokenizing fleet: the
+    P95 change, a finding rather than a goal (hit when precise is not worse)."""
+    precise = figures.get(PRECISE, {}).get("ttft_p95")
+    approx = figures.get(APPROXIMATE_SAME_FLEET, {}).get("ttft_p95")
+    if precise is None or approx is None:
+        return []
+    change = _change(precise.median, approx.median)
+    text = f"precise {_fmt_s(precise)} vs approximate {_fmt_s(approx)}: {_fmt_pct(change)}"
+    return [
+        ("TTFT P95, precise vs approximate prefix (same fleet)", text, change is not None and change <= 0)
+    ]
 
 
 def render_scorecard(scenarios: Mapping[str, Figures]) -> str:
@@ -166,8 +216,9 @@ def render_scorecard(scenarios: Mapping[str, Figures]) -> str:
     lines = [
         "## Targets: hit or missed",
         "",
-        f"Generated from the committed summaries by `python -m bench report` (`{OURS}` is ours;",
-        f"on the `{FAMILY_PREFIX}*` scenarios `{SHIPPED}`, the shipped default profile;",
+        f"Generated from the committed summaries by `python -m bench report` (`{OURS}`, the",
+        "shipped default profile, is ours: each run records the weights it ran, and runs from",
+        "before the current default are marked in the scenario sections;",
         f"steady-window TTFT, median [min-max] over the reporting seeds {seeds}; a win counts only",
         "outside the spread).",
         "",

@@ -13,6 +13,9 @@ huge prompts: a 200 KB prompt costs the same as a 16 KB one.
 Each pod has a bounded LRU of block hashes, filled after a request is routed there. A
 request's blocks are inserted last-block-first so the leading blocks are the most recently
 used and the last to be evicted, as in the server's own cache, which frees tail blocks first.
+A pod's LRU holds at most what its KV cache holds (`set_capacity`, from the blocks the pod
+reports): with a larger bound the index would remember prompts the server evicted long ago
+and, under KV pressure, price a move of a prompt family to that pod as a cache hit.
 
 A reverse map, block hash -> the pods holding it, kept in step with the LRUs, lets
 `match_counts` do one lookup per block and shrink the set of still-matching pods with C set
@@ -80,6 +83,7 @@ class PrefixIndex:
         self.block_chars = block_chars
         self.max_blocks = max_blocks
         self._pods: dict[str, OrderedDict[int, None]] = {}
+        self._capacity: dict[str, int] = {}  # per pod, when below capacity_per_pod
         self._holders: dict[int, str | set[str]] = {}  # hash -> the pod, or pods, holding it
         # Told of every `add` (this process's routing decisions), e.g. to share them with the
         # pool's other EPP replicas (epp/shared_state.py), which `learn` them.
@@ -122,7 +126,27 @@ class PrefixIndex:
                     holders[h] = {held, address}
             else:
                 held.add(address)
-        overflow = len(lru) - self.capacity_per_pod
+        self._trim(address, lru)
+
+    def set_capacity(self, address: str, blocks: int) -> None:
+        """`address` caches at most `blocks` of this index's blocks (its KV cache's size): its
+        LRU is bounded by that, never above `capacity_per_pod`."""
+        cap = max(1, min(int(blocks), self.capacity_per_pod))
+        if self._capacity.get(address, self.capacity_per_pod) == cap:
+            return
+        if cap == self.capacity_per_pod:
+            self._capacity.pop(address, None)
+        else:
+            self._capacity[address] = cap
+        lru = self._pods.get(address)
+        if lru is not None:
+            self._trim(address, lru)
+
+    def capacity(self, address: str) -> int:
+        return self._capacity.get(address, self.capacity_per_pod)
+
+    def _trim(self, address: str, lru: OrderedDict[int, None]) -> None:
+        overflow = len(lru) - self._capacity.get(address, self.capacity_per_pod)
         for _ in range(overflow):
             self._release(lru.popitem(last=False)[0], address)
 
@@ -194,6 +218,8 @@ class PrefixIndex:
         for address in [a for a in self._pods if a not in keep]:
             for h in self._pods.pop(address):
                 self._release(h, address)
+        for address in [a for a in self._capacity if a not in keep]:
+            del self._capacity[address]
 
     def memory_entries(self) -> int:
         return sum(len(lru) for lru in self._pods.values())

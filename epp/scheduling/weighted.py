@@ -113,6 +113,8 @@ class WeightedScheduler:
             ]
 
         order = PICKERS[profile.picker].fn(totals, self.rng)
+        if order:  # the pod most likely routed to: bound its prefix LRU by its KV cache
+            self._bound_prefix_lru(candidates[order[0]], block_chars)
         return Decision(
             ranked=tuple([addresses[i] for i in order]),
             scores=ScoreTable(addresses, columns, totals, order[0] if order else 0),
@@ -132,6 +134,15 @@ class WeightedScheduler:
             hashes = self._hashes(request, block_chars)
         if hashes:
             self.prefix_index.add(address, hashes)
+
+    def _bound_prefix_lru(self, state: EndpointState, block_chars: int) -> None:
+        """The pod's KV cache in index blocks (its reported blocks x block size, in characters
+        at CHARS_PER_TOKEN) bounds what the approximate index believes it caches."""
+        m = state.metrics
+        if m is None or not m.num_gpu_blocks or not m.block_size:
+            return
+        tokens = m.num_gpu_blocks * m.block_size
+        self.prefix_index.set_capacity(state.endpoint.address, tokens * CHARS_PER_TOKEN // block_chars)
 
     def _hashes(self, request: InferenceRequest, block_chars: int) -> tuple[int, ...]:
         return self.prefix_index.hashes(request.target_model, request.prompt, block_chars, request.adapter)

@@ -15,12 +15,14 @@ def _f(*values: float, p50: tuple[float, ...] = ()) -> dict[str, Spread | None]:
 
 
 def test_a_cut_hits_only_when_the_medians_meet_it_and_the_ranges_do_not_overlap() -> None:
-    hit = check_scenario("mixed-gpu", {"round-robin": _f(9.0, 10.0, 11.0), "epp-best": _f(0.1, 0.2, 0.3)})
+    hit = check_scenario("mixed-gpu", {"round-robin": _f(9.0, 10.0, 11.0), "epp-default": _f(0.1, 0.2, 0.3)})
     assert hit[0][2] is True and "-98.0 %" in hit[0][1] and "[0.100-0.300]" in hit[0][1]
-    missed = check_scenario("mixed-gpu", {"round-robin": _f(10.0), "epp-best": _f(0.5)})
+    missed = check_scenario("mixed-gpu", {"round-robin": _f(10.0), "epp-default": _f(0.5)})
     assert missed[0][2] is False
     # The medians meet -97 %, but one seed of ours is slower than one seed of the baseline.
-    overlap = check_scenario("mixed-gpu", {"round-robin": _f(0.5, 10.0, 10.0), "epp-best": _f(0.1, 0.2, 0.6)})
+    overlap = check_scenario(
+        "mixed-gpu", {"round-robin": _f(0.5, 10.0, 10.0), "epp-default": _f(0.1, 0.2, 0.6)}
+    )
     assert overlap[0][2] is False and "ranges overlap" in overlap[0][1]
 
 
@@ -29,7 +31,7 @@ def test_uniform_is_a_band_and_peers_and_oracle_are_checked() -> None:
         "uniform",
         {
             "round-robin": _f(1.0, 1.01, 0.99),
-            "epp-best": _f(1.03, 1.04, 1.05),
+            "epp-default": _f(1.03, 1.04, 1.05),
             "sglang-cache_aware": _f(1.02, 1.0, 1.1),  # overlaps ours: not beaten
             "vllm-round_robin": _f(2.0, 2.1),  # clearly slower: beaten
             "oracle": _f(1.0),
@@ -69,3 +71,36 @@ def test_a_family_wants_the_shipped_default_lowest_but_the_oracle_and_its_p50_ne
     assert hit is False and "as low or lower: epp-gie" in text
     assert by_what["TTFT P50 within +10 % of round-robin"][1] is False
     assert check_scenario("family-x", {"round-robin": _f(1.0)})[0][1:] == ("run missing", None)
+
+
+def test_lora_allows_one_and_a_half_times_the_oracle_and_replicas_five_percent_of_one() -> None:
+    figures = {
+        "round-robin": _f(9.0),
+        "epp-default": _f(1.4, p50=(0.10,)),
+        "oracle": _f(1.0),
+        "epp-default-2replicas": _f(1.45, p50=(0.104,)),  # +3.6 % / +4 %: within
+        "epp-default-4replicas": _f(1.5, p50=(0.12,)),  # +7.1 %: missed
+    }
+    by_what = {what: (text, hit) for what, text, hit in check_scenario("lora", figures)}
+    assert by_what["TTFT P95 within 1.5x the oracle's"][1] is True
+    assert by_what["2 EPP replicas: TTFT P95 within +5 % of one"][1] is True
+    assert by_what["2 EPP replicas: TTFT P50 within +5 % of one"][1] is True
+    assert by_what["4 EPP replicas: TTFT P95 within +5 % of one"][1] is False
+    assert by_what["4 EPP replicas: TTFT P50 within +5 % of one"][1] is False
+    figures["epp-default"] = _f(1.6)
+    by_what = {what: (text, hit) for what, text, hit in check_scenario("lora", figures)}
+    assert by_what["TTFT P95 within 1.5x the oracle's"][1] is False
+    # Elsewhere the oracle margin stays 10 %.
+    assert (
+        dict((w, h) for w, _, h in check_scenario("docqa", figures))["TTFT P95 within 10 % of the oracle"]
+        is False
+    )
+
+
+def test_precise_is_compared_with_the_approximate_index_on_the_same_fleet_only() -> None:
+    figures = {"epp-default": _f(0.5), "epp-default-precise": _f(0.3), "epp-default+tok": _f(0.4)}
+    rows = {what: (text, hit) for what, text, hit in check_scenario("kv-cache-wins", figures)}
+    text, hit = rows["TTFT P95, precise vs approximate prefix (same fleet)"]
+    assert hit is True and "-25.0 %" in text
+    del figures["epp-default+tok"]  # no approximate run on the tokenizing fleet: no row
+    assert not any("precise" in w for w, _, _ in check_scenario("kv-cache-wins", figures))

@@ -29,6 +29,7 @@ def state(
     waiting_adapters: tuple[str, ...] = (),
     max_lora: int = 0,
     block_size: int | None = None,
+    num_gpu_blocks: int | None = None,
 ) -> EndpointState:
     metrics = (
         Metrics(
@@ -39,6 +40,7 @@ def state(
             waiting_adapters=frozenset(waiting_adapters),
             max_lora=max_lora,
             block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks,
         )
         if scraped
         else None

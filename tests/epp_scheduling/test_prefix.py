@@ -126,3 +126,22 @@ def test_match_counts_equals_walking_each_pods_lru(ops, capacity, query):
     assert index.match_counts(hashes, pods) == [index.match(hashes, p) for p in pods]
     held = {h: {p for p, lru in index._pods.items() if h in lru} for lru in index._pods.values() for h in lru}
     assert {h: ({v} if isinstance(v, str) else v) for h, v in index._holders.items()} == held
+
+
+def test_a_pods_lru_is_bounded_by_its_kv_cache() -> None:
+    idx = PrefixIndex(capacity_per_pod=100)
+    old, new = list(range(1, 61)), list(range(101, 161))
+    idx.add("a", old)
+    idx.add("b", old)
+    idx.set_capacity("a", 80)  # a's KV holds 80 blocks: the newer prompt pushes out the older's tail
+    idx.add("a", new)
+    assert idx.capacity("a") == 80 and idx.capacity("b") == 100
+    assert idx.match(new, "a") == 60 and idx.match(old, "a") == 20
+    assert idx.match_counts(old, ["a", "b"]) == [20, 60]
+    idx.set_capacity("a", 10)  # shrinking trims at once, oldest first
+    assert idx.match(new, "a") == 10 and idx.match(old, "a") == 0
+    idx.set_capacity("a", 10**9)  # never above the index's own bound
+    assert idx.capacity("a") == 100
+    idx.set_capacity("b", 5)
+    idx.retain(["a"])
+    assert idx.capacity("b") == 100  # a departed pod's bound is forgotten with it

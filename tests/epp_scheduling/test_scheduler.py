@@ -296,3 +296,18 @@ def test_on_routed_learns_with_the_block_size_pick_chose():
     assert sched.prefix_index.memory_entries() == 1024 // (32 * 4)
     d = sched.pick(req(doc + "more", objective="prefix"), pods)
     assert max(row["prefix-cache"] for row in d.scores.values()) > 0
+
+
+def test_the_approximate_index_forgets_what_the_picked_pods_kv_cache_cannot_hold() -> None:
+    # 8 KV blocks of 16 tokens = 128 tokens = 512 characters = 8 index blocks of 64 characters.
+    sched = WeightedScheduler({"p": profile("p", {"prefix-cache": 1})}, "p")
+    pods = snap(state("a", block_size=16, num_gpu_blocks=8))
+    first, second = "x" * 64 * 6, "y" * 64 * 6
+    for prompt in (first, second):
+        r = req(prompt)
+        sched.on_routed(r, sched.pick(r, pods).ranked[0])
+    index = sched.prefix_index
+    assert index.capacity("a") == 8
+    # The second prompt's 6 blocks and the first one's leading 2 (its tail was evicted first).
+    assert index.match(index.hashes("m", second, 64), "a") == 6
+    assert index.match(index.hashes("m", first, 64), "a") == 2
