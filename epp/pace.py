@@ -13,8 +13,11 @@ histograms' `_sum` covers the same requests, so
 Without the computed-tokens histogram (older vLLM) the prompt tokens stand in and the uncached
 share is unknown: the pace then counts cached tokens as prefilled (it reads faster than the
 GPU is on cached traffic). The prefill time of a request that shared its steps with others'
-prefills is longer than its own compute, so under concurrent prefills the pace reads as the
-pace one request gets, not the pod's throughput: conservative for the pod that is busy.
+prefills is longer than its own compute, so under concurrent prefills the summed seconds
+exceed the wall time they took (Little's law: their sum over the interval is the mean number
+of requests prefilling at once); the seconds are capped at the interval's wall time, else a
+pod that just took a burst read up to 7x slower than its identical neighbours (bursty, seen
+in /debug/pool) and was starved until the figure aged out.
 
 `PrefillTracker` turns cumulative totals into one `PrefillSample` per interval that saw
 requests finish; the pool (epp/pool.py) smooths the samples per pod and puts them into each
@@ -107,6 +110,7 @@ class PrefillTracker:
     def __init__(self, interval_s: float = PREFILL_READ_INTERVAL_S) -> None:
         self.interval_s = interval_s
         self._last: PrefillTotals | None = None
+        self._last_at: float | None = None
         self._next_at = -math.inf
 
     def due(self, now: float) -> bool:
@@ -120,6 +124,7 @@ class PrefillTracker:
         if totals is None:
             return None
         previous, self._last = self._last, totals
+        previous_at, self._last_at = self._last_at, now
         if previous is None:
             return None
         d_requests = totals.requests - previous.requests
@@ -138,4 +143,9 @@ class PrefillTracker:
         uncached = None
         if d_computed is not None and d_prompt > 0:
             uncached = min(1.0, d_computed / d_prompt)
+        # Prefills that overlapped (a burst admitted together, chunks sharing steps) each count
+        # their whole span: their seconds add up past the wall time they took. The pod
+        # prefilled these tokens within the interval, so the interval bounds the time.
+        if previous_at is not None and 0.0 < now - previous_at < d_seconds:
+            d_seconds = now - previous_at
         return PrefillSample(computed / d_seconds, uncached, d_prompt / d_requests)

@@ -143,3 +143,15 @@ async def test_paces_learned_from_real_modelsim_pages_tell_an_h100_from_an_a10g(
             assert scores[0] == 1.0 and scores[1] < 0.25
         finally:
             await scraper.stop()
+
+
+def test_overlapping_prefills_are_timed_by_the_wall_clock_not_their_summed_spans() -> None:
+    t = PrefillTracker()
+    t.sample(PrefillTotals(0, 0.0, 0, 0), now=10.0)
+    # A burst: 10 requests of 1,000 tokens prefilled together within one second, each
+    # spanning 0.5 s: 5 s of summed prefill time. The pod did 10,000 tokens in <= 1 s.
+    burst = t.sample(PrefillTotals(10, 5.0, 10_000, 10_000), now=11.0)
+    assert burst is not None and burst.tokens_per_s == 10_000.0
+    # One request alone, 0.1 s for 1,000 tokens: its own span is shorter than the interval.
+    alone = t.sample(PrefillTotals(11, 5.1, 11_000, 11_000), now=12.0)
+    assert alone is not None and alone.tokens_per_s == pytest.approx(10_000.0)
