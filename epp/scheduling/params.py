@@ -3,7 +3,7 @@
 Each filter or scorer that takes a parameter declares it here as a small pydantic model, and
 the registry (epp/scheduling/registry.py) names that model beside the plugin. A profile's
 `thresholds` is the union of them, so one config block (`thresholds: {queue, kvCache,
-staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, evictionWeight, paceContrast}`, pool-wide or per profile) sets every plugin's knobs, with
+staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, paceContrast}`, pool-wide or per profile) sets every plugin's knobs, with
 one spelling per field (the camelCase name above) and a bound on every value.
 Defaults are GIE's published ones; `staleAfterMs`, `prefixMinBlocks` and the prediction
 ones are ours.
@@ -44,18 +44,16 @@ class PrefixParams(_Params):
 
 class PredictionParams(_Params):
     """The `predicted-ttft` scorer: the prefill pace assumed while no candidate's own pace is
-    learned yet, the time a LoRA adapter takes to load on a pod that does not hold it, and
-    how much of a pod's cache hits a cold prefill is charged for evicting."""
+    learned yet, the time a LoRA adapter takes to load on a pod that does not hold it, and how
+    far to trust the pods' learned pace differences."""
 
     prefill_tokens_per_s: float = Field(default=10_000.0, gt=0, le=1e9, alias="prefillTokensPerS")
     adapter_load_ms: float = Field(default=200.0, ge=0, le=3_600_000, alias="adapterLoadMs")
-    # The price of the cached blocks a prefill evicts: the pod's prefix-cache hit share times
-    # this, per uncached prompt token (0: greedy per request, moves ignore what they destroy).
-    eviction_weight: float = Field(default=0.0, ge=0, le=100, alias="evictionWeight")
     # How much of the pods' learned pace differences to trust: pace_i is taken as
     # median x (pace_i / median) ** this. The learned pace follows the pod's prompt mix (a pod
-    # that happened to get long prompts reads faster per token on the same GPU), so 1 lets
-    # that noise steer traffic between identical pods; 0 ignores real GPU differences.
+    # that happened to get long prompts reads faster per token on the same GPU); below 1 damps
+    # that noise on a fleet of identical GPUs, and also real GPU differences on a mixed one
+    # (family-skewed-fleet at 0.5: the H100's share fell from 55-59 % to 44 %), hence 1.
     pace_contrast: float = Field(default=1.0, ge=0, le=1, alias="paceContrast")
 
     @property

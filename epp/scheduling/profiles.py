@@ -84,11 +84,13 @@ BUILTIN_PROFILE_DATA: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
         # The shipped default (issue #11): each pod's predicted time to first token for this
         # request (see "predicted") plus prefix affinity. The prediction is greedy per request;
-        # prefix-cache 2 keeps a prompt family on the pods that hold it, which is what keeps it
+        # the prefix term keeps a prompt family on the pods that hold it, which is what keeps it
         # cached under KV pressure (the prediction alone spread tenants' prompts and lost their
         # hits: family-tenant-prefix-kv, tuning seed 100, TTFT P95 0.55 s vs 0.27 s with it).
+        # precise-prefix-cache reads the pods' KV events where the pool has them (a model
+        # tokenizer and events ports configured) and is prefix-cache elsewhere, per pod.
         # Chosen on the tuning seeds of the four scenario families; docs/benchmarks.md.
-        "default": {"weights": {"predicted-ttft": 5, "prefix-cache": 2, "kv-cache": 1}},
+        "default": {"weights": {"predicted-ttft": 5, "precise-prefix-cache": 2, "kv-cache": 1}},
         # GIE's and AWS's published defaults (ours until issue #11), so results compare with theirs.
         "gie": {"weights": {"queue": 2, "kv-cache": 2, "prefix-cache": 3}},
         # Interactive chat, tuned for TTFT: the EPP's own in-flight count reacts within a

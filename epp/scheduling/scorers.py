@@ -265,7 +265,7 @@ def queue_speed(
 def predicted_ttft(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """min(pred) / pred_i with pred_i = (q_i x L_i x u_i + max(1, P - C_i) x (1 + e x h_i)) / pace_i + A_i + K_i.
+    """min(pred) / pred_i with pred_i = (q_i x L_i x u_i + max(1, P - C_i)) / pace_i + A_i + K_i: predicted TTFT.
 
     The time until this request's first token on pod i: the prompt tokens queued ahead of it
     (q_i = `EndpointState.queue`, scraped waiting + routed-but-unseen, times L_i, the pod's
@@ -276,11 +276,8 @@ def predicted_ttft(
     the pod's prefill pace pace_i (tokens/s learned from `vllm:request_prefill_time_seconds`
     and the prompt-token histograms, epp/pace.py; else the candidates' median, else
     `prefillTokensPerS`), its difference from the candidates' median raised to `paceContrast`
-    (a pace learned from a pod's recent prompt mix is noisy: identical GPUs read 1.4x apart). The uncached tokens are charged 1 + e x h_i times: a full cache
-    evicts a block for each block prefilled, and h_i (1 - u_i, the pod's prefix-cache hit
-    share) says how likely those blocks were to be hit again; e = `evictionWeight`. That is
-    the price of a move the greedy per-request prediction does not see: a prompt family sent
-    to a pod that does not hold it costs the cached families it pushes out. Plus A_i =
+    (1 by default: a pace learned from a pod's recent prompt mix is noisy, identical GPUs read
+    up to 1.4x apart, but damping it also damps real GPU differences). Plus A_i =
     `adapterLoadMs` when the request's LoRA adapter is not resident there (as in
     lora-affinity); plus K_i when the pod's free KV (less vLLM's admission watermark) does
     not hold the tokens ahead, this prompt and its expected output: it admits nothing until a
@@ -299,7 +296,7 @@ def predicted_ttft(
     prompt = float(request.prompt_tokens)
     output = float(request.expected_output_tokens)
     adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
-    evict, contrast = th.eviction_weight, th.pace_contrast
+    contrast = th.pace_contrast
     preds: list[float | None] = []
     for s, n, size in zip(candidates, counts, block_sizes, strict=True):
         m, q = s.metrics, s.queue
@@ -318,8 +315,7 @@ def predicted_ttft(
             pace = pace_fallback
         elif contrast != 1.0:
             pace = pace_fallback * (pace / pace_fallback) ** contrast
-        hits = 1.0 - s.uncached_fraction if s.uncached_fraction is not None else 0.0
-        pred = (ahead + own * (1.0 + evict * hits)) / pace
+        pred = (ahead + own) / pace
         slot_wait = False
         if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s

@@ -211,7 +211,7 @@ def test_round_robin_run_through_real_envoy_has_no_errors(tmp_path: Path) -> Non
 
 def test_effective_epp_config_resolves_the_default_and_tuned_profiles(tmp_path: Path) -> None:
     pods = [{"name": "p", "model": MODEL, "address": "127.0.0.1:1"}]
-    for extra, weights in ((epp_config({}, None), {"predicted-ttft": 5.0, "prefix-cache": 2.0, "kv-cache": 1.0}),
+    for extra, weights in ((epp_config({}, None), {"predicted-ttft": 5.0, "precise-prefix-cache": 2.0, "kv-cache": 1.0}),
                            (epp_config({}, BUILTIN_PROFILE_DATA["gie"], "gie"),
                             {"queue": 2.0, "kv-cache": 2.0, "prefix-cache": 3.0}),
                            (epp_config({}, BEST_PROFILE), BEST_PROFILE["weights"]),

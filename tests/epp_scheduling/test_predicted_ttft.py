@@ -140,3 +140,29 @@ def test_predicted_profile_picks_the_fast_pod_until_its_queue_outweighs_the_slow
     )
     relaxed = WeightedScheduler({"p": profile("p", PREDICTED.weights, thresholds={"queue": 100})}, "p")
     assert relaxed.pick(req(PROMPT), queued).ranked[0] == "a10g"
+
+
+def test_an_adapter_that_finds_every_lora_slot_pinned_waits_for_a_whole_decode() -> None:
+    # vLLM admits no request of an unloaded adapter while running adapters fill max_lora slots.
+    request = req(PROMPT, adapter="sql")
+    pods = [
+        pod("room", 10_000.0, running_adapters=("a",), max_lora=2, tpot=0.01),
+        pod("pinned", 10_000.0, running_adapters=("a", "b"), max_lora=2, tpot=0.01),
+        pod("running-it", 10_000.0, running_adapters=("a", "sql"), max_lora=2, tpot=0.01),
+    ]
+    # room: 0.04 + 0.2 load = 0.24 s; pinned: 0.24 + 0.01 x 100 expected output tokens = 1.24 s;
+    # running-it: 0.04 s (resident, and its slot is already counted).
+    assert predicted_ttft(request, pods, CTX) == [
+        pytest.approx(0.04 / 0.24),
+        pytest.approx(0.04 / 1.24),
+        1.0,
+    ]
+
+
+def test_pace_contrast_damps_the_pods_pace_differences_toward_their_median() -> None:
+    pods = [pod("a", 4_000.0), pod("b", 16_000.0), pod("c", 8_000.0)]
+    assert predicted_ttft(req(PROMPT), pods, CTX) == [pytest.approx(0.25), 1.0, pytest.approx(0.5)]
+    th = profile("p", {"predicted-ttft": 1}, thresholds={"paceContrast": 0.5}).thresholds
+    # median 8,000: a -> 8,000 x 0.5 ** 0.5, b -> 8,000 x 2 ** 0.5; c stays at the median.
+    damped = predicted_ttft(req(PROMPT), pods, ScoringContext(thresholds=th))
+    assert damped == [pytest.approx(0.5), 1.0, pytest.approx(0.5**0.5)]

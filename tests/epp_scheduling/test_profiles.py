@@ -7,7 +7,7 @@ from epp.scheduling.registry import PICKER_NAMES, SCORER_NAMES
 
 def test_default_profile_is_predicted_ttft_with_prefix_affinity_and_the_published_one_is_kept():
     p = BUILTIN_PROFILES["default"]
-    assert dict(p.weights) == {"predicted-ttft": 5.0, "prefix-cache": 2.0, "kv-cache": 1.0}
+    assert dict(p.weights) == {"predicted-ttft": 5.0, "precise-prefix-cache": 2.0, "kv-cache": 1.0}
     assert p.picker == "max" and p.thresholds == Thresholds(queue=5, kvCache=0.8)
     gie = BUILTIN_PROFILES["gie"]
     assert dict(gie.weights) == {"queue": 2.0, "kv-cache": 2.0, "prefix-cache": 3.0}

@@ -83,7 +83,7 @@ def test_short_prompt_prefix_hit_does_not_override_load():
     sched.on_routed(req(short), "cached")
     pods = snap(state("cached", waiting=4, kv=0.3), state("idle", waiting=0, kv=0.3))
     d = sched.pick(req(short), pods)
-    assert d.scores["cached"]["prefix-cache"] > 0
+    assert d.scores["cached"]["precise-prefix-cache"] > 0
     assert d.ranked[0] == "idle"
 
 
@@ -279,9 +279,9 @@ def test_prefix_hit_needs_the_same_adapter():
     pods = snap(state("cached", adapters=("sql", "support")), state("other", adapters=("sql", "support")))
     doc = "x" * 64 * 40
     sched.on_routed(req(doc, adapter="sql"), "cached")
-    assert sched.pick(req(doc, adapter="sql"), pods).scores["cached"]["prefix-cache"] == 1.0
-    assert sched.pick(req(doc, adapter="support"), pods).scores["cached"]["prefix-cache"] == 0.0
-    assert sched.pick(req(doc), pods).scores["cached"]["prefix-cache"] == 0.0
+    assert sched.pick(req(doc, adapter="sql"), pods).scores["cached"]["precise-prefix-cache"] == 1.0
+    assert sched.pick(req(doc, adapter="support"), pods).scores["cached"]["precise-prefix-cache"] == 0.0
+    assert sched.pick(req(doc), pods).scores["cached"]["precise-prefix-cache"] == 0.0
 
 
 def test_on_routed_learns_with_the_block_size_pick_chose():

@@ -129,7 +129,7 @@ async def test_one_request_is_traced_from_client_to_model_server(
     assert a["gateway.outcome"] == "routed"
     assert 0 < a["gateway.scheduling_time_ms"] < 1000
     scores = {k.removeprefix("gateway.score."): v for k, v in a.items() if k.startswith("gateway.score.")}
-    assert {"total", "predicted-ttft", "kv-cache", "prefix-cache"} <= set(scores), scores
+    assert {"total", "predicted-ttft", "kv-cache", "precise-prefix-cache"} <= set(scores), scores
     assert epp.status_code == 0
 
     # The model server got the EPP's span as its parent: same trace, one hop further.
