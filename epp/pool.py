@@ -25,6 +25,8 @@ SPEED_EWMA_ALPHA = 0.2
 # and then got no traffic is unknown again, not slow forever.
 DEFAULT_SPEED_HALF_LIFE_S = 10.0
 SPEED_EXPIRY_HALF_LIVES = 4.0
+# A pod's prefill pace is the best recent one, halving every this many speed half-lives.
+PACE_PEAK_HALF_LIVES = 3.0
 
 # Sanity limits for scraped values (see `count_problem` and friends).
 MAX_COUNT = 1e12  # queue lengths, token counts, label integers: more is a broken exporter
@@ -171,7 +173,7 @@ class EndpointState:
     ttft_ewma: float | None = None  # smoothed observed time to first byte, seconds
     tpot_ewma: float | None = None  # smoothed observed time per output token, seconds
     # Learned from the server's per-request histograms (epp/pace.py), smoothed like the speeds:
-    prefill_tps: float | None = None  # prompt tokens it prefills per second
+    prefill_tps: float | None = None  # prompt tokens it prefills per second (recent best)
     uncached_fraction: float | None = None  # share of a typical prompt not in its prefix cache
     mean_prompt_tokens: float | None = None  # a typical prompt's length on this pod
     healthy: bool = True  # False after repeated scrape failures
@@ -274,6 +276,29 @@ class _Speed:
 
 
 @dataclass(slots=True)
+class _Peak(_Speed):
+    """A pod's prefill pace: the best recent sample, decaying by half every
+    PACE_PEAK_HALF_LIVES speed half-lives, forgotten like a speed.
+
+    An interval's tokens / prefill seconds follows its prompt mix: short prompts each take a
+    whole engine step whatever their length (the step is bound by the batch's decode, not by
+    their few tokens), long ones run at the GPU's compute pace. Identical H100 pods read 3.6k to
+    14.4k tokens/s by their last second's mix (bursty, /debug/pool), and the smoothed figure
+    drew the long prompts to the pod that had just had long prompts. The best recent sample is
+    that GPU's compute pace on long prompts, which the scorer wants for the tokens; a short
+    prompt's floor of one engine step is the scorer's too (`predicted-ttft`)."""
+
+    def observe(self, sample: float, now: float, half_life_s: float) -> None:
+        old, age = self.value, now - self.at
+        if old is None or age >= SPEED_EXPIRY_HALF_LIVES * half_life_s:
+            self.value = sample
+        else:
+            decayed = old * 0.5 ** (max(0.0, age) / (PACE_PEAK_HALF_LIVES * half_life_s))
+            self.value = sample if sample > decayed else decayed
+        self.at = now
+
+
+@dataclass(slots=True)
 class _Live:
     endpoint: Endpoint
     metrics: Metrics | None = None
@@ -284,7 +309,7 @@ class _Live:
     scrape_seen_at: float = -math.inf  # monotonic time the last scrape was recorded
     ttft: _Speed = field(default_factory=_Speed)
     tpot: _Speed = field(default_factory=_Speed)
-    prefill_tps: _Speed = field(default_factory=_Speed)
+    prefill_tps: _Peak = field(default_factory=_Peak)
     uncached: _Speed = field(default_factory=_Speed)
     prompt_tokens: _Speed = field(default_factory=_Speed)
     failures: int = 0

@@ -265,7 +265,7 @@ def queue_speed(
 def predicted_ttft(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """min(pred) / pred_i with pred_i = (q_i x L_i x u_i + max(1, P - C_i)) / pace_i + A_i + K_i: predicted TTFT.
+    """min(pred) / pred_i, pred_i = q_i x L_i x u_i / pace_i + max(tpot_i, max(1, P - C_i) / pace_i) + A_i + K_i.
 
     The time until this request's first token on pod i: the prompt tokens queued ahead of it
     (q_i = `EndpointState.queue`, scraped waiting + routed-but-unseen, times L_i, the pod's
@@ -277,7 +277,10 @@ def predicted_ttft(
     and the prompt-token histograms, epp/pace.py; else the candidates' median, else
     `prefillTokensPerS`), its difference from the candidates' median raised to `paceContrast`
     (1 by default: a pace learned from a pod's recent prompt mix is noisy, identical GPUs read
-    up to 1.4x apart, but damping it also damps real GPU differences). Plus A_i =
+    up to 1.4x apart, but damping it also damps real GPU differences). This prompt's own
+    prefill takes at least one engine step, tpot_i (the pod's observed inter-token time, else
+    the candidates' median, else 20 ms): a short prompt rides a step bound by the batch's
+    decode, and a pod busy with a long prefill has long steps. Plus A_i =
     `adapterLoadMs` when the request's LoRA adapter is not resident there (as in
     lora-affinity); plus K_i when the pod's free KV (less vLLM's admission watermark) does
     not hold the tokens ahead, this prompt and its expected output: it admits nothing until a
@@ -315,17 +318,18 @@ def predicted_ttft(
             pace = pace_fallback
         elif contrast != 1.0:
             pace = pace_fallback * (pace / pace_fallback) ** contrast
-        pred = (ahead + own) / pace
+        tpot = s.tpot_ewma
+        if tpot is None:
+            if tpot_fallback is None:
+                tpot_fallback = _median([c.tpot_ewma for c in candidates], DEFAULT_TPOT_S)
+            tpot = tpot_fallback
+        own_s = own / pace
+        pred = ahead / pace + (own_s if own_s > tpot else tpot)  # at least one engine step
         slot_wait = False
         if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s
             slot_wait = 0 < m.max_lora <= len(m.running_adapters)
         if slot_wait or not _kv_holds(m, ahead + own + output):
-            tpot = s.tpot_ewma
-            if tpot is None:
-                if tpot_fallback is None:
-                    tpot_fallback = _median([c.tpot_ewma for c in candidates], DEFAULT_TPOT_S)
-                tpot = tpot_fallback
             if slot_wait:  # every slot pinned: wait until one adapter's requests all end
                 pred += tpot * output
             else:

@@ -135,5 +135,5 @@ def test_predicted_ttft_counts_the_blocks_a_pods_kv_events_report_as_held() -> N
     index = _index("a", "b")
     _store(index, "a", TOKENS[: 30 * BS])
     request = dataclasses.replace(_request(), prompt_tokens=len(TOKENS))
-    pods = [dataclasses.replace(state(p), prefill_tps=10_000.0) for p in ("a", "b")]
+    pods = [dataclasses.replace(state(p, tpot=1e-4), prefill_tps=10_000.0) for p in ("a", "b")]
     assert predicted_ttft(request, pods, ScoringContext(kv_index=index)) == [1.0, 160 / 640]

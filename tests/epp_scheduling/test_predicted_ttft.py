@@ -67,12 +67,13 @@ def test_a_cache_hit_cuts_the_pods_predicted_ttft() -> None:
     hashes = prompt_hashes("m", PROMPT)
     index.add("a", hashes[:20])  # 20 of 25 blocks: 320 of 400 tokens cached, 80 to prefill
     ctx = ScoringContext(prefix_hashes=hashes, prefix_index=index, addresses=["a", "b"])
-    pods = [pod("a", 10_000.0), pod("b", 10_000.0)]
+    # Steps of 0.1 ms, so the token counts decide (a prefill takes at least one step).
+    pods = [pod("a", 10_000.0, tpot=1e-4), pod("b", 10_000.0, tpot=1e-4)]
     assert predicted_ttft(req(PROMPT), pods, ctx) == [1.0, pytest.approx(80 / 400)]
     # A slower pod holding the whole prompt still prefills one token: it wins.
     index.add("c", hashes)
     ctx = ScoringContext(prefix_hashes=hashes, prefix_index=index, addresses=["b", "c"])
-    slow_hit = [pod("b", 10_000.0), pod("c", 1_000.0)]
+    slow_hit = [pod("b", 10_000.0, tpot=1e-4), pod("c", 1_000.0, tpot=1e-4)]
     assert predicted_ttft(req(PROMPT), slow_hit, ctx) == [pytest.approx(0.001 / 0.04), 1.0]
 
 
@@ -166,3 +167,13 @@ def test_pace_contrast_damps_the_pods_pace_differences_toward_their_median() -> 
     # median 8,000: a -> 8,000 x 0.5 ** 0.5, b -> 8,000 x 2 ** 0.5; c stays at the median.
     damped = predicted_ttft(req(PROMPT), pods, ScoringContext(thresholds=th))
     assert damped == [pytest.approx(0.5), 1.0, pytest.approx(0.5**0.5)]
+
+
+def test_a_prefill_takes_at_least_one_engine_step_of_the_pod() -> None:
+    # 40 tokens: 4 ms at 10,000 tokens/s, but each pod's next step bounds it: 20 ms on the pod
+    # decoding a normal batch, 300 ms on the one whose steps carry a long prefill's chunks.
+    short = "y" * 160
+    pods = [pod("calm", 10_000.0, tpot=0.02), pod("chunking", 10_000.0, tpot=0.3)]
+    assert predicted_ttft(req(short), pods, CTX) == [1.0, pytest.approx(0.02 / 0.3)]
+    # A long prompt: its tokens outweigh the calm pod's step.
+    assert predicted_ttft(req(PROMPT * 10), pods, CTX) == [1.0, pytest.approx(0.4 / 0.4)]

@@ -10,7 +10,7 @@ import pytest
 
 from epp.engines import collect_samples
 from epp.pace import PrefillTotals, PrefillTracker, prefill_metric_names, prefill_totals
-from epp.pool import SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES, Endpoint, Pool
+from epp.pool import PACE_PEAK_HALF_LIVES, SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES, Endpoint, Pool
 from epp.scheduling.scorers import ScoringContext, predicted_ttft
 from epp.scrape import Scraper
 from modelsim.fleet import FleetSpec, run_fleet
@@ -92,8 +92,9 @@ def test_the_pool_smooths_prefill_figures_and_forgets_them_like_the_speeds() -> 
         "a:1", tokens_per_s=math.nan, uncached_fraction=2.0, mean_prompt_tokens=-1.0, now=0.0
     )
     s = pool.snapshot(now=0.0).endpoints[0]
-    # The newest sample weighs SPEED_EWMA_ALPHA; None, NaN and out-of-range samples are ignored.
-    assert s.prefill_tps == pytest.approx(1000.0 + SPEED_EWMA_ALPHA * 1000.0)
+    # The pace is the best recent sample; the other figures weigh the newest sample
+    # SPEED_EWMA_ALPHA; None, NaN and out-of-range samples are ignored.
+    assert s.prefill_tps == 2000.0
     assert s.uncached_fraction == 0.5
     assert s.mean_prompt_tokens == pytest.approx(200.0 + SPEED_EWMA_ALPHA * 200.0)
     later = pool.snapshot(now=SPEED_EXPIRY_HALF_LIVES * 1.0 + 0.01).endpoints[0]
@@ -155,3 +156,19 @@ def test_overlapping_prefills_are_timed_by_the_wall_clock_not_their_summed_spans
     # One request alone, 0.1 s for 1,000 tokens: its own span is shorter than the interval.
     alone = t.sample(PrefillTotals(11, 5.1, 11_000, 11_000), now=12.0)
     assert alone is not None and alone.tokens_per_s == pytest.approx(10_000.0)
+
+
+def test_the_pace_is_the_best_recent_sample_and_decays_so_a_slower_gpu_is_learned_again() -> None:
+    pool = Pool([Endpoint("a:1", frozenset({"m"}))], speed_half_life_s=1.0)
+
+    def observe(tps: float, now: float) -> float | None:
+        pool.observe_prefill(
+            "a:1", tokens_per_s=tps, uncached_fraction=None, mean_prompt_tokens=100.0, now=now
+        )
+        return pool.snapshot(now=now).endpoints[0].prefill_tps
+
+    assert observe(12_000.0, 0.0) == 12_000.0  # a second of long prompts: the GPU's pace
+    assert observe(4_000.0, 1.0) == pytest.approx(12_000.0 * 0.5 ** (1 / PACE_PEAK_HALF_LIVES))
+    # Short prompts alone for a while: the peak halves every PACE_PEAK_HALF_LIVES half-lives.
+    assert observe(4_000.0, 3.0) == pytest.approx(12_000.0 * 0.5 ** (3 / PACE_PEAK_HALF_LIVES))
+    assert observe(4_000.0, 6.0) == 4_000.0  # decayed below the samples: they are the pace now
