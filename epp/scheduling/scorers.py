@@ -277,7 +277,8 @@ def predicted_ttft(
     and the prompt-token histograms, epp/pace.py; else the candidates' median, else
     `prefillTokensPerS`), its difference from the candidates' median raised to `paceContrast`
     (1 by default: a pace learned from a pod's recent prompt mix is noisy, identical GPUs read
-    up to 1.4x apart, but damping it also damps real GPU differences). This prompt's own
+    up to 1.4x apart, but damping it also damps real GPU differences); pods that report the same
+    KV cache (blocks and block size: one hardware class) share their best pace. This prompt's own
     prefill takes at least one engine step, tpot_i (the pod's observed inter-token time, else
     the candidates' median, else 20 ms): a short prompt rides a step bound by the batch's
     decode, and a pod busy with a long prefill has long steps. Plus A_i =
@@ -293,6 +294,7 @@ def predicted_ttft(
     """
     th = ctx.thresholds
     pace_fallback: float | None = None  # the medians, computed when a pod first needs one
+    class_pace: dict[tuple[int | None, int | None], float] = {}
     tpot_fallback: float | None = None
     counts, block_sizes = _matched_blocks(request, candidates, ctx)
     approx_block_tokens = ctx.block_chars / CHARS_PER_TOKEN
@@ -312,8 +314,13 @@ def predicted_ttft(
         if own < 1.0:
             own = 1.0
         if pace_fallback is None:
+            class_pace = _class_paces(candidates)
             pace_fallback = _median([c.prefill_tps for c in candidates], th.prefill_tokens_per_s)
-        pace = s.prefill_tps
+        pace = (
+            class_pace.get((m.num_gpu_blocks, m.block_size), s.prefill_tps)
+            if m.num_gpu_blocks
+            else s.prefill_tps
+        )
         if pace is None:
             pace = pace_fallback
         elif contrast != 1.0:
@@ -342,6 +349,25 @@ def predicted_ttft(
     if not best < math.inf:  # every prediction overflowed: nothing to prefer
         return [0.0] * len(candidates)
     return [0.0 if p is None else (best / p if p > 0.0 else 1.0) for p in preds]
+
+
+def _class_paces(candidates: Sequence[EndpointState]) -> dict[tuple[int | None, int | None], float]:
+    """The best learned pace per hardware class, pods reporting the same KV cache (blocks and
+    block size: the same GPU, model and engine settings).
+
+    A pod's pace is a lower bound on its GPU's (short prompts take a whole step whatever their
+    length), raised only by the long prompts it happens to get; a pod of the class that had
+    none would read several times slower than its twins and get no long prompt to learn from.
+    """
+    best: dict[tuple[int | None, int | None], float] = {}
+    for c in candidates:
+        m, pace = c.metrics, c.prefill_tps
+        if m is None or pace is None or not m.num_gpu_blocks:
+            continue
+        key = (m.num_gpu_blocks, m.block_size)
+        if pace > best.get(key, 0.0):
+            best[key] = pace
+    return best
 
 
 def _median(values: Sequence[float | None], default: float) -> float:

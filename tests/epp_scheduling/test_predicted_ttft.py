@@ -177,3 +177,14 @@ def test_a_prefill_takes_at_least_one_engine_step_of_the_pod() -> None:
     assert predicted_ttft(req(short), pods, CTX) == [1.0, pytest.approx(0.02 / 0.3)]
     # A long prompt: its tokens outweigh the calm pod's step.
     assert predicted_ttft(req(PROMPT * 10), pods, CTX) == [1.0, pytest.approx(0.4 / 0.4)]
+
+
+def test_pods_reporting_the_same_kv_cache_share_their_best_pace() -> None:
+    # Twins (same blocks): one learned 40,000 tokens/s from long prompts, the other only saw
+    # short ones (8,000, a lower bound). A third pod of another class keeps its own pace.
+    def twin(address: str, pace: float, blocks: int) -> EndpointState:
+        return pod(address, pace, tpot=1e-4, block_size=16, num_gpu_blocks=blocks)
+
+    pods = [twin("long-seen", 40_000.0, 5000), twin("short-seen", 8_000.0, 5000), twin("other", 8_000.0, 900)]
+    long_prompt = req(PROMPT * 10)  # 4,000 tokens
+    assert predicted_ttft(long_prompt, pods, CTX) == [1.0, 1.0, pytest.approx(0.2)]
