@@ -37,9 +37,18 @@ FLEET = {
 }
 
 
+# A profile under which idle pods tie (ties break at random), so a test can get the refused pod
+# ranked first: under the default, idle identical pods are told apart by the prefix a repeated
+# prompt left on the pods that served it, which the refused pod never did.
+EVEN = {"x-gateway-inference-objective": "even"}
+
+
 def _patch(config: dict[str, Any]) -> None:
     dev_trust(config)  # the tests read the EPP's ranking from the decision header
+    config["profiles"] = {"even": {"weights": {"queue": 1}}}
     for pool in config["pools"]:
+        for model in pool["models"]:
+            model["objectives"] = [*model.get("objectives", []), "even"]
         if pool["name"] == LLAMA_POOL:
             pool["fallbackEndpoints"] = 1
         else:
@@ -99,7 +108,7 @@ async def test_a_request_walked_to_the_fallback_holds_its_inflight_slot_there(gw
     body = chat(LLAMA, stream=True, max_tokens=2000)
     async with gw.client() as client:
         for _ in range(30):  # the EPP ranks llama-0 first only some of the time
-            headers = {"x-gateway-decision": "true"}
+            headers = {"x-gateway-decision": "true", **EVEN}
             async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
                 assert r.status_code == 200
                 if ranked_addresses(r.headers["x-gateway-decision"])[0] != refused:
