@@ -83,6 +83,10 @@ def dev_trust(config: dict[str, Any]) -> None:
 
 log = logging.getLogger(__name__)
 _PORT_RNG = random.SystemRandom()  # never the seeded global one: two workers would agree
+# Ports this process handed out: a port is free again the moment free_port's probe closes, and
+# gRPC servers bind with SO_REUSEPORT, so two services given one port both started on it
+# (BBR and an EPP shared 127.0.0.1:21041 in a test run) instead of one failing to bind.
+_HANDED_OUT: set[int] = set()
 
 
 def _ephemeral_low() -> int:
@@ -99,11 +103,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     low = _ephemeral_low()
     for _ in range(200):
         port = _PORT_RNG.randint(max(1024, low - 12_000), low - 1)
+        if port in _HANDED_OUT:  # free now, but given to a service that may not have bound yet
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # crowded: take the kernel's
         s.bind((host, 0))
@@ -129,6 +136,7 @@ def free_port_run(count: int, host: str = "127.0.0.1") -> int:
         finally:
             for s in sockets:
                 s.close()
+        _HANDED_OUT.update(range(base, base + count))
         return base
     raise RuntimeError(f"no run of {count} free ports")
 
