@@ -10,7 +10,7 @@ OpenAPI 3.0 `exclusiveMinimum` booleans, and unknown fields pruned rather than f
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +169,10 @@ def render_crd_yaml() -> str:
     return _HEADER + yaml.safe_dump(render_crd(), sort_keys=False, width=100)
 
 
-def main() -> None:
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else CRD_PATH
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m epp.crd", description="Write the config CRD.")
+    ap.add_argument("target", nargs="?", type=Path, default=CRD_PATH, help=f"default {CRD_PATH}")
+    target: Path = ap.parse_args(argv).target
     target.write_text(render_crd_yaml())
     print(f"wrote {target}")
 
