@@ -154,6 +154,7 @@ class EppApp:
                 config.shared_state,
                 self.telemetry.registry,
                 prefix_index=self.scheduler.prefix_index,  # kept across reloads (build_scheduler)
+                on_scrape=self._on_peer_scrape,
             )
         self._shared_config = config.shared_state
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
@@ -275,6 +276,18 @@ class EppApp:
             pass
 
     def _on_scraped(self, address: str, metrics: Metrics, sent_at: float) -> None:
+        if metrics.running_adapters:
+            self.scheduler.residency.on_scrape(address, metrics.running_adapters, sent_at)
+        if self.shared_state is not None:
+            self.shared_state.publish_scrape(address, metrics, sent_at)
+
+    def _on_peer_scrape(self, address: str, metrics: Metrics, sent_at: float) -> None:
+        """Another replica's scrape of a pod: recorded as this replica's own when it is newer
+        than what this replica holds (its learned speeds come from its own scrapes only)."""
+        held = self.pool.metrics(address)
+        if held is not None and held.scraped_at >= metrics.scraped_at:
+            return
+        self.pool.record_metrics(address, metrics)
         if metrics.running_adapters:
             self.scheduler.residency.on_scrape(address, metrics.running_adapters, sent_at)
 

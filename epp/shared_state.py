@@ -9,7 +9,11 @@ returns the other live replicas' counts, summed per pod by the script; with `pre
 default) the same call appends this replica's routing decisions since the last one (pod,
 prompt block hashes) to the pool's capped stream and returns the entries after the last one
 read, which the approximate prefix index `learn`s, so every replica's index sees every
-replica's traffic. The totals go into `Pool.set_remote_inflight`, and snapshots add them to
+replica's traffic; with `shareScrapes` (the default) it also carries this replica's scrapes
+since the last call (each pod's waiting, running, KV use and adapters, times on the wall
+clock), which the others record as their own when newer than what they hold: with the
+scrape shared across N replicas, each reads a pod only every N intervals itself. The totals
+go into `Pool.set_remote_inflight`, and snapshots add them to
 the local counts: a scheduling decision reads memory, never Redis. A busy replica is one
 publish interval behind the others; an idle one, one idle interval. The call runs on the EPP's
 event loop over one lean connection (epp/redis_script.py): ~0.1-0.3 ms of loop CPU per cycle
@@ -32,15 +36,16 @@ import math
 import os
 import secrets
 import socket
+import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgpack
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
-from epp.pool import Pool
+from epp.pool import Metrics, Pool
 from epp.redis_script import ScriptConnection, encode_command
 from epp.scheduling.prefix import PrefixIndex
 from gateway.config import SharedStateConfig
@@ -52,10 +57,11 @@ log = logging.getLogger(__name__)
 # ARGV: 1 ttl_ms, 2 this replica's id, 3 the prefix of every replica's hash key, 4 the last
 # stream id read ("" = none yet: read from the oldest kept), 5 this replica's decisions since
 # the last call (msgpack, "" = none), 6 the stream's cap, 7 whether to read the stream (0/1),
-# 8 this replica's counts ("pod requests,tokens" lines: one argument whatever the pod count).
+# 8 this replica's counts ("pod requests,tokens" lines: one argument whatever the pod count),
+# 9 this replica's scrapes since the last call (msgpack, "" = none).
 # Returns {{the other live replicas' ids}, {pod, requests, tokens, ...: their counts summed per
 # pod (malformed values skipped)}, {the other replicas' decision blobs after ARGV[4]}, the last
-# stream id read}. Summing here keeps the reply (and its parsing on the EPP's event loop) one
+# stream id read, {their scrape blobs}}. Summing here keeps the reply (and its parsing on the EPP's event loop) one
 # entry per pod however many replicas there are.
 _SCRIPT = """
 local ttl = tonumber(ARGV[1])
@@ -102,25 +108,32 @@ for _, pod in ipairs(order) do
   flat[#flat + 1] = totals[pod][1]
   flat[#flat + 1] = totals[pod][2]
 end
-if ARGV[5] ~= '' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'r', ARGV[2], 'b', ARGV[5])
+if ARGV[5] ~= '' or ARGV[9] ~= '' then
+  local entry = {'r', ARGV[2]}
+  if ARGV[5] ~= '' then entry[#entry + 1] = 'b'; entry[#entry + 1] = ARGV[5] end
+  if ARGV[9] ~= '' then entry[#entry + 1] = 's'; entry[#entry + 1] = ARGV[9] end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', unpack(entry))
   redis.call('PEXPIRE', KEYS[3], ttl * 100)
 end
-local blobs, last = {}, ARGV[4]
+local blobs, scrapes, last = {}, {}, ARGV[4]
 if ARGV[7] == '1' then
   local from = '-'
   if ARGV[4] ~= '' then from = '(' .. ARGV[4] end
   for _, entry in ipairs(redis.call('XRANGE', KEYS[3], from, '+', 'COUNT', 1000)) do
     last = entry[1]
-    local fields, from_us, blob = entry[2], false, nil
+    local fields, from_us, blob, scrape = entry[2], false, nil, nil
     for i = 1, #fields - 1, 2 do
       if fields[i] == 'r' and fields[i + 1] == ARGV[2] then from_us = true end
       if fields[i] == 'b' then blob = fields[i + 1] end
+      if fields[i] == 's' then scrape = fields[i + 1] end
     end
-    if not from_us then blobs[#blobs + 1] = blob or '' end
+    if not from_us then
+      if blob then blobs[#blobs + 1] = blob end
+      if scrape then scrapes[#scrapes + 1] = scrape end
+    end
   end
 end
-return {peers, flat, blobs, last}
+return {peers, flat, blobs, last, scrapes}
 """
 
 # Pods per script call: Lua's unpack takes at most a few thousand values.
@@ -136,6 +149,50 @@ def default_replica_id() -> str:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def encode_scrape(address: str, m: Metrics, sent_at: float, wall_now: float, mono_now: float) -> list[Any]:
+    """One scrape as a stream entry: its times as wall-clock (the replicas' monotonic clocks
+    differ), then the fields scheduling reads."""
+    to_wall = wall_now - mono_now
+    return [
+        address,
+        sent_at + to_wall,
+        m.scraped_at + to_wall,
+        m.waiting,
+        m.running,
+        m.kv_usage,
+        sorted(m.running_adapters),
+        sorted(m.waiting_adapters),
+        m.max_lora,
+        m.block_size,
+        m.num_gpu_blocks,
+    ]
+
+
+def decode_scrape(entry: Any, wall_now: float, mono_now: float) -> tuple[str, Metrics, float]:
+    """(address, metrics, sent_at) on this process's monotonic clock; a peer's clock ahead of
+    ours reads as now. Raises ValueError or TypeError on a malformed entry."""
+    address, sent, scraped, waiting, running, kv, run_ad, wait_ad, max_lora, block_size, blocks = entry
+    if not isinstance(address, str) or not all(isinstance(a, str) for a in (*run_ad, *wait_ad)):
+        raise TypeError("scrape entry: address and adapters must be strings")
+
+    def mono(wall: float) -> float:
+        lag = wall_now - float(wall)
+        return mono_now - lag if lag > 0.0 else mono_now
+
+    metrics = Metrics(
+        waiting=None if waiting is None else float(waiting),
+        running=None if running is None else float(running),
+        kv_usage=None if kv is None else float(kv),
+        running_adapters=frozenset(run_ad),
+        waiting_adapters=frozenset(wait_ad),
+        max_lora=int(max_lora),
+        block_size=None if block_size is None else int(block_size),
+        num_gpu_blocks=None if blocks is None else int(blocks),
+        scraped_at=mono(scraped),
+    )
+    return address, metrics, mono(sent)
 
 
 def parse_totals(flat: list[Any]) -> dict[str, tuple[int, int]]:
@@ -157,10 +214,15 @@ class SharedState:
         *,
         replica_id: str | None = None,
         prefix_index: PrefixIndex | None = None,
+        on_scrape: Callable[[str, Metrics, float], None] | None = None,
     ) -> None:
         self.pool = pool
         self.prefix_index = prefix_index if config.prefix_index else None
+        # A peer's scrape (address, metrics, sent_at): applied as if this replica had read it.
+        self.on_scrape = on_scrape if config.share_scrapes else None
         self._outbox: deque[tuple[str, Sequence[int]]] = deque(maxlen=MAX_OUTBOX)
+        self._scrapes: dict[str, tuple[Metrics, float]] = {}  # this replica's, latest per pod
+        self.scrapes_learned = 0
         self._last_id = ""
         self.learned = 0  # peers' routing decisions taught to the prefix index
         self.bad_entries = 0
@@ -208,19 +270,31 @@ class SharedState:
     def _on_add(self, address: str, hashes: Sequence[int]) -> None:
         self._outbox.append((address, hashes))
 
+    def publish_scrape(self, address: str, metrics: Metrics, sent_at: float) -> None:
+        """Queue this replica's scrape of a pod for the next round trip (the newest per pod)."""
+        if self.on_scrape is not None:
+            self._scrapes[address] = (metrics, sent_at)
+
     async def _round_trip(self, local: Mapping[str, tuple[int, int]]) -> bool:
         decisions = b""
         if self._outbox:
             decisions = msgpack.packb([[a, list(h)] for a, h in self._outbox])
             self._outbox.clear()  # lost if the call fails: the index is a guess anyway
+        scrapes = b""
+        if self._scrapes:
+            wall, mono = time.time(), time.monotonic()
+            scrapes = msgpack.packb(
+                [encode_scrape(a, m, t, wall, mono) for a, (m, t) in self._scrapes.items()]
+            )
+            self._scrapes.clear()  # lost if the call fails: the next scrape replaces it
         config, me = self.config, self.replica_id
         counts = "\n".join([f"{pod} {r},{t}" for pod, (r, t) in list(local.items())[:MAX_PODS_PER_CALL]])
-        reading = b"1" if self.prefix_index is not None else b"0"
+        reading = b"1" if self.prefix_index is not None or self.on_scrape is not None else b"0"
         args = [b"%d" % config.ttl_ms, me.encode(), self._hash_prefix.encode(), self._last_id.encode()]
-        args += (decisions, b"%d" % config.prefix_stream_max_len, reading, counts.encode())
+        args += (decisions, b"%d" % config.prefix_stream_max_len, reading, counts.encode(), scrapes)
         keys = [k.encode() for k in (self._set_key, self._hash_prefix + me, self._stream_key)]
         try:  # bounded by timeoutMs
-            peers, totals, blobs, last_id = await self._redis.evalsha(keys, args)
+            peers, totals, blobs, last_id, scrape_blobs = await self._redis.evalsha(keys, args)
             if totals != self._totals:  # unchanged (idle peers): nothing to parse
                 self.remote, self._totals = parse_totals(totals), totals
             self.peers = [_text(p) for p in peers]
@@ -229,6 +303,7 @@ class SharedState:
             self._failed(exc)
             return False
         self._learn(blobs)
+        self._apply_scrapes(scrape_blobs)
         self.pool.set_remote_inflight(self.remote)
         if not self.connected:
             log.info("shared state: connected (replica %s, %d peers)", self.replica_id, len(self.peers))
@@ -250,6 +325,23 @@ class SharedState:
                         self.learned += 1
             except (ValueError, TypeError, msgpack.UnpackException):  # not ours: skip the entry
                 self.bad_entries += 1
+
+    def _apply_scrapes(self, blobs: list[bytes]) -> None:
+        """Hand the other replicas' scrapes, oldest first, to `on_scrape`."""
+        apply = self.on_scrape
+        if apply is None or not blobs:
+            return
+        wall, mono = time.time(), time.monotonic()
+        for blob in blobs:
+            try:
+                decoded = [decode_scrape(entry, wall, mono) for entry in msgpack.unpackb(blob)]
+            except (ValueError, TypeError, msgpack.UnpackException):  # not ours: skip the entry
+                self.bad_entries += 1
+                continue
+            for address, metrics, sent_at in decoded:
+                if address in self.pool:
+                    apply(address, metrics, sent_at)
+                    self.scrapes_learned += 1
 
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
@@ -277,7 +369,7 @@ class SharedState:
         while True:
             local = self.pool.local_inflight()
             now = loop.time()
-            changed = local != published or bool(self._outbox)
+            changed = local != published or bool(self._outbox) or bool(self._scrapes)
             if (changed and ok) or now - last >= (idle if ok else retry):
                 ok = await self._round_trip(local)
                 published, last = local, now
@@ -307,6 +399,7 @@ class SharedState:
             "connected": self.connected,
             "errors": self.errors,
             "prefix_decisions_learned": self.learned,
+            "scrapes_learned": self.scrapes_learned,
             "peers": list(self.peers),
             "remote_inflight": {pod: list(c) for pod, c in self.remote.items()},
         }

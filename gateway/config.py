@@ -170,6 +170,11 @@ class SharedStateConfig(_Model):
     # index learns every replica's traffic, through a Redis stream capped at `prefixStreamMaxLen`.
     prefix_index: bool = Field(default=True, alias="prefixIndex")
     prefix_stream_max_len: int = Field(default=10_000, ge=100, le=10_000_000, alias="prefixStreamMaxLen")
+    # Share each scrape's parsed state (waiting, running, KV use, adapters) through the same
+    # stream, so every replica reads every scrape of the pool: with `scrape.shareAcrossReplicas`
+    # each replica scrapes a pod only every N intervals, and its own reading alone was N
+    # intervals old (docs/benchmarks.md, "More than one EPP process").
+    share_scrapes: bool = Field(default=True, alias="shareScrapes")
 
     @model_validator(mode="after")
     def _ttl_covers_publishing(self) -> SharedStateConfig:

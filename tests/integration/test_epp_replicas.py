@@ -135,6 +135,12 @@ async def test_requests_through_envoy_land_on_both_replicas(
             return (await r.pool())["shared_state"]["prefix_decisions_learned"] >= min(delta)
 
         await until(learned, f"{r.name} learns the other's decisions")
+
+        # ... and reads the other's scrapes of the pods (each scrapes every 2nd interval).
+        async def scrapes(r: Replica = r) -> bool:
+            return (await r.pool())["shared_state"]["scrapes_learned"] > 0
+
+        await until(scrapes, f"{r.name} reads the other's scrapes")
     await settled(replicas)
 
 

@@ -4,11 +4,13 @@ and the shared in-flight counts against a real redis-server (epp/shared_state.py
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
@@ -177,6 +179,65 @@ async def test_routing_decisions_reach_the_other_replicas_prefix_index(redis: Re
     )
     assert await late.sync_once() and late_index.match(hashes, POD_A) == len(hashes)
     for s in (a, b, late):
+        await s.stop()
+
+
+async def test_a_scrape_reaches_the_other_replicas_on_their_clock(redis: RedisServer) -> None:
+    config = SharedStateConfig.model_validate({"redis": redis.url, "keyPrefix": "t4s"})
+    seen: list[tuple[str, Metrics, float]] = []
+    a = SharedState(
+        _replica(redis.url, "t4s")[0],
+        "p",
+        config,
+        CollectorRegistry(),
+        replica_id="a",
+        on_scrape=lambda *args: None,
+    )
+    b = SharedState(
+        _replica(redis.url, "t4s")[0],
+        "p",
+        config,
+        CollectorRegistry(),
+        replica_id="b",
+        on_scrape=lambda addr, m, at: seen.append((addr, m, at)),
+    )
+    now = time.monotonic()
+    scraped = Metrics(
+        waiting=3,
+        running=7,
+        kv_usage=0.42,
+        running_adapters=frozenset({"sql", "chat"}),
+        waiting_adapters=frozenset({"x"}),
+        max_lora=4,
+        block_size=16,
+        num_gpu_blocks=900,
+        scraped_at=now - 0.02,
+    )
+    a.publish_scrape(POD_A, scraped, now - 0.03)
+    a.publish_scrape("10.9.9.9:1", scraped, now - 0.03)  # a pod b's pool does not have: skipped
+    client = Redis.from_url(redis.url)  # junk from another writer is counted and skipped
+    await client.xadd("t4s:{p}:prefix", {"r": "x", "s": msgpack.packb([["only", "three", 3]])})
+    await client.aclose()
+    assert await a.sync_once() and await b.sync_once()
+    assert [addr for addr, _, _ in seen] == [POD_A] and b.bad_entries == 1
+    _, got, sent_at = seen[0]
+    assert dataclasses.replace(got, scraped_at=scraped.scraped_at) == scraped
+    # Same host, so the wall-clock round trip lands within a few ms of the original instants.
+    assert got.scraped_at == pytest.approx(scraped.scraped_at, abs=0.05)
+    assert sent_at == pytest.approx(now - 0.03, abs=0.05) and sent_at <= got.scraped_at
+    assert await a.sync_once() and a.scrapes_learned == 0  # its own scrapes come back to no one
+    off = SharedStateConfig.model_validate({"redis": redis.url, "keyPrefix": "t4s", "shareScrapes": False})
+    c = SharedState(
+        _replica(redis.url, "t4s")[0],
+        "p",
+        off,
+        CollectorRegistry(),
+        replica_id="c",
+        on_scrape=lambda *args: pytest.fail("shareScrapes is off"),
+    )
+    c.publish_scrape(POD_A, scraped, now)
+    assert await c.sync_once() and c.scrapes_learned == 0
+    for s in (a, b, c):
         await s.stop()
 
 
