@@ -289,9 +289,8 @@ def predicted_ttft(
     running requests' remaining decodes); or, for a non-resident adapter on a pod whose
     `max_lora` slots all hold adapters of running requests, tpot_i x expected output: vLLM
     schedules no request of another adapter until one of them has no request running. With
-    `adapterSpreadPrice` p > 0, loading an adapter that another candidate holds into one of
-    this pod's f free slots adds p x tpot_i x expected output / f: a second copy pins a slot
-    the next adapter that needs one lacks (every adapter's first load is priced as above).
+    `adapterSlotPrice` p > 0, a load into one of the pod's f free slots adds p x tpot_i x
+    expected output / f: what the slot it pins costs the next adapter that needs one.
     Proportional, so a pod predicted twice as slow scores 0.5 and the score blends with
     others. A pod whose metrics or waiting count are unknown scores 0, as in every scorer here.
     """
@@ -304,8 +303,7 @@ def predicted_ttft(
     prompt = float(request.prompt_tokens)
     output = float(request.expected_output_tokens)
     adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
-    contrast, spread_price = th.pace_contrast, th.adapter_spread_price
-    held_elsewhere: bool | None = None  # the adapter is resident on some candidate
+    contrast, slot_price = th.pace_contrast, th.adapter_slot_price
     preds: list[float | None] = []
     for s, n, size in zip(candidates, counts, block_sizes, strict=True):
         m, q = s.metrics, s.queue
@@ -341,14 +339,8 @@ def predicted_ttft(
             pred += load_s
             free = m.max_lora - len(m.running_adapters)
             slot_wait = m.max_lora > 0 and free <= 0
-            if spread_price > 0.0 and m.max_lora > 0 and free > 0:
-                if held_elsewhere is None:
-                    held_elsewhere = any(
-                        c.metrics is not None and _adapter_resident(adapter, c.address, c.metrics, residency)
-                        for c in candidates
-                    )
-                if held_elsewhere:  # a second copy: the slot it pins is one another adapter lacks
-                    pred += spread_price * tpot * output / free
+            if slot_price > 0.0 and m.max_lora > 0 and free > 0:
+                pred += slot_price * tpot * output / free  # the slot it takes from others
         if slot_wait or not _kv_holds(m, ahead + own + output):
             if slot_wait:  # every slot pinned: wait until one adapter's requests all end
                 pred += tpot * output
