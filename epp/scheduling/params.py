@@ -3,8 +3,7 @@
 Each filter or scorer that takes a parameter declares it here as a small pydantic model, and
 the registry (epp/scheduling/registry.py) names that model beside the plugin. A profile's
 `thresholds` is the union of them, so one config block (`thresholds: {queue, kvCache,
-staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, paceContrast,
-adapterSlotPrice}`, pool-wide or per profile) sets every plugin's knobs, with
+staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, paceContrast}`, pool-wide or per profile) sets every plugin's knobs, with
 one spelling per field (the camelCase name above) and a bound on every value.
 Defaults are GIE's published ones; `staleAfterMs`, `prefixMinBlocks` and the prediction
 ones are ours.
@@ -56,11 +55,6 @@ class PredictionParams(_Params):
     # that noise on a fleet of identical GPUs, and also real GPU differences on a mixed one
     # (family-skewed-fleet at 0.5: the H100's share fell from 55-59 % to 44 %), hence 1.
     pace_contrast: float = Field(default=1.0, ge=0, le=1, alias="paceContrast")
-    # The price of taking one of a pod's free LoRA slots, in decodes (tpot x expected output)
-    # over the free slots left: loading an adapter pins a slot while its requests run there,
-    # and once every slot is pinned the next request of any other adapter waits a decode.
-    # 0 (off) prices only this request's own load and wait.
-    adapter_slot_price: float = Field(default=0.0, ge=0, le=10, alias="adapterSlotPrice")
 
     @property
     def adapter_load_s(self) -> float:

@@ -288,9 +288,7 @@ def predicted_ttft(
     running request ends, about tpot_i x expected output / (running + 1) (the soonest of the
     running requests' remaining decodes); or, for a non-resident adapter on a pod whose
     `max_lora` slots all hold adapters of running requests, tpot_i x expected output: vLLM
-    schedules no request of another adapter until one of them has no request running. With
-    `adapterSlotPrice` p > 0, a load into one of the pod's f free slots adds p x tpot_i x
-    expected output / f: what the slot it pins costs the next adapter that needs one.
+    schedules no request of another adapter until one of them has no request running.
     Proportional, so a pod predicted twice as slow scores 0.5 and the score blends with
     others. A pod whose metrics or waiting count are unknown scores 0, as in every scorer here.
     """
@@ -303,7 +301,7 @@ def predicted_ttft(
     prompt = float(request.prompt_tokens)
     output = float(request.expected_output_tokens)
     adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
-    contrast, slot_price = th.pace_contrast, th.adapter_slot_price
+    contrast = th.pace_contrast
     preds: list[float | None] = []
     for s, n, size in zip(candidates, counts, block_sizes, strict=True):
         m, q = s.metrics, s.queue
@@ -337,10 +335,7 @@ def predicted_ttft(
         slot_wait = False
         if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s
-            free = m.max_lora - len(m.running_adapters)
-            slot_wait = m.max_lora > 0 and free <= 0
-            if slot_price > 0.0 and m.max_lora > 0 and free > 0:
-                pred += slot_price * tpot * output / free  # the slot it takes from others
+            slot_wait = 0 < m.max_lora <= len(m.running_adapters)
         if slot_wait or not _kv_holds(m, ahead + own + output):
             if slot_wait:  # every slot pinned: wait until one adapter's requests all end
                 pred += tpot * output

@@ -160,22 +160,6 @@ def test_an_adapter_that_finds_every_lora_slot_pinned_waits_for_a_whole_decode()
     ]
 
 
-def test_a_slot_price_charges_a_load_for_the_free_slot_it_takes_from_other_adapters() -> None:
-    request = req(PROMPT, adapter="sql")
-    pods = [
-        pod("two-free", 10_000.0, running_adapters=("a",), max_lora=3, tpot=0.01),
-        pod("last-free", 10_000.0, running_adapters=("a", "b"), max_lora=3, tpot=0.01),
-        pod("running-it", 10_000.0, running_adapters=("a", "sql"), max_lora=3, tpot=0.01),
-    ]
-    th = profile("p", {"predicted-ttft": 1}, thresholds={"adapterSlotPrice": 0.5}).thresholds
-    # two-free: 0.04 + 0.2 load + 0.5 x 0.01 x 100 / 2 = 0.49 s; last-free: 0.24 + 0.5 / 1 =
-    # 0.74 s; running-it: 0.04 s (resident: it takes no slot).
-    scores = predicted_ttft(request, pods, ScoringContext(thresholds=th))
-    assert scores == [pytest.approx(0.04 / 0.49), pytest.approx(0.04 / 0.74), 1.0]
-    # Off by default: both loads cost the same.
-    assert predicted_ttft(request, pods, CTX)[:2] == [pytest.approx(0.04 / 0.24)] * 2
-
-
 def test_pace_contrast_damps_the_pods_pace_differences_toward_their_median() -> None:
     pods = [pod("a", 4_000.0), pod("b", 16_000.0), pod("c", 8_000.0)]
     assert predicted_ttft(req(PROMPT), pods, CTX) == [pytest.approx(0.25), 1.0, pytest.approx(0.5)]
