@@ -185,22 +185,13 @@ async def test_routing_decisions_reach_the_other_replicas_prefix_index(redis: Re
 async def test_a_scrape_reaches_the_other_replicas_on_their_clock(redis: RedisServer) -> None:
     config = SharedStateConfig.model_validate({"redis": redis.url, "keyPrefix": "t4s"})
     seen: list[tuple[str, Metrics, float]] = []
-    a = SharedState(
-        _replica(redis.url, "t4s")[0],
-        "p",
-        config,
-        CollectorRegistry(),
-        replica_id="a",
-        on_scrape=lambda *args: None,
-    )
-    b = SharedState(
-        _replica(redis.url, "t4s")[0],
-        "p",
-        config,
-        CollectorRegistry(),
-        replica_id="b",
-        on_scrape=lambda addr, m, at: seen.append((addr, m, at)),
-    )
+
+    def replica(name: str, on_scrape: Any, settings: SharedStateConfig = config) -> SharedState:
+        pool = _replica(redis.url, "t4s")[0]
+        return SharedState(pool, "p", settings, CollectorRegistry(), replica_id=name, on_scrape=on_scrape)
+
+    a = replica("a", lambda *args: None)
+    b = replica("b", lambda addr, m, at: seen.append((addr, m, at)))
     now = time.monotonic()
     scraped = Metrics(
         waiting=3,
@@ -227,14 +218,7 @@ async def test_a_scrape_reaches_the_other_replicas_on_their_clock(redis: RedisSe
     assert sent_at == pytest.approx(now - 0.03, abs=0.05) and sent_at <= got.scraped_at
     assert await a.sync_once() and a.scrapes_learned == 0  # its own scrapes come back to no one
     off = SharedStateConfig.model_validate({"redis": redis.url, "keyPrefix": "t4s", "shareScrapes": False})
-    c = SharedState(
-        _replica(redis.url, "t4s")[0],
-        "p",
-        off,
-        CollectorRegistry(),
-        replica_id="c",
-        on_scrape=lambda *args: pytest.fail("shareScrapes is off"),
-    )
+    c = replica("c", lambda *args: pytest.fail("shareScrapes is off"), off)
     c.publish_scrape(POD_A, scraped, now)
     assert await c.sync_once() and c.scrapes_learned == 0
     for s in (a, b, c):
