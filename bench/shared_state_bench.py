@@ -106,7 +106,8 @@ async def measure(url: str, pods: int, peers: int, cycles: int, tag: str, scrape
         if per_cycle:  # the peers' scrapes of this cycle, in one entry (not timed)
             wall_now, mono = time.time(), time.monotonic()
             entries = [
-                encode_scrape(addresses[(i + k) % pods], scraped, mono, wall_now, mono) for k in range(per_cycle)
+                encode_scrape(addresses[(i + k) % pods], scraped, mono, wall_now, mono)
+                for k in range(per_cycle)
             ]
             writer.xadd(stream, {"r": "peer0", "s": msgpack.packb(entries)}, maxlen=1000, approximate=True)
         t0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
