@@ -276,8 +276,7 @@ class EppApp:
             pass
 
     def _on_scraped(self, address: str, metrics: Metrics, sent_at: float) -> None:
-        if metrics.running_adapters:
-            self.scheduler.residency.on_scrape(address, metrics.running_adapters, sent_at)
+        self._note_running_adapters(address, metrics, sent_at)
         if self.shared_state is not None:
             self.shared_state.publish_scrape(address, metrics, sent_at)
 
@@ -288,6 +287,9 @@ class EppApp:
         if held is not None and held.scraped_at >= metrics.scraped_at:
             return
         self.pool.record_metrics(address, metrics)
+        self._note_running_adapters(address, metrics, sent_at)
+
+    def _note_running_adapters(self, address: str, metrics: Metrics, sent_at: float) -> None:
         if metrics.running_adapters:
             self.scheduler.residency.on_scrape(address, metrics.running_adapters, sent_at)
 

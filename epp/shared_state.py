@@ -13,8 +13,8 @@ replica's traffic; with `shareScrapes` (the default) it also carries this replic
 since the last call (each pod's waiting, running, KV use and adapters, times on the wall
 clock), which the others record as their own when newer than what they hold: with the
 scrape shared across N replicas, each reads a pod only every N intervals itself. The totals
-go into `Pool.set_remote_inflight`, and snapshots add them to
-the local counts: a scheduling decision reads memory, never Redis. A busy replica is one
+go into `Pool.set_remote_inflight`, and snapshots add them to the local counts: a
+scheduling decision reads memory, never Redis. A busy replica is one
 publish interval behind the others; an idle one, one idle interval. The call runs on the EPP's
 event loop over one lean connection (epp/redis_script.py): ~0.1-0.3 ms of loop CPU per cycle
 at 16-100 pods (bench/shared_state_bench.py), several times less than through redis-py's
@@ -61,8 +61,8 @@ log = logging.getLogger(__name__)
 # 9 this replica's scrapes since the last call (msgpack, "" = none).
 # Returns {{the other live replicas' ids}, {pod, requests, tokens, ...: their counts summed per
 # pod (malformed values skipped)}, {the other replicas' decision blobs after ARGV[4]}, the last
-# stream id read, {their scrape blobs}}. Summing here keeps the reply (and its parsing on the EPP's event loop) one
-# entry per pod however many replicas there are.
+# stream id read, {their scrape blobs}}. Summing here keeps the reply (and its parsing on the
+# EPP's event loop) one entry per pod however many replicas there are.
 _SCRIPT = """
 local ttl = tonumber(ARGV[1])
 redis.call('DEL', KEYS[2])
