@@ -30,7 +30,7 @@ Target options (`--target-opt key=value`) for tuning without editing code:
 `scrape_ms=50`, `profile=<built-in name>` (epp-best, epp-gie and epp-predicted only); `replicas=N` (any `epp-*`): N EPP
 replicas sharing state through a private redis-server (`shared_state=1`: the same Redis wiring for
 one replica; `shared_publish_ms=N`: its sharedState.publishIntervalMs); `single_hop=1` (any `epp-*`): the
-single-hop mode (one EPP process does BBR's routing and picks the pod).
+single-hop mode (one EPP process does BBR's routing and picks the pod); `request_body=streamed|buffered` (any `epp-*`): `listener.requestBodyMode`.
 """
 
 from __future__ import annotations
@@ -369,6 +369,8 @@ def gateway_factory(
                     shared["publishIntervalMs"] = int(ctx.options["shared_publish_ms"])
                 extra = {**extra, "sharedState": shared}
             single_hop = epp_module == "epp" and ctx.options.get("single_hop", "0") not in ("0", "")
+            if "request_body" in ctx.options:  # streamed | buffered: listener.requestBodyMode
+                extra = {**extra, "listener": {"requestBodyMode": ctx.options["request_body"]}}
             gateway = start_local_gateway(
                 ctx.work_dir / name,
                 pods=pods,

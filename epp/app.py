@@ -286,7 +286,7 @@ class EppApp:
         held = self.pool.metrics(address)
         if held is not None and held.scraped_at >= metrics.scraped_at:
             return
-        self.pool.record_metrics(address, metrics)
+        self.pool.record_metrics(address, metrics, sent_at=sent_at)
         self._note_running_adapters(address, metrics, sent_at)
 
     def _note_running_adapters(self, address: str, metrics: Metrics, sent_at: float) -> None:

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from epp.ledger import TRANSIT_S, Commitment, PodLedger
+
 # Weight of the newest sample in the smoothed per-pod speed figures.
 SPEED_EWMA_ALPHA = 0.2
 # Speed observations lose half their weight per half-life (configurable: scrape.speedHalfLifeMs)
@@ -199,6 +201,15 @@ class EndpointState:
     # (in-flight - waiting - running alone) read a pod that finished as many as it was sent
     # as having nothing pending, and a burst clumped onto it between two scrapes.
     routed_since_scrape: int = 0
+    # From the pod's ledger (epp/ledger.py), when the pool keeps one (None: a record built without
+    # it, e.g. in code, reads the scrape-and-counts formula above): this EPP's picks whose prefill
+    # has not ended, the seconds until their projected prefills end, the page's waiting requests
+    # that are not this EPP's, and the KV tokens this EPP committed since the page.
+    pending_requests: int | None = None
+    unseen_pending: int = 0  # of those, routed since the page (the rest the page shows waiting)
+    busy_s: float = 0.0
+    foreign_waiting: float = 0.0
+    unseen_kv_tokens: int = 0
 
     def __post_init__(self) -> None:
         # Cheap comparisons only: one record per pod per scheduling decision.
@@ -220,7 +231,19 @@ class EndpointState:
         if self.inflight_tokens < 0:
             _set(self, "inflight_tokens", 0)
         m = self.metrics
-        if m is not None:
+        if m is not None and self.pending_requests is not None:
+            if m.waiting is not None:  # the ledger: exact for this EPP's picks, the page for the rest
+                # The picks the page shows waiting are a backlog whatever the KV; the ones routed
+                # since are one only beyond what the page's free KV admits (`kv_room`).
+                pending, unseen = float(self.pending_requests), float(self.unseen_pending)
+                room = kv_room(m, self.inflight_requests, self.inflight_tokens) if unseen else 0.0
+                _set(self, "queue", self.foreign_waiting + pending)
+                _set(
+                    self,
+                    "backlog",
+                    self.foreign_waiting + pending - unseen + (unseen - room if unseen > room else 0.0),
+                )
+        elif m is not None:
             waiting = m.waiting
             if waiting is not None:
                 done = self.finished_since_scrape
@@ -240,6 +263,19 @@ class EndpointState:
     @property
     def address(self) -> str:
         return self.endpoint.address
+
+    @property
+    def committed_kv(self) -> float | None:
+        """KV use with this EPP's picks since the page counted in (0..1+): the page's fraction plus
+        their prompt + expected output over the pod's KV capacity; the page's alone when the
+        capacity is unknown; None when the page has no KV figure."""
+        m = self.metrics
+        if m is None or m.kv_usage is None:
+            return None
+        blocks, size = m.num_gpu_blocks, m.block_size
+        if not self.unseen_kv_tokens or not blocks or not size:
+            return m.kv_usage
+        return m.kv_usage + self.unseen_kv_tokens / (float(blocks) * float(size))
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +343,8 @@ class _Live:
     finished_since_scrape: int = 0
     routed_since_scrape: int = 0  # this EPP's, still in flight (EndpointState)
     scrape_seen_at: float = -math.inf  # monotonic time the last scrape was recorded
+    scrape_sent_at: float = -math.inf  # monotonic time the last recorded scrape was sent
+    ledger: PodLedger = field(default_factory=PodLedger)
     ttft: _Speed = field(default_factory=_Speed)
     tpot: _Speed = field(default_factory=_Speed)
     prefill_tps: _Peak = field(default_factory=_Peak)
@@ -357,14 +395,34 @@ class Pool:
         return address in self._live
 
     # -- scraper edge ---------------------------------------------------------------
-    def record_metrics(self, address: str, metrics: Metrics) -> None:
+    def record_metrics(
+        self,
+        address: str,
+        metrics: Metrics,
+        *,
+        sent_at: float | None = None,
+        first_tokens: float | None = None,
+    ) -> None:
+        """A scrape of the pod: `sent_at` (monotonic) when it was sent, default its parse time;
+        `first_tokens` the pod's cumulative first-token count (TTFT histogram), when it has one.
+        Reconciles the pod's ledger with the page."""
         live = self._live.get(address)
         if live is not None:
+            now = time.monotonic()
             live.metrics = metrics
             live.failures = 0
             live.finished_since_scrape = 0
             live.routed_since_scrape = 0
-            live.scrape_seen_at = time.monotonic()
+            live.scrape_seen_at = now
+            # Without a send time the page is taken as current: every pick so far is on it.
+            sent = now if sent_at is None else sent_at
+            live.scrape_sent_at = sent
+            remote = self._remote.get(address, (0, 0))[0]
+            own = live.inflight_requests
+            share = own / (own + remote) if own + remote > 0 else 1.0
+            live.ledger.reconcile(
+                sent, metrics.waiting, first_tokens, share, transit_s=0.0 if sent_at is None else TRANSIT_S
+            )
             if self.capacity_hook is not None:
                 self.capacity_hook()
 
@@ -385,10 +443,16 @@ class Pool:
             live.failures = max(live.failures, self._unhealthy_after)
 
     # -- request accounting edge ----------------------------------------------------
-    def on_routed(self, address: str, tokens: int) -> None:
+    def on_routed(
+        self, address: str, tokens: int, prefill_s: float = 0.0, now: float | None = None
+    ) -> Commitment | None:
+        """A request routed to `address` with `tokens` (prompt + expected output) and a predicted
+        prefill of `prefill_s` seconds there: its commitment, to hand back to `on_finished`."""
         live = self._count_in(address, tokens)
-        if live is not None:
-            live.routed_since_scrape += 1
+        if live is None:
+            return None
+        live.routed_since_scrape += 1
+        return live.ledger.commit(time.monotonic() if now is None else now, prefill_s, tokens)
 
     def _count_in(self, address: str, tokens: int) -> _Live | None:
         live = self._live.get(address)
@@ -399,28 +463,48 @@ class Pool:
                 self.routed_hook(address)
         return live
 
-    def on_finished(self, address: str, tokens: int, routed_at: float | None = None) -> None:
+    def on_finished(
+        self,
+        address: str,
+        tokens: int,
+        routed_at: float | None = None,
+        commitment: Commitment | None = None,
+    ) -> None:
         """Undo `on_routed`; callers guarantee exactly one call per routed request.
-        `routed_at` (monotonic) tells whether it was routed since the pod's last scrape."""
+        `routed_at` (monotonic) tells whether it was routed since the pod's last scrape;
+        `commitment` is what `on_routed` returned (None: the pod's oldest is released)."""
         live = self._live.get(address)
         if live is not None:
             live.inflight_requests = max(0, live.inflight_requests - 1)
             live.inflight_tokens = max(0, live.inflight_tokens - tokens)
             live.finished_since_scrape += 1
             self._unroute_since_scrape(live, routed_at)
+            live.ledger.release(commitment)
         if self.capacity_hook is not None:
             self.capacity_hook()
 
-    def move_inflight(self, old: str, new: str, tokens: int, routed_at: float | None = None) -> None:
+    def move_inflight(
+        self,
+        old: str,
+        new: str,
+        tokens: int,
+        routed_at: float | None = None,
+        commitment: Commitment | None = None,
+    ) -> Commitment | None:
         """A retry served the request on `new` instead of `old`: move its slot, as if routed
         there in the first place (nothing finished on `old`). Its finish must then not pass a
-        `routed_at` (it was never counted as routed since `new`'s scrape)."""
+        `routed_at` (it was never counted as routed since `new`'s scrape), and must pass the
+        commitment returned here."""
         live = self._live.get(old)
         if live is not None:
             live.inflight_requests = max(0, live.inflight_requests - 1)
             live.inflight_tokens = max(0, live.inflight_tokens - tokens)
             self._unroute_since_scrape(live, routed_at)
-        self._count_in(new, tokens)  # served there already: not pending a prefill as routed ones are
+            live.ledger.release(commitment)
+        moved = self._count_in(new, tokens)  # served there already: no prefill of ours to project
+        if moved is None:
+            return None
+        return moved.ledger.commit(time.monotonic(), 0.0, tokens)
 
     @staticmethod
     def _unroute_since_scrape(live: _Live, routed_at: float | None) -> None:
@@ -489,10 +573,29 @@ class Pool:
         """The other replicas' (requests, tokens) per pod; added to this replica's in snapshots."""
         self._remote = counts
 
+    def ledger(self, address: str) -> PodLedger | None:
+        """The pod's ledger (tests, /debug/pool)."""
+        live = self._live.get(address)
+        return live.ledger if live is not None else None
+
     def inflight_total(self) -> int:
         return sum(live.inflight_requests for live in self._live.values())
 
     # -- scheduling edge ------------------------------------------------------------
+    @staticmethod
+    def _foreign_waiting(live: _Live, remote_requests: int) -> float:
+        """The page's waiting requests that are not this EPP's, plus the other replicas' in-flight
+        requests the page cannot show yet (more than the page's running + waiting hold beyond
+        this EPP's own): they queue ahead of a new request just as this EPP's pending ones do."""
+        waiting = live.ledger.foreign_waiting
+        m = live.metrics
+        if not remote_requests or m is None:
+            return waiting
+        own_on_page = len(live.ledger) - live.ledger.unseen(live.scrape_sent_at)
+        foreign_on_page = (m.waiting or 0.0) + (m.running or 0.0) - own_on_page
+        unseen = remote_requests - (foreign_on_page if foreign_on_page > 0.0 else 0.0)
+        return waiting + unseen if unseen > 0.0 else waiting
+
     def snapshot(self, now: float | None = None) -> PoolSnapshot:
         now = time.monotonic() if now is None else now
         half_life = self.speed_half_life_s
@@ -512,6 +615,11 @@ class Pool:
                 healthy=live.failures < self._unhealthy_after,
                 finished_since_scrape=live.finished_since_scrape,
                 routed_since_scrape=live.routed_since_scrape,
+                pending_requests=live.ledger.pending(now),
+                unseen_pending=live.ledger.pending_since(now, live.scrape_sent_at),
+                busy_s=live.ledger.busy_s(now),
+                foreign_waiting=self._foreign_waiting(live, remote.get(address, none)[0]),
+                unseen_kv_tokens=live.ledger.unseen_kv_tokens(live.scrape_sent_at),
             )
             for address, live in self._live.items()
         )

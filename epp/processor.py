@@ -21,6 +21,7 @@ from epp.admission import admit
 from epp.context import EppContext
 from epp.flow_control import FlowController, Outcome, Result, ticket_for
 from epp.flow_queue import band_of
+from epp.ledger import Commitment
 from epp.pool import PoolSnapshot
 from epp.request import InferenceRequest, RequestError, parse_request
 from epp.scheduling.affinity import pin_to_producer, response_id_for
@@ -45,6 +46,7 @@ class EppProcessor:
         self.max_body_bytes = ctx.config().bbr.max_body_bytes
         self._address: str | None = None
         self._request: InferenceRequest | None = None
+        self._commitment: Commitment | None = None  # its entry in the pod's ledger
         self._routed_at = 0.0
         self._counted_at = 0.0  # when it was counted as routed to its current pod
         self._status: int | None = None
@@ -163,7 +165,9 @@ class EppProcessor:
         if prefix is not None:
             self._ctx.telemetry.prefix_lookup(prefix)
         self._routed_at = self._counted_at = time.monotonic()
-        self._ctx.pool.on_routed(address, request.estimated_tokens)
+        self._commitment = self._ctx.pool.on_routed(
+            address, request.estimated_tokens, decision.prefill_s, now=self._routed_at
+        )
         self._ctx.scheduler.on_routed(request, address)
         self._ctx.telemetry.routed(request)
         if self._ctx.header_policy.explain(headers):  # the client asked and may see the fleet
@@ -270,8 +274,12 @@ class EppProcessor:
         served = headers.get(SERVED_HEADER)
         if served and served != self._address and self._request is not None:
             # A retry moved the request to another endpoint of the ranked list: account it there.
-            self._ctx.pool.move_inflight(
-                self._address, served, self._request.estimated_tokens, routed_at=self._counted_at
+            self._commitment = self._ctx.pool.move_inflight(
+                self._address,
+                served,
+                self._request.estimated_tokens,
+                routed_at=self._counted_at,
+                commitment=self._commitment,
             )
             self._address, self._counted_at = served, -math.inf  # not routed since `served`'s scrape
         out = {DECISION_HEADER: self._explain} if self._explain else {}
@@ -287,7 +295,10 @@ class EppProcessor:
             return
         address, request = self._address, self._request
         self._address = None  # exactly once, even if called again
-        self._ctx.pool.on_finished(address, request.estimated_tokens, routed_at=self._counted_at)
+        self._ctx.pool.on_finished(
+            address, request.estimated_tokens, routed_at=self._counted_at, commitment=self._commitment
+        )
+        self._commitment = None
         # Response bodies are not streamed to the EPP (a gRPC round trip per SSE chunk would
         # cost more than the scheduling itself); the route asks for response trailers, so Envoy
         # closes this stream only when the HTTP stream ends (last byte, reset or abort), which

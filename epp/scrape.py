@@ -283,12 +283,16 @@ class Scraper:
             log.debug("scrape of %s failed: %s", ep.address, exc)
             return None
         self.scrapes += 1
-        self.pool.record_metrics(ep.address, metrics)
+        rejected = []
+        ttft_totals = _histogram_totals(found, names[0], "ttft", rejected) if names else None
+        # The TTFT histogram's count is the pod's first tokens so far: the ledger retires that
+        # many pending prefills (epp/ledger.py).
+        first_tokens = ttft_totals.count if ttft_totals is not None else None
+        self.pool.record_metrics(ep.address, metrics, sent_at=sent_at, first_tokens=first_tokens)
         if self.scraped_hook is not None:
             self.scraped_hook(ep.address, metrics, sent_at)
         if names:
-            rejected = []
-            ttft = speed.mean_since_last("ttft", _histogram_totals(found, names[0], "ttft", rejected))
+            ttft = speed.mean_since_last("ttft", ttft_totals)
             tpot = speed.mean_since_last("tpot", _histogram_totals(found, names[1], "tpot", rejected))
             if rejected:
                 self.rejections.report(ep.address, rejected)

@@ -68,6 +68,9 @@ class Decision:
     profile: str = "default"
     reason: str = ""
     saturated: bool = False
+    # The predicted seconds of the request's own prefill on ranked[0] (0: not predicted), which
+    # the pick commits to that pod's ledger.
+    prefill_s: float = 0.0
 
 
 class Scheduler(Protocol):

@@ -3,7 +3,10 @@
 The queue term is a pod's backlog, `EndpointState.backlog`: the scraped waiting count plus the
 requests this EPP routed to it that the last scrape cannot have seen yet (so a burst that lands
 between two scrapes saturates a pod at once instead of one scrape later), less as many of
-those unseen ones as its free KV cache can still admit. Counting every routed-but-unseen
+those unseen ones as its free KV cache can still admit. The KV term is the committed KV
+(`EndpointState.committed_kv`): the page's use plus what this EPP routed since the page (prompt +
+expected output), so flow control stops releasing once the picks it released fill the cache,
+not one scrape later when they show on the page and are already queued inside vLLM. Counting every routed-but-unseen
 request as queued made a pod with half its KV free read as saturated at a queue threshold of
 1 (one request in transit is enough), and flow control then released about one request per
 pod per scrape (measured: docs/scheduling.md, "Flow control").
@@ -26,7 +29,8 @@ def is_saturated(state: EndpointState, thresholds: SaturationParams = DEFAULT_TH
     m = state.metrics
     if m is None:
         return False
-    if m.kv_usage is not None and m.kv_usage >= thresholds.kv_saturated:
+    kv = state.committed_kv
+    if kv is not None and kv >= thresholds.kv_saturated:
         return True
     return _backlog(state) >= thresholds.queue_saturated
 
@@ -34,8 +38,7 @@ def is_saturated(state: EndpointState, thresholds: SaturationParams = DEFAULT_TH
 def pod_level(state: EndpointState, thresholds: SaturationParams) -> float:
     """min(1, max(backlog / queue threshold, KV / KV threshold)) for one fresh pod; unknown
     terms count 0 (the backlog falls back to the in-flight count, as in `is_saturated`)."""
-    m = state.metrics
-    kv = (m.kv_usage or 0.0) if m is not None else 0.0
+    kv = state.committed_kv or 0.0
     level = max(_backlog(state) / thresholds.queue_saturated, kv / thresholds.kv_saturated)
     return level if level < 1.0 else 1.0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from epp.kv_index import KVIndex
 from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
@@ -35,6 +35,9 @@ class ScoringContext:
     residency: AdapterResidency | None = None  # each pod's modelled GPU adapter slots
     kv_index: KVIndex | None = None  # the pods' own KV events (epp/kv_index.py)
     block_chars: int = DEFAULT_BLOCK_CHARS  # characters per block of `prefix_hashes`
+    # Filled by `predicted-ttft`: per candidate, the seconds this request's own prefill takes
+    # there (at least one engine step), which the pick commits to the pod's ledger (epp/ledger.py).
+    prefill_s: list[float] = field(default_factory=list)
 
 
 Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]
@@ -270,7 +273,9 @@ def predicted_ttft(
     The time until this request's first token on pod i: the prompt tokens queued ahead of it
     (q_i = `EndpointState.queue`, scraped waiting + routed-but-unseen, times L_i, the pod's
     typical prompt, times u_i, the share of it the pod's prefix cache does not hold: both
-    learned from its histograms, else this prompt's P and 1), plus this prompt's own uncached
+    learned from its histograms, else this prompt's P and 1; with the pod's ledger, this EPP's
+    own pending picks count exactly instead, as the seconds until their projected prefills end,
+    `busy_s`, and only the page's other waiting requests as q_i), plus this prompt's own uncached
     tokens (P less C_i, the tokens of its leading blocks the pod holds: precise KV events,
     else the approximate prefix index; at least the one token vLLM always recomputes), over
     the pod's prefill pace pace_i (tokens/s learned from `vllm:request_prefill_time_seconds`
@@ -303,12 +308,17 @@ def predicted_ttft(
     adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
     contrast = th.pace_contrast
     preds: list[float | None] = []
+    prefill_s = ctx.prefill_s
+    prefill_s.clear()
     for s, n, size in zip(candidates, counts, block_sizes, strict=True):
         m, q = s.metrics, s.queue
         if m is None or q is None:
             preds.append(None)
+            prefill_s.append(0.0)
             continue
         typical = s.mean_prompt_tokens if s.mean_prompt_tokens is not None else prompt
+        if s.pending_requests is not None:
+            q = s.foreign_waiting  # this EPP's own pending picks are in `busy_s`
         ahead = q * typical * (s.uncached_fraction if s.uncached_fraction is not None else 1.0)
         own = prompt - n * (approx_block_tokens if size is None else size)
         if own < 1.0:
@@ -331,7 +341,11 @@ def predicted_ttft(
                 tpot_fallback = _median([c.tpot_ewma for c in candidates], DEFAULT_TPOT_S)
             tpot = tpot_fallback
         own_s = own / pace
-        pred = ahead / pace + (own_s if own_s > tpot else tpot)  # at least one engine step
+        if own_s < tpot:
+            own_s = tpot  # at least one engine step
+        prefill_s.append(own_s)
+        pred = ahead / pace + s.busy_s + own_s
+        ahead += s.busy_s * pace  # in tokens, for the KV check below
         slot_wait = False
         if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s

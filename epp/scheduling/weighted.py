@@ -113,13 +113,17 @@ class WeightedScheduler:
             ]
 
         order = PICKERS[profile.picker].fn(totals, self.rng)
+        prefill_s = 0.0
         if order:  # the pod most likely routed to: bound its prefix LRU by its KV cache
             self._bound_prefix_lru(candidates[order[0]], block_chars)
+            if ctx.prefill_s:
+                prefill_s = ctx.prefill_s[order[0]]
         return Decision(
             ranked=tuple([addresses[i] for i in order]),
             scores=ScoreTable(addresses, columns, totals, order[0] if order else 0),
             profile=profile.name,
             saturated=all_saturated,
+            prefill_s=prefill_s,
         )
 
     def on_routed(self, request: InferenceRequest, address: str) -> None:

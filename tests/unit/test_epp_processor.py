@@ -115,6 +115,7 @@ async def test_decision_is_explained_on_the_response_only_when_asked_and_allowed
     refused = EppProcessor(ctx)  # the default policy keeps the fleet's topology to itself
     await refused.on_request({"x-gateway-decision": "true"}, body())
     assert refused.on_response_headers({":status": "200"}) is None
+    refused.on_close(True)  # its pick no longer occupies 10.0.0.1 (the ledger)
     ctx.header_policy = HeaderPolicy(decision_header=True)
     asked = EppProcessor(ctx)
     await asked.on_request({"x-gateway-decision": "true"}, body())

@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import time
-
 from epp.pool import Endpoint, Metrics, Pool, kv_room
 from epp.scheduling.params import SaturationParams
 from epp.scheduling.saturation import is_saturated
 
 
-def test_the_queue_estimate_follows_completions_between_scrapes() -> None:
-    """Each request that finishes lets the engine admit one waiting request: the scraped
-    waiting count is lowered by the completions seen since, until the next scrape says."""
+def test_a_page_retires_the_picks_it_no_longer_shows_waiting() -> None:
+    """The ledger (epp/ledger.py): this EPP's picks are pending until the page says otherwise;
+    a completion of a running request retires nothing (the engine admits by KV, not one for one)."""
     pool = Pool([Endpoint("a", frozenset({"m"}))])
-    for _ in range(6):
-        pool.on_routed("a", 10)
+    handles = [pool.on_routed("a", 10) for _ in range(6)]
     pool.record_metrics("a", Metrics(waiting=2, running=4, kv_usage=0.5))  # shows all six
     assert pool.snapshot().endpoints[0].queue == 2
-    pool.on_finished("a", 10)
-    assert pool.snapshot().endpoints[0].queue == 1  # one waiting request was admitted meanwhile
-    pool.on_finished("a", 10)
-    pool.on_finished("a", 10)
-    assert pool.snapshot().endpoints[0].queue == 0  # never below zero
-    pool.record_metrics("a", Metrics(waiting=1, running=2, kv_usage=0.5))
-    assert pool.snapshot().endpoints[0].queue == 1  # a fresh scrape is the truth again
-    pool.move_inflight("a", "a", 10)  # a retry's move is not a completion
-    assert pool.snapshot().endpoints[0].queue == 1
+    pool.on_finished("a", 10, commitment=handles[0])  # one of the four running ones
+    assert pool.snapshot().endpoints[0].queue == 2
+    pool.record_metrics("a", Metrics(waiting=1, running=4, kv_usage=0.5))
+    assert pool.snapshot().endpoints[0].queue == 1  # a fresh page is the truth again
+    pool.record_metrics("a", Metrics(waiting=3, running=2, kv_usage=0.5))
+    pod = pool.snapshot().endpoints[0]
+    assert pod.queue == 3 and pod.foreign_waiting == 2  # more waiting than ours: other traffic
+    for h in handles[1:]:
+        pool.on_finished("a", 10, commitment=h)
+    assert len(pool.ledger("a") or ()) == 0 and pool.inflight_total() == 0
 
 
 def test_requests_routed_since_the_scrape_are_pending_whatever_finished() -> None:
@@ -34,20 +32,17 @@ def test_requests_routed_since_the_scrape_are_pending_whatever_finished() -> Non
     a burst clumped onto it between scrapes. The requests routed since the scrape and still in
     flight each still need their prefill; the ones that finished freed running slots."""
     pool = Pool([Endpoint("a", frozenset({"m"}))])
-    for _ in range(10):
-        pool.on_routed("a", 10)
-    before = time.monotonic()
+    old = [pool.on_routed("a", 10) for _ in range(10)]
     pool.record_metrics("a", Metrics(waiting=0, running=10, kv_usage=0.5))
-    for _ in range(5):
-        pool.on_finished("a", 10, routed_at=before)  # five of the scraped ten finish
-    for _ in range(5):
-        pool.on_routed("a", 10)  # and five new ones come
+    for h in old[:5]:
+        pool.on_finished("a", 10, commitment=h)  # five of the scraped ten finish
+    new = [pool.on_routed("a", 10) for _ in range(5)]  # and five new ones come
     pod = pool.snapshot().endpoints[0]
     assert pod.inflight_requests == 10 and pod.routed_since_scrape == 5
     assert pod.queue == 5  # netted, the old estimate read 0
-    pool.on_finished("a", 10, routed_at=time.monotonic())  # one of the new ones is done
+    pool.on_finished("a", 10, commitment=new[0])  # one of the new ones is done
     assert pool.snapshot().endpoints[0].queue == 4
-    pool.on_finished("a", 10, routed_at=before)  # an old one: the new ones still pend
+    pool.on_finished("a", 10, commitment=old[5])  # an old one: the new ones still pend
     assert pool.snapshot().endpoints[0].queue == 4
     pool.record_metrics("a", Metrics(waiting=1, running=7, kv_usage=0.5))
     assert pool.snapshot().endpoints[0].queue == 1  # the scrape is the truth again
@@ -84,9 +79,9 @@ def test_requests_in_transit_to_a_pod_with_free_kv_are_no_backlog() -> None:
     assert pod.backlog == 0  # 8,000 free tokens hold 40 requests of 200
     th = SaturationParams(queue=1, kvCache=1.0)
     assert not is_saturated(pod, th)
-    _pod(pool, waiting=1, running=40, kv=0.49)  # the scrape shows one the engine did not admit
+    _pod(pool, waiting=1, running=41, kv=0.49)  # the scrape shows one the engine did not admit
     pod = pool.snapshot().endpoints[0]
-    assert pod.queue == 2 and pod.backlog == 1  # scraped waiting is a backlog whatever the KV
+    assert pod.queue == 1 and pod.backlog == 1  # scraped waiting is a backlog whatever the KV
     assert is_saturated(pod, th)
 
 
@@ -100,6 +95,10 @@ def test_a_full_pod_keeps_its_backlog() -> None:
     pod = pool.snapshot().endpoints[0]
     assert pod.queue == 5 and pod.backlog == 4  # 3 waiting + 2 unseen, one of which fits
     assert is_saturated(pod, SaturationParams(queue=1, kvCache=1.0))
-    _pod(pool, waiting=3, running=40, kv=0.5, blocks=None)  # capacity unknown: all of it counts
+    for _ in range(2):
+        pool.on_routed("a", 200)
+    _pod(pool, waiting=3, running=40, kv=0.5, blocks=None)  # page current: 2 of ours started
+    for _ in range(2):
+        pool.on_routed("a", 200)
     pod = pool.snapshot().endpoints[0]
-    assert pod.backlog == pod.queue == 5
+    assert pod.backlog == pod.queue == 5  # capacity unknown: every unseen pick counts

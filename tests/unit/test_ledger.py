@@ -1,0 +1,100 @@
+"""The ledger of committed work per pod (epp/ledger.py), alone and as the scheduler reads it."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from epp.ledger import PodLedger
+from epp.pool import Endpoint, Metrics, Pool
+from epp.request import parse_request
+from epp.scheduling.profiles import BUILTIN_PROFILES
+from epp.scheduling.weighted import WeightedScheduler
+
+
+def test_prefills_chain_first_come_first_served_and_expire_by_projection() -> None:
+    ledger = PodLedger()
+    a = ledger.commit(10.0, 0.02, 100)
+    ledger.commit(10.0, 0.03, 100)
+    assert abs(ledger.busy_s(10.0) - 0.05) < 1e-9 and ledger.pending(10.0) == 2
+    assert ledger.pending(10.025) == 1  # the first is projected done at 10.02
+    assert ledger.pending(10.06) == 0 and ledger.busy_s(10.06) == 0.0
+    ledger.release(a)
+    assert len(ledger) == 1
+
+
+def test_first_tokens_on_the_page_retire_the_oldest_pending_prefills() -> None:
+    ledger = PodLedger()
+    ledger.reconcile(0.0, 0, 100, 1.0)  # the baseline count
+    for i in range(4):
+        ledger.commit(1.0 + i * 0.01, 0.0, 100)  # no prediction: pending until a page says
+    ledger.reconcile(2.0, 4, 102, 1.0)  # two first tokens since the last page
+    assert ledger.pending(2.0) == 2
+    assert ledger.foreign_waiting == 2  # the page shows 4 waiting, 2 of them ours
+    ledger.reconcile(3.0, 0, 102, 1.0)  # nothing waits any more: ours all started
+    assert ledger.pending(3.0) == 0 and ledger.foreign_waiting == 0
+
+
+def test_another_replicas_first_tokens_retire_only_our_share() -> None:
+    ledger = PodLedger()
+    ledger.reconcile(0.0, 0, 0, 1.0)
+    for _ in range(4):
+        ledger.commit(1.0, 0.0, 100)
+    ledger.reconcile(2.0, 8, 4, 0.5)  # half the pod's in-flight is ours
+    assert ledger.pending(2.0) == 2
+
+
+def test_a_pick_in_transit_when_the_page_was_sent_stays_pending() -> None:
+    ledger = PodLedger()
+    ledger.commit(1.0, 0.0, 100)
+    ledger.reconcile(1.001, 0, None, 1.0)  # sent 1 ms after the pick: may not be on the page
+    assert ledger.pending(1.01) == 1
+    ledger.reconcile(1.1, 0, None, 1.0)
+    assert ledger.pending(1.1) == 0
+
+
+def test_the_ledger_returns_to_zero_whatever_ends_the_requests() -> None:
+    """Completion, reset, client abort (each ends the stream: `on_finished` with the handle),
+    a retry moving the slot, and a request whose handle was lost: nothing stays counted."""
+    pool = Pool([Endpoint("a", frozenset({"m"})), Endpoint("b", frozenset({"m"}))])
+    handles = [pool.on_routed("a", 50, 0.01) for _ in range(5)]
+    pool.record_metrics("a", Metrics(waiting=2, running=3, kv_usage=0.1), first_tokens=3)
+    moved = pool.move_inflight("a", "b", 50, commitment=handles.pop())
+    for h in handles[:-1]:
+        pool.on_finished("a", 50, commitment=h)
+    pool.on_finished("a", 50)  # no handle: the oldest goes
+    pool.on_finished("b", 50, commitment=moved)
+    for address in ("a", "b"):
+        ledger = pool.ledger(address)
+        assert ledger is not None and len(ledger) == 0 and ledger.pending(1e9) == 0
+    assert pool.inflight_total() == 0
+    assert all(s.queue == 0 or s.metrics is None for s in pool.snapshot().endpoints)
+
+
+def _request(i: int) -> object:
+    body = {"model": "m", "messages": [{"role": "user", "content": f"question {i} " * 40}], "max_tokens": 100}
+    return parse_request(body, request_id=str(i), target_model="m", adapter=None, headers={})
+
+
+def test_a_burst_within_one_scrape_interval_spreads_as_evenly_as_round_robin() -> None:
+    """Identical idle pods, one page each, then a burst of 4 x 25 picks before the next page:
+    each pick commits its prefill to the pod's ledger, so the next one sees it busy."""
+    pods = [Endpoint(f"10.0.0.{i}:8000", frozenset({"m"})) for i in range(4)]
+    pool = Pool(pods)
+    for ep in pods:
+        pool.record_metrics(
+            ep.address, Metrics(waiting=0, running=0, kv_usage=0.0, block_size=16, num_gpu_blocks=10_000)
+        )
+    scheduler = WeightedScheduler(BUILTIN_PROFILES, rng=random.Random(7))
+    now = 100.0
+    counts: Counter[str] = Counter()
+    for i in range(100):
+        request = _request(i)
+        decision = scheduler.pick(request, pool.snapshot(now=now))  # type: ignore[arg-type]
+        address = decision.ranked[0]
+        assert decision.prefill_s > 0.0
+        pool.on_routed(address, 300, decision.prefill_s, now=now)
+        scheduler.on_routed(request, address)  # type: ignore[arg-type]
+        counts[address] += 1
+        now += 0.0005  # 100 requests in 50 ms
+    assert sorted(counts.values()) == [25, 25, 25, 25], counts
