@@ -328,8 +328,8 @@ def test_crd_schema_rejects_bad_configs() -> None:
     assert validator.is_valid(good)
     for path, value in [
         (("pools", 0, "engine"), "llamacpp"),
-        (("profiles", "chat", "picker"), "roulette"),
-        (("profiles", "chat", "weights", "queue"), -1),
+        (("profiles", "default", "picker"), "roulette"),
+        (("profiles", "default", "weights", "predicted-ttft"), -1),
         (("thresholds", "kvCache"), 0),
         (("thresholds", "queue"), 0),
         (("pools", 0, "failureMode"), "FailSometimes"),
