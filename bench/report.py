@@ -189,10 +189,15 @@ def ran_earlier_default(policy: str, runs: Sequence[Mapping[str, Any]]) -> bool:
     """An `epp-default*` row some of whose runs used another default profile than today's."""
     if not policy.startswith(SHIPPED_PREFIX):
         return False
+    from bench.gateway_policies import DEFAULT_REVISION
+
     current = shipped_default()
     for r in runs:
-        profile = (r.get("policy", {}).get("config") or {}).get("profile") or {}
+        config = r.get("policy", {}).get("config") or {}
+        profile = config.get("profile") or {}
         if {"weights": profile.get("weights"), "thresholds": profile.get("thresholds")} != current:
+            return True
+        if config.get("default_revision") != DEFAULT_REVISION:  # an earlier request path or ledger
             return True
     return False
 

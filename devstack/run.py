@@ -1,7 +1,7 @@
 """`make run`: the whole gateway on this machine until Ctrl-C.
 
-Starts a simulated fleet (two models, two pods each), BBR, one EPP per model pool (or, with
-`--single-hop`, one EPP for every pool and no BBR) and a
+Starts a simulated fleet (two models, two pods each), one EPP for every pool (the single-hop
+shape: one ext_proc stream per request; `--two-hop` runs BBR and one EPP per pool instead) and a
 real Envoy on HTTPS, prints a request that works, and stops every process on exit.
 """
 
@@ -31,10 +31,19 @@ def main() -> None:
         default="static",
         help="pool clusters: static (OverrideHost) or original_dst (as in Kubernetes)",
     )
-    parser.add_argument(
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument(
         "--single-hop",
+        dest="single_hop",
         action="store_true",
-        help="one EPP for every pool and one ext_proc hop per request (no BBR)",
+        default=True,
+        help="one EPP for every pool and one ext_proc hop per request, no BBR (the default)",
+    )
+    shape.add_argument(
+        "--two-hop",
+        dest="single_hop",
+        action="store_false",
+        help="BBR, then each pool's own EPP (the shape a Gateway API implementation runs)",
     )
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="inference-gateway-"))

@@ -117,6 +117,10 @@ class PodLedger:
         for c in seen[:retire]:
             c.prefilled = True
         self._pending -= retire
+        for c in seen[retire:]:
+            # The page shows it waiting: the pod had no room for it (a sequence limit, full KV),
+            # so it stays pending until a page retires it; its prefill still counts in `busy_s`.
+            c.ends_at = float("inf")
         still_seen = len(seen) - retire
         self.foreign_waiting = max(0.0, waiting - still_seen) if waiting is not None else 0.0
         self._reproject(sent_at)
@@ -126,7 +130,8 @@ class PodLedger:
         for c in self._entries.values():
             if not c.prefilled and c.prefill_s > 0.0:
                 t = (t if t > c.routed_at else c.routed_at) + c.prefill_s
-                c.ends_at = t
+                if c.ends_at != float("inf"):
+                    c.ends_at = t
                 projected = True
         self._busy_until = t if projected else -1e300
 

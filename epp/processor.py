@@ -303,7 +303,9 @@ class EppProcessor:
         # cost more than the scheduling itself); the route asks for response trailers, so Envoy
         # closes this stream only when the HTTP stream ends (last byte, reset or abort), which
         # is what releases the in-flight slot. Speed comes from the scrape.
-        ok = self._status is not None and self._status < 500
+        # Without the response headers event (listener.eppResponseHeaders: auto) the status is
+        # not seen here: the request counts as served (Envoy's own stats have the status).
+        ok = self._status is None or self._status < 500
         self._ctx.telemetry.finished(request, ok=ok, duration=time.monotonic() - self._routed_at)
 
 

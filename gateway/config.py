@@ -356,6 +356,13 @@ class ListenerConfig(_Model):
     # collects the body and sends it once, nothing comes back (cheaper, see docs/benchmarks.md
     # "Gateway overhead"), bounded by Envoy's per-connection buffer: a larger body gets a JSON 413.
     request_body_mode: Literal["streamed", "buffered"] = Field(default="streamed", alias="requestBodyMode")
+    # Whether the EPP sees each response's headers (`always`) or, by default (`auto`), only where
+    # a feature reads them: the decision header (`trust.decisionHeader`, or trusted callers, who
+    # may ask for it), a pool's retries over `fallbackEndpoints` (the served endpoint). Otherwise
+    # its routes ask for response trailers alone, which hold the ext_proc stream to the response's
+    # end (the in-flight ledger) without Envoy waiting on the EPP before the first byte, and save
+    # a message each way per request (docs/benchmarks.md, "Gateway overhead").
+    epp_response_headers: Literal["auto", "always"] = Field(default="auto", alias="eppResponseHeaders")
     # The buffered body limit, rendered as the listener's per_connection_buffer_limit_bytes;
     # unset: the renderer's connection buffer (`render_envoy --buffer-bytes`, 4 MiB default).
     max_buffered_body_bytes: int | None = Field(
@@ -458,6 +465,18 @@ class GatewayConfig(_Model):
             return True
         pools = self.pools if pool is None else [pool]
         return any(p.failure_mode == "FailOpen" for p in pools)
+
+    def epp_reads_response_headers(self, pool: PoolConfig | None = None) -> bool:
+        """Whether a pool's EPP (any pool's, without `pool`) needs the response headers event
+        (`listener.eppResponseHeaders`)."""
+        listener = self.listener
+        if listener.epp_response_headers == "always":
+            return True
+        trust = listener.trust
+        if trust.decision_header or trust.internal or trust.jwt_claim is not None:
+            return True
+        pools = self.pools if pool is None else [pool]
+        return any(p.fallback_endpoints > 0 for p in pools)
 
     def routes(self) -> Mapping[str, ModelRoute]:
         """Every public model name (base or adapter) -> where it goes. Built once per config

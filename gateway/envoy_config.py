@@ -156,7 +156,9 @@ def ext_proc_cluster(
     return cluster
 
 
-def pool_processing_mode(*, response_headers: bool, buffered: bool = False) -> dict[str, str]:
+def pool_processing_mode(
+    *, response_headers: bool, buffered: bool = False, response_trailers: bool | None = None
+) -> dict[str, str]:
     """FULL_DUPLEX_STREAMED (`listener.requestBodyMode: streamed`) or BUFFERED
     (`requestBodyMode: buffered`, and where FailOpen must work, since Envoy ignores
     `failure_mode_allow` for streamed bodies). Buffered bodies are bounded by the listener's
@@ -168,6 +170,12 @@ def pool_processing_mode(*, response_headers: bool, buffered: bool = False) -> d
     at the first token. With trailers wanted, Envoy keeps the stream until the HTTP stream
     ends (last byte, reset or abort). Measured with Envoy 1.40: an HTTP/1.1 answer without
     trailers costs no extra message (none is synthesized), only the stream held open.
+
+    `response_trailers` alone (True, with `response_headers` False) is what the EPP's ledger
+    needs: the stream is still held to the response's end, and Envoy neither sends the response
+    headers to the EPP nor holds them (and the first bytes behind them) for its reply. The pool
+    routes ask for the headers too only where a feature reads them
+    (`GatewayConfig.epp_reads_response_headers`).
     """
     return processing_mode(
         request_headers=True,
@@ -175,7 +183,7 @@ def pool_processing_mode(*, response_headers: bool, buffered: bool = False) -> d
         request_trailers=not buffered,
         response_headers=response_headers,
         response_body="NONE",
-        response_trailers=response_headers,
+        response_trailers=response_headers if response_trailers is None else response_trailers,
     )
 
 
@@ -305,7 +313,9 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
                 # Response headers + trailers: the EPP holds the request's in-flight slot until
                 # the response ends; only pool routes ask for them.
                 "processing_mode": pool_processing_mode(
-                    response_headers=True, buffered=config.buffers_request_bodies(pool)
+                    response_headers=config.epp_reads_response_headers(pool),
+                    response_trailers=True,
+                    buffered=config.buffers_request_bodies(pool),
                 ),
             },
         }
@@ -325,18 +335,22 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
 SINGLE_HOP_CLUSTER = "epp"
 
 
-def _single_hop_entry(route: dict[str, Any], *, buffered: bool) -> None:
+def _single_hop_entry(route: dict[str, Any], *, buffered: bool, response_headers: bool) -> None:
     """Single-hop: the routes a request can match before the EPP answers, i.e. where the one EPP
     filter reads its per-route settings (Envoy reads them once, before the EPP's reply clears
     the route cache). That is `no-route` (no model header yet; when the EPP lets a request
     through without a model, no body, this very route answers Envoy's JSON 404), and the pools'
     `-picked` routes, which a client forging the routing headers matches until they are
-    stripped. They ask for response headers + trailers, as a pool route does in two-hop mode, so
-    the EPP holds the in-flight slot until the response ends."""
+    stripped. They ask for response trailers (and headers where a feature reads them), as a pool
+    route does in two-hop mode, so the EPP holds the in-flight slot until the response ends."""
     route["typed_per_filter_config"] = {
         EPP_FILTER: {
             "@type": TYPES["ext_proc_route"],
-            "overrides": {"processing_mode": pool_processing_mode(response_headers=True, buffered=buffered)},
+            "overrides": {
+                "processing_mode": pool_processing_mode(
+                    response_headers=response_headers, response_trailers=True, buffered=buffered
+                )
+            },
         }
     }
 
@@ -597,7 +611,11 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
         for route in routes:
             if route["name"] == "no-route" or route["name"].endswith("-picked"):
                 # Single-hop has no FailOpen pools (`_single_hop_check`): the listener's mode.
-                _single_hop_entry(route, buffered=config.listener.request_body_mode == "buffered")
+                _single_hop_entry(
+                    route,
+                    buffered=config.listener.request_body_mode == "buffered",
+                    response_headers=config.epp_reads_response_headers(),
+                )
     # Requests that reach no pool never talk to an EPP. This matters for Envoy's own replies to
     # malformed requests (headers too large -> 431): the EPP filter would hold the reply's headers
     # for an ext_proc round trip while the codec closes the connection, and the client would get

@@ -167,7 +167,8 @@ def _gateway_config(pods: dict[str, dict[str, str]], epp_ports: dict[str, int]) 
             "epp": {"host": "127.0.0.1", "port": epp_ports["dp-pool"]},
         }
     )
-    return {"pools": pools, "scrape": {"intervalMs": 20}}
+    # The suite reads the served endpoint the EPP echoes on the response headers.
+    return {"pools": pools, "scrape": {"intervalMs": 20}, "listener": {"eppResponseHeaders": "always"}}
 
 
 def _start_envoy(name: str, bootstrap: dict[str, Any], workdir: Path) -> Proc:

@@ -146,8 +146,20 @@ def test_pool_routes_keep_the_epp_stream_until_the_response_ends(tmp_path: Path)
     default, picks = epp_processing_modes(boot)
     assert set(picks) == {"llama-pick", "qwen-pick", "kube-pick"}  # static, FailOpen (BUFFERED), ORIGINAL_DST
     for mode in picks.values():
-        assert mode["response_header_mode"] == mode["response_trailer_mode"] == "SEND", mode
+        # Trailers hold the stream; the headers event only where a feature reads it (below).
+        assert (mode["response_header_mode"], mode["response_trailer_mode"]) == ("SKIP", "SEND"), mode
         assert mode["response_body_mode"] == "NONE"  # a message per SSE chunk would cost ~2.5x the CPU
+    # The decision header, trusted callers and retries over fallback endpoints read the response
+    # headers (the status, the served endpoint): then the pool routes ask for them too.
+    for listener, pools in (
+        ({"trust": {"decisionHeader": True}}, CONFIG["pools"]),
+        ({"eppResponseHeaders": "always"}, CONFIG["pools"]),
+        ({}, [{**CONFIG["pools"][0], "fallbackEndpoints": 1}]),
+    ):
+        _, picks = epp_processing_modes(
+            render_bootstrap(parse_config({"pools": pools, "listener": listener}), topo)
+        )
+        assert picks and all(m["response_header_mode"] == "SEND" for m in picks.values()), listener
     # Outside pool routes nothing is accounted and Envoy's own replies are not held.
     assert default["response_header_mode"] == default["response_trailer_mode"] == "SKIP"
     # One held stream per in-flight request: Envoy's default cap of 1,024 must not apply.
@@ -194,7 +206,7 @@ def _single_hop(tmp: Path, config: dict) -> tuple[dict, Path]:
 
 def test_single_hop_renders_one_ext_proc_filter_held_to_the_response_end(tmp_path: Path) -> None:
     """One ext_proc filter to one EPP cluster; the entry route (no model header yet) asks for
-    response headers + trailers, since Envoy reads the filter's per-route settings there,
+    response trailers (the headers too only where a feature reads them), since Envoy reads the filter's per-route settings there,
     before the EPP's reply re-routes the request to the pool's `-picked` route."""
     config = {"pools": [CONFIG["pools"][0], {**CONFIG["pools"][1], "failureMode": "FailClose"}]}
     boot, path = _single_hop(tmp_path, config)
@@ -209,7 +221,7 @@ def test_single_hop_renders_one_ext_proc_filter_held_to_the_response_end(tmp_pat
     # A forged model + destination header matches `-picked` until the strip filter ran: the same.
     for name in ("no-route", "llama-picked", "qwen-picked"):
         entry = routes[name]["typed_per_filter_config"]["gateway.epp"]["overrides"]["processing_mode"]
-        assert entry["response_header_mode"] == entry["response_trailer_mode"] == "SEND", name
+        assert (entry["response_header_mode"], entry["response_trailer_mode"]) == ("SKIP", "SEND"), name
         assert entry["request_body_mode"] == "FULL_DUPLEX_STREAMED"
     default, _ = epp_processing_modes(boot)
     assert default["response_header_mode"] == "SKIP"  # Envoy's own replies are not held
