@@ -395,7 +395,10 @@ def gateway_factory(
             running.append(gateway)
             target.handle = gateway
             target.config.update(
-                kind="gateway", epp_module=epp_module, single_hop=single_hop, default_revision=DEFAULT_REVISION
+                kind="gateway",
+                epp_module=epp_module,
+                single_hop=single_hop,
+                default_revision=DEFAULT_REVISION,
             )
             if epp_module == "epp":
                 target.config["target_options"] = dict(ctx.options) if profile is not None else {}
