@@ -12,6 +12,11 @@ BENCH_STAMP := $(VENV)/.installed-bench-stamp
 
 # Every install is pinned by constraints.txt (the versions of a working venv), so the tests and
 # the image (deploy/Dockerfile) get the same packages; `make constraints` re-resolves it.
+# helm-sdkpy bundles Helm's own Go library (tests/k8s/test_helm_chart.py lints and renders the
+# chart with it). Its metadata says Python >= 3.12, yet it loads and runs on 3.11 (a prebuilt
+# shared library behind cffi, its one dependency, in the dev extra): installed past that check.
+HELM_SDK_INSTALL = $(BIN)/python -m pip install -q --no-deps --ignore-requires-python -c constraints.txt helm-sdkpy
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -20,6 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# installs last owns those files, and the OTLP exporter needs opentelemetry-proto's. So it
 	# goes in last, over them (a fresh venv otherwise fails to export traces, at random).
 	$(BIN)/python -m pip install -q --no-deps --force-reinstall -c constraints.txt opentelemetry-proto
+	$(HELM_SDK_INSTALL)
 	touch $(STAMP)
 
 # The benchmarks also need the peer routers (the `bench` extra); nothing else installs them.
@@ -36,6 +42,7 @@ constraints:
 	rm -rf $(CONSTRAINTS_VENV) && $(PY) -m venv $(CONSTRAINTS_VENV)
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e '.[dev,bench]'
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --no-deps --ignore-requires-python helm-sdkpy
 	{ echo "# Pinned versions of a working venv (runtime + dev + bench extras). Regenerate: make constraints"; \
 	  $(CONSTRAINTS_VENV)/bin/python -m pip freeze --exclude-editable; } > constraints.txt
 	rm -rf $(CONSTRAINTS_VENV)
