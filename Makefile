@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 BENCH_STAMP := $(VENV)/.installed-bench-stamp
 
-.PHONY: venv constraints
+.PHONY: venv constraints check-engines
 
 # Every install is pinned by constraints.txt (the versions of a working venv), so the tests and
 # the image (deploy/Dockerfile) get the same packages; `make constraints` re-resolves it.
@@ -106,5 +106,15 @@ bench-smoke: $(STAMP)
 soak: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.soak --minutes $(or $(MINUTES),30) $(ARGS)
 
+# The engines' own code against our reading of it (devstack/engine_check; not part of `make
+# test`): their wheels without dependencies in their own venv (pip skips what is installed,
+# and caches the ~240 MB vllm wheel), then the report in docs/engine-check.md.
+ENGINES_VENV := .venv-engines
+ENGINE_WHEELS := vllm==0.34.0 sglang==0.5.23
+check-engines: $(STAMP)
+	test -x $(ENGINES_VENV)/bin/python || $(PY) -m venv $(ENGINES_VENV)
+	$(ENGINES_VENV)/bin/python -m pip install -q --no-deps $(ENGINE_WHEELS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m devstack.engine_check --engines-venv $(ENGINES_VENV) --out docs/engine-check.md
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(ENGINES_VENV) .pytest_cache .ruff_cache build *.egg-info
