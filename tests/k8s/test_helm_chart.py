@@ -41,7 +41,13 @@ CUSTOM = {
     "mtls": {"enabled": False},
     "sharedState": {"enabled": False},
     # Helm merges maps into the defaults: null drops a default's key.
-    "config": {"profiles": {"default": {"weights": {"queue": 1, "kv-cache": 4, "prefix-cache": None}}}},
+    "config": {
+        "profiles": {
+            "default": {
+                "weights": {"queue": 1, "kv-cache": 4, "predicted-ttft": None, "precise-prefix-cache": None}
+            }
+        }
+    },
 }
 # Values Helm must refuse (values.schema.json), each with the path it breaks.
 BAD_VALUES: list[tuple[str, Obj]] = [
