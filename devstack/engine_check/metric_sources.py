@@ -240,9 +240,9 @@ def check_vllm(site: Path, check: Check) -> None:
     # Two data-parallel engines of one model: counts sum, KV fractions average.
     page = []
     for engine, (waiting, running, kv) in enumerate(((3, 2, 0.25), (4, 1, 0.75))):
-        labels = {"model_name": "m", "engine": str(engine)}
-        page += [_series(d.waiting[0], labels, waiting), _series(d.running[0], labels, running)]
-        page.append(_series(d.kv_usage[0], labels, kv))
+        series = {"model_name": "m", "engine": str(engine)}
+        page += [_series(d.waiting[0], series, waiting), _series(d.running[0], series, running)]
+        page.append(_series(d.kv_usage[0], series, kv))
     page.append(
         _series(
             d.lora_info, {"max_lora": "4", "waiting_lora_adapters": "c", "running_lora_adapters": "a,b"}, 1.0

@@ -153,7 +153,7 @@ def _describe(payload: bytes) -> str:
 def run(site: Path, workdir: Path, check: Check) -> None:
     kv = load_vllm_kv_events(site)
 
-    class LoopbackPublisher(kv.ZmqEventPublisher):  # type: ignore[misc, name-defined]
+    class LoopbackPublisher(kv.ZmqEventPublisher):  # type: ignore[name-defined]
         """vLLM's publisher binding the loopback endpoints it is given (vLLM binds wildcard
         and ipc endpoints, connects to the rest); nothing else differs."""
 
