@@ -8,10 +8,15 @@ STAMP := $(VENV)/.installed-stamp
 
 BENCH_STAMP := $(VENV)/.installed-bench-stamp
 
-.PHONY: venv constraints
+.PHONY: venv constraints check-engines
 
 # Every install is pinned by constraints.txt (the versions of a working venv), so the tests and
 # the image (deploy/Dockerfile) get the same packages; `make constraints` re-resolves it.
+# helm-sdkpy bundles Helm's own Go library (tests/k8s/test_helm_chart.py lints and renders the
+# chart with it). Its metadata says Python >= 3.12, yet it loads and runs on 3.11 (a prebuilt
+# shared library behind cffi, its one dependency, in the dev extra): installed past that check.
+HELM_SDK_INSTALL = $(BIN)/python -m pip install -q --no-deps --ignore-requires-python -c constraints.txt helm-sdkpy
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -20,6 +25,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# installs last owns those files, and the OTLP exporter needs opentelemetry-proto's. So it
 	# goes in last, over them (a fresh venv otherwise fails to export traces, at random).
 	$(BIN)/python -m pip install -q --no-deps --force-reinstall -c constraints.txt opentelemetry-proto
+	$(HELM_SDK_INSTALL)
 	touch $(STAMP)
 
 # The benchmarks also need the peer routers (the `bench` extra); nothing else installs them.
@@ -36,6 +42,7 @@ constraints:
 	rm -rf $(CONSTRAINTS_VENV) && $(PY) -m venv $(CONSTRAINTS_VENV)
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --upgrade pip
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e '.[dev,bench]'
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --no-deps --ignore-requires-python helm-sdkpy
 	{ echo "# Pinned versions of a working venv (runtime + dev + bench extras). Regenerate: make constraints"; \
 	  $(CONSTRAINTS_VENV)/bin/python -m pip freeze --exclude-editable; } > constraints.txt
 	rm -rf $(CONSTRAINTS_VENV)
@@ -99,5 +106,15 @@ bench-smoke: $(STAMP)
 soak: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.soak --minutes $(or $(MINUTES),30) $(ARGS)
 
+# The engines' own code against our reading of it (devstack/engine_check; not part of `make
+# test`): their wheels without dependencies in their own venv (pip skips what is installed,
+# and caches the ~240 MB vllm wheel), then the report in docs/engine-check.md.
+ENGINES_VENV := .venv-engines
+ENGINE_WHEELS := vllm==0.34.0 sglang==0.5.23
+check-engines: $(STAMP)
+	test -x $(ENGINES_VENV)/bin/python || $(PY) -m venv $(ENGINES_VENV)
+	$(ENGINES_VENV)/bin/python -m pip install -q --no-deps $(ENGINE_WHEELS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m devstack.engine_check --engines-venv $(ENGINES_VENV) --out docs/engine-check.md
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(ENGINES_VENV) .pytest_cache .ruff_cache build *.egg-info

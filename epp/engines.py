@@ -48,6 +48,9 @@ class Dialect:
     kv_tokens: tuple[str, ...] = ()  # tokens held, divided by a known capacity (TGI)
     lora_info: str | None = None  # info series: labels max_lora, running/waiting adapters
     cache_info: str | None = None  # info series: labels block_size, num_gpu_blocks
+    # A label whose non-empty values mark per-part series of a count exported beside its total
+    # (the total has the label empty): those are left out of the sums (SGLang's `priority`).
+    breakdown_label: str | None = None
 
     def core_names(self) -> tuple[str, ...]:
         return self.waiting + self.running + self.kv_usage + self.kv_tokens
@@ -110,6 +113,10 @@ DIALECTS: dict[str, Dialect] = {
             waiting=("sglang:num_queue_reqs",),
             running=("sglang:num_running_reqs",),
             kv_usage=("sglang:token_usage",),
+            # With --enable-priority-scheduling the queue counts are the total under
+            # priority="" plus one series per priority (SchedulerMetricsCollector
+            # ._log_gauge_queue_count, sglang 0.5.23; make check-engines).
+            breakdown_label="priority",
         ),
         Dialect(
             name="tgi",
@@ -349,11 +356,19 @@ def _sum_of(
     names: tuple[str, ...],
     field: str,
     rejected: list[Rejection] | None,
+    breakdown_label: str | None = None,
 ) -> float | None:
-    """Sum of all series of the first alias present; None when absent or not a sane count."""
+    """Sum of all series of the first alias present (but for the breakdown series, see
+    `Dialect.breakdown_label`); None when absent or not a sane count."""
     found = _first_sane(samples, names, field, rejected, count_problem)
     if found is None:
         return None
+    if breakdown_label is not None:
+        found = [
+            s
+            for s in found
+            if breakdown_label not in s.labels or not parse_labels(s.labels).get(breakdown_label)
+        ]
     total = math.fsum(s.value for s in found)  # each <= MAX_COUNT: no overflow
     problem = count_problem(total)
     if problem:
@@ -457,8 +472,8 @@ def parse_metrics(
     if also_found is not None:
         for name in also:
             also_found[name] = samples.get(name, [])
-    waiting = _sum_of(samples, d.waiting, "waiting", rejected)
-    running = _sum_of(samples, d.running, "running", rejected)
+    waiting = _sum_of(samples, d.waiting, "waiting", rejected, d.breakdown_label)
+    running = _sum_of(samples, d.running, "running", rejected, d.breakdown_label)
     kv = _mean_fraction(samples, d.kv_usage, "kv_usage", rejected) if d.kv_usage else None
     if d.kv_tokens and kv is None:
         held = _sum_of(samples, d.kv_tokens, "kv_usage", rejected)

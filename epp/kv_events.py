@@ -377,9 +377,17 @@ class KVEventSubscriber:
                 await sock.send_multipart((b"", start.to_bytes(8, "big")))
                 while True:
                     frames = await sock.recv_multipart()
-                    if len(frames) != 3 or len(frames[1]) != 8:
+                    # (b"", topic, seq, payload) from vLLM 0.34 (make check-engines), or
+                    # (b"", seq, payload) from older releases.
+                    if len(frames) == 4:
+                        _, topic, seq_bytes, payload = frames
+                    elif len(frames) == 3:
+                        (_, seq_bytes, payload), topic = frames, b""
+                    else:
                         continue
-                    seq = int.from_bytes(frames[1], "big", signed=True)
+                    if len(seq_bytes) != 8:
+                        continue
+                    seq = int.from_bytes(seq_bytes, "big", signed=True)
                     if seq == END_SEQ:
                         return first if first is not None else start
                     if first is None:
@@ -387,7 +395,7 @@ class KVEventSubscriber:
                         if seq > start:
                             return seq  # the buffer no longer reaches back to start
                     if self.last_seq is None or seq > self.last_seq:
-                        self._apply(seq, frames[2])
+                        self._apply(seq, payload, topic)
         except TimeoutError:
             log.warning("KV event replay from %s timed out", self.replay_endpoint)
             return None

@@ -242,8 +242,9 @@ class KVEventPublisher:
                 start_seq = int.from_bytes(start, "big")
                 for seq, payload in list(self._buffer):
                     if seq >= start_seq:
-                        await sock.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-                await sock.send_multipart((client, b"", END_SEQ, b""))
+                        # vLLM 0.34's reply: (topic, seq, payload) behind the envelope.
+                        await sock.send_multipart((client, b"", self._topic, seq.to_bytes(8, "big"), payload))
+                await sock.send_multipart((client, b"", b"", END_SEQ, b""))
             except Exception as exc:  # one bad request or vanished client must not stop the service
                 log.warning("KV-event replay failed: %s", exc, exc_info=exc)
 

@@ -72,6 +72,21 @@ def test_vllm_newest_lora_series_wins_and_sums_series():
     assert (m.waiting, m.running, m.kv_usage) == (4.0, 9.0, pytest.approx(0.5))
 
 
+def test_sglang_priority_breakdown_is_not_counted_twice():
+    """SGLang with priority scheduling: the total under priority="" and one series per priority."""
+    base = 'model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+    lines = []
+    for name, total, parts in (("sglang:num_queue_reqs", 5, (2, 3)), ("sglang:num_running_reqs", 4, (4, 0))):
+        lines.append(f'{name}{{{base},priority=""}} {total}')
+        lines += [f'{name}{{{base},priority="{p}"}} {v}' for p, v in enumerate(parts)]
+    lines.append(f'sglang:token_usage{{{base},priority=""}} 0.5')
+    m = parse_metrics("\n".join(lines) + "\n", "sglang", 0.0)
+    assert (m.waiting, m.running, m.kv_usage) == (5, 4, 0.5)
+    # without priority scheduling there is no such label: every series counts (data parallel)
+    plain = "\n".join(f'sglang:num_queue_reqs{{dp_rank="{r}"}} 2' for r in (0, 1)) + "\n"
+    assert parse_metrics(plain, "sglang", 0.0).waiting == 4
+
+
 def test_tgi_kv_needs_a_capacity():
     page = tgi_page(max_tokens=3000)
     assert parse_metrics(page, "tgi", 0.0).kv_usage is None  # unknown, not an empty cache

@@ -148,7 +148,8 @@ async def test_round_trip_store_evict_reset_restart(
 
 
 async def test_publisher_frames_match_vllm(kv_fleet: Fleet) -> None:
-    """Raw frames as a non-gateway consumer sees them: topic, 8-byte seq, msgspec-decodable."""
+    """Raw replay frames as a non-gateway consumer sees them, in vLLM 0.34's form: topic, 8-byte
+    seq, msgspec-decodable payload (the end marker with an empty topic and payload)."""
     pod = kv_fleet.pod("llama-0")
     ctx = zmq.asyncio.Context()
     dealer = ctx.socket(zmq.DEALER)
@@ -160,11 +161,12 @@ async def test_publisher_frames_match_vllm(kv_fleet: Fleet) -> None:
         frames = []
         while True:
             assert await dealer.poll(10_000), "no replay answer"
-            empty, seq, payload = await dealer.recv_multipart()
+            empty, topic, seq, payload = await dealer.recv_multipart()
             assert empty == b"" and len(seq) == 8
             if int.from_bytes(seq, "big", signed=True) == -1:
-                assert payload == b""
+                assert payload == b"" == topic
                 break
+            assert topic == b"kv@127.0.0.1@llama"
             frames.append((int.from_bytes(seq, "big"), wire.decode_current(payload)))
         assert [s for s, _ in frames] == list(range(len(frames))) and frames
         stored = [e for _, b in frames for e in b.events if type(e).__name__ == "BlockStored"]

@@ -241,11 +241,16 @@ def test_index_stays_under_its_bound_in_a_flood() -> None:
 
 
 # ---- the subscriber over real sockets ------------------------------------------------------
+TOPIC = b"kv@127.0.0.1@m"
+
+
 class FakeVllm:
     """A vLLM-shaped publisher built from raw pyzmq + msgspec fixtures, with a controllable
     replay buffer (independent of modelsim's publisher)."""
 
-    def __init__(self, ctx: zmq.asyncio.Context) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, replay_topic: bool = True) -> None:
+        """`replay_topic`: replies carry the topic frame, as vLLM 0.34's do (older: without)."""
+        self.replay_topic = replay_topic
         self.pub = ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
@@ -261,17 +266,19 @@ class FakeVllm:
             client, _, start = await self.router.recv_multipart()
             begin = int.from_bytes(start, "big")
             self.replay_requests.append(begin)
+            topic = (TOPIC,) if self.replay_topic else ()
             for seq, payload in self.buffer:
                 if seq >= begin:
-                    await self.router.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
-            await self.router.send_multipart((client, b"", (-1).to_bytes(8, "big", signed=True), b""))
+                    await self.router.send_multipart((client, b"", *topic, seq.to_bytes(8, "big"), payload))
+            end = (-1).to_bytes(8, "big", signed=True)
+            await self.router.send_multipart((client, b"", *(b"" for _ in topic), end, b""))
 
     async def publish(self, seq: int, events: list, *, send: bool = True, keep: bool = True) -> None:
         payload = wire.encode("current", time.time(), events)
         if keep:
             self.buffer.append((seq, payload))
         if send:
-            await self.pub.send_multipart((b"kv@127.0.0.1@m", seq.to_bytes(8, "big"), payload))
+            await self.pub.send_multipart((TOPIC, seq.to_bytes(8, "big"), payload))
 
     def close(self) -> None:
         self._task.cancel()
@@ -321,8 +328,9 @@ async def _connected(vllm: FakeVllm, sub: KVEventSubscriber, next_seq: int) -> i
     return seq
 
 
-async def test_gap_is_filled_by_replay(ctx: zmq.asyncio.Context) -> None:
-    vllm = FakeVllm(ctx)
+@pytest.mark.parametrize("replay_topic", [True, False], ids=["vllm-0.34-replies", "older-replies"])
+async def test_gap_is_filled_by_replay(ctx: zmq.asyncio.Context, replay_topic: bool) -> None:
+    vllm = FakeVllm(ctx, replay_topic=replay_topic)
     # history before the subscriber existed: replay from 0 must bring it in
     await vllm.publish(0, [_stored(100, None, 0)], send=False)
     index, sub, task = await _start(ctx, vllm)

@@ -1,0 +1,55 @@
+{{/* The labels every object carries; `name` is the component (epp, bbr, envoy, epp-state). */}}
+{{- define "ig.labels" -}}
+app.kubernetes.io/name: {{ . }}
+app.kubernetes.io/part-of: inference-gateway
+{{- end }}
+
+{{/* The pool the EPP serves: epp.pool, else the first pool of the config. */}}
+{{- define "ig.eppPool" -}}
+{{- .Values.epp.pool | default (index .Values.config.pools 0).name -}}
+{{- end }}
+
+{{/* The in-cluster shared-state store's address (sharedState.enabled). */}}
+{{- define "ig.sharedStateUrl" -}}
+redis://epp-state:6379/0
+{{- end }}
+
+{{/*
+The gateway configuration as written to the ConfigMap: config from the values, with each
+Kubernetes pool's namespace (the release's, when left out), the EPP pool's replica count and
+the in-cluster shared-state store filled in, so each is set in one place.
+*/}}
+{{- define "ig.config" -}}
+{{- $config := deepCopy .Values.config -}}
+{{- $eppPool := include "ig.eppPool" . -}}
+{{- range $pool := $config.pools -}}
+{{- if and (hasKey $pool "kubernetes") (not $pool.kubernetes.namespace) -}}
+{{- $_ := set $pool.kubernetes "namespace" $.Release.Namespace -}}
+{{- end -}}
+{{- if eq $pool.name $eppPool -}}
+{{- $_ := set $pool "epp" (merge (dict "replicas" (int $.Values.epp.replicas)) ($pool.epp | default dict)) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.sharedState.enabled -}}
+{{- $_ := set $config "sharedState" (merge (dict "redis" (include "ig.sharedStateUrl" .)) ($config.sharedState | default dict)) -}}
+{{- end -}}
+{{- toYaml $config -}}
+{{- end }}
+
+{{/* mTLS flags of BBR and the EPP (cert-manager Secret mounted at /etc/tls). */}}
+{{- define "ig.tlsArgs" -}}
+{{- if .Values.mtls.enabled }}
+- --tls-cert=/etc/tls/tls.crt
+- --tls-key=/etc/tls/tls.key
+- --tls-client-ca=/etc/tls/ca.crt
+{{- end }}
+{{- end }}
+
+{{/* The hardened pod and container security settings every component shares. */}}
+{{- define "ig.containerSecurity" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+{{- end }}
