@@ -162,6 +162,19 @@ class PodLedger:
                 n += 1
         return n
 
+    def busy_since_s(self, now: float, since: float) -> float:
+        """The projected prefill seconds still ahead of the pod for the pending picks routed after
+        `since` (the last page's send time): the part of `busy_s` no page shows yet, which the
+        other replicas price exactly (epp/shared_state.py) instead of counting requests."""
+        total = 0.0
+        for c in reversed(self._entries.values()):
+            if c.routed_at <= since:
+                break
+            if not c.prefilled and c.prefill_s > 0.0 and c.ends_at > now:
+                left = c.ends_at - now
+                total += left if left < c.prefill_s else c.prefill_s
+        return total
+
     def __len__(self) -> int:
         """This EPP's picks in flight on the pod."""
         return len(self._entries)

@@ -367,6 +367,10 @@ class Pool:
         # The other EPP replicas' in-flight per pod (requests, tokens), replaced wholesale by
         # the shared-state loop; empty when replicas do not share state or Redis is down.
         self._remote: Mapping[str, tuple[int, int]] = {}
+        # The other replicas' pending prefills the pages do not show yet, per pod, as the
+        # monotonic time they are projected to end (from their `busy_since_s`, when received).
+        self._remote_busy_until: Mapping[str, float] = {}
+        self._remote_busy_known = False  # the peers publish it (else their unseen picks are counted)
         self._unhealthy_after = unhealthy_after
         self.speed_half_life_s = speed_half_life_s  # set again on every config reload
         # Called with the address of every routed request (the scraper wakes an idle pod's loop).
@@ -573,6 +577,25 @@ class Pool:
         """The other replicas' (requests, tokens) per pod; added to this replica's in snapshots."""
         self._remote = counts
 
+    def set_remote_busy(self, seconds: Mapping[str, float], now: float | None = None) -> None:
+        """The other replicas' projected prefill seconds ahead of each pod that no page shows
+        yet (their picks since it), summed: added to `busy_s` in snapshots, and their picks no
+        longer counted as unseen requests at the typical prompt."""
+        now = time.monotonic() if now is None else now
+        self._remote_busy_until = {a: now + s for a, s in seconds.items() if s > 0.0}
+        self._remote_busy_known = True
+
+    def local_busy_ms(self, now: float | None = None) -> dict[str, int]:
+        """This replica's unseen pending prefill per pod, in ms (what it publishes beside its counts)."""
+        now = time.monotonic() if now is None else now
+        out: dict[str, int] = {}
+        for address, live in self._live.items():
+            if live.ledger.pending(now) or live.ledger.busy_s(now):
+                ms = int(live.ledger.busy_since_s(now, live.scrape_sent_at) * 1000.0 + 0.5)
+                if ms > 0:
+                    out[address] = ms
+        return out
+
     def ledger(self, address: str) -> PodLedger | None:
         """The pod's ledger (tests, /debug/pool)."""
         live = self._live.get(address)
@@ -582,6 +605,10 @@ class Pool:
         return sum(live.inflight_requests for live in self._live.values())
 
     # -- scheduling edge ------------------------------------------------------------
+    def _remote_busy(self, address: str, now: float) -> float:
+        until = self._remote_busy_until.get(address)
+        return until - now if until is not None and until > now else 0.0
+
     @staticmethod
     def _foreign_waiting(live: _Live, remote_requests: int) -> float:
         """The page's waiting requests that are not this EPP's, plus the other replicas' in-flight
@@ -617,8 +644,10 @@ class Pool:
                 routed_since_scrape=live.routed_since_scrape,
                 pending_requests=live.ledger.pending(now),
                 unseen_pending=live.ledger.pending_since(now, live.scrape_sent_at),
-                busy_s=live.ledger.busy_s(now),
-                foreign_waiting=self._foreign_waiting(live, remote.get(address, none)[0]),
+                busy_s=live.ledger.busy_s(now) + self._remote_busy(address, now),
+                foreign_waiting=self._foreign_waiting(
+                    live, 0 if self._remote_busy_known else remote.get(address, none)[0]
+                ),
                 unseen_kv_tokens=live.ledger.unseen_kv_tokens(live.scrape_sent_at),
             )
             for address, live in self._live.items()

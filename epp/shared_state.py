@@ -14,7 +14,10 @@ since the last call (each pod's waiting, running, KV use and adapters, times on 
 clock), which the others record as their own when newer than what they hold: with the
 scrape shared across N replicas, each reads a pod only every N intervals itself. The totals
 go into `Pool.set_remote_inflight`, and snapshots add them to the local counts: a
-scheduling decision reads memory, never Redis. A busy replica is one
+scheduling decision reads memory, never Redis. Beside its counts each replica publishes, per pod,
+the predicted prefill seconds of its pending picks that no page shows yet (its ledger,
+epp/ledger.py `busy_since_s`); the others add them to the pod's `busy_s`, so a 4,000-token prompt
+another replica just sent there weighs as what it is, not as one request of a typical size. A busy replica is one
 publish interval behind the others; an idle one, one idle interval. The call runs on the EPP's
 event loop over one lean connection (epp/redis_script.py): ~0.1-0.3 ms of loop CPU per cycle
 at 16-100 pods (bench/shared_state_bench.py), several times less than through redis-py's
@@ -57,11 +60,13 @@ log = logging.getLogger(__name__)
 # ARGV: 1 ttl_ms, 2 this replica's id, 3 the prefix of every replica's hash key, 4 the last
 # stream id read ("" = none yet: read from the oldest kept), 5 this replica's decisions since
 # the last call (msgpack, "" = none), 6 the stream's cap, 7 whether to read the stream (0/1),
-# 8 this replica's counts ("pod requests,tokens" lines: one argument whatever the pod count),
+# 8 this replica's counts ("pod requests,tokens" lines, and "busy:pod ms" lines: its pending
+# prefill milliseconds on the pod that no page shows yet; one argument whatever the pod count),
 # 9 this replica's scrapes since the last call (msgpack, "" = none).
 # Returns {{the other live replicas' ids}, {pod, requests, tokens, ...: their counts summed per
 # pod (malformed values skipped)}, {the other replicas' decision blobs after ARGV[4]}, the last
-# stream id read, {their scrape blobs}}. Summing here keeps the reply (and its parsing on the
+# stream id read, {their scrape blobs}, {pod, ms, ...: their busy milliseconds summed per pod}}.
+# A replica running an older script reads a "busy:pod" field as a pod it does not know. Summing here keeps the reply (and its parsing on the
 # EPP's event loop) one entry per pod however many replicas there are.
 _SCRIPT = """
 local ttl = tonumber(ARGV[1])
@@ -78,7 +83,7 @@ end
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('SADD', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ttl * 100)
-local peers, totals, order = {}, {}, {}
+local peers, totals, order, busy, busy_order = {}, {}, {}, {}, {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if id ~= ARGV[2] then
     local vals = redis.call('HGETALL', ARGV[3] .. id)
@@ -88,7 +93,16 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
       peers[#peers + 1] = id
       for i = 1, #vals - 1, 2 do
         local requests, tokens = string.match(vals[i + 1], '^(-?%d+),?(-?%d*)$')
-        if requests and vals[i] ~= '_' then
+        local busy_pod = string.match(vals[i], '^busy:(.+)$')
+        if busy_pod then
+          if requests then
+            if busy[busy_pod] == nil then
+              busy[busy_pod] = 0
+              busy_order[#busy_order + 1] = busy_pod
+            end
+            busy[busy_pod] = busy[busy_pod] + math.max(0, tonumber(requests))
+          end
+        elseif requests and vals[i] ~= '_' then
           local sum = totals[vals[i]]
           if sum == nil then
             sum = {0, 0}
@@ -133,7 +147,12 @@ if ARGV[7] == '1' then
     end
   end
 end
-return {peers, flat, blobs, last, scrapes}
+local busy_flat = {}
+for _, pod in ipairs(busy_order) do
+  busy_flat[#busy_flat + 1] = pod
+  busy_flat[#busy_flat + 1] = busy[pod]
+end
+return {peers, flat, blobs, last, scrapes, busy_flat}
 """
 
 # Pods per script call: Lua's unpack takes at most a few thousand values.
@@ -193,6 +212,12 @@ def decode_scrape(entry: Any, wall_now: float, mono_now: float) -> tuple[str, Me
         scraped_at=mono(scraped),
     )
     return address, metrics, mono(sent)
+
+
+def parse_busy(flat: list[Any]) -> dict[str, float]:
+    """The script's summed busy milliseconds (pod, ms, ...) -> pod -> seconds."""
+    it = iter(flat)
+    return {pod.decode(): ms / 1000.0 for pod, ms in zip(it, it, strict=False)}
 
 
 def parse_totals(flat: list[Any]) -> dict[str, tuple[int, int]]:
@@ -265,7 +290,7 @@ class SharedState:
 
     async def sync_once(self) -> bool:
         """One round trip: publish ours, read theirs. False (and local counts only) on failure."""
-        return await self._round_trip(self.pool.local_inflight())
+        return await self._round_trip(self.pool.local_inflight(), self.pool.local_busy_ms())
 
     def _on_add(self, address: str, hashes: Sequence[int]) -> None:
         self._outbox.append((address, hashes))
@@ -275,7 +300,9 @@ class SharedState:
         if self.on_scrape is not None:
             self._scrapes[address] = (metrics, sent_at)
 
-    async def _round_trip(self, local: Mapping[str, tuple[int, int]]) -> bool:
+    async def _round_trip(
+        self, local: Mapping[str, tuple[int, int]], busy: Mapping[str, int] | None = None
+    ) -> bool:
         decisions = b""
         if self._outbox:
             decisions = msgpack.packb([[a, list(h)] for a, h in self._outbox])
@@ -288,13 +315,16 @@ class SharedState:
             )
             self._scrapes.clear()  # lost if the call fails: the next scrape replaces it
         config, me = self.config, self.replica_id
-        counts = "\n".join([f"{pod} {r},{t}" for pod, (r, t) in list(local.items())[:MAX_PODS_PER_CALL]])
+        lines = [f"{pod} {r},{t}" for pod, (r, t) in list(local.items())[:MAX_PODS_PER_CALL]]
+        lines += [f"busy:{pod} {ms}" for pod, ms in list((busy or {}).items())[:MAX_PODS_PER_CALL]]
+        counts = "\n".join(lines)
         reading = b"1" if self.prefix_index is not None or self.on_scrape is not None else b"0"
         args = [b"%d" % config.ttl_ms, me.encode(), self._hash_prefix.encode(), self._last_id.encode()]
         args += (decisions, b"%d" % config.prefix_stream_max_len, reading, counts.encode(), scrapes)
         keys = [k.encode() for k in (self._set_key, self._hash_prefix + me, self._stream_key)]
         try:  # bounded by timeoutMs
-            peers, totals, blobs, last_id, scrape_blobs = await self._redis.evalsha(keys, args)
+            peers, totals, blobs, last_id, scrape_blobs, busy_flat = await self._redis.evalsha(keys, args)
+            remote_busy = parse_busy(busy_flat)
             if totals != self._totals:  # unchanged (idle peers): nothing to parse
                 self.remote, self._totals = parse_totals(totals), totals
             self.peers = [_text(p) for p in peers]
@@ -305,6 +335,7 @@ class SharedState:
         self._learn(blobs)
         self._apply_scrapes(scrape_blobs)
         self.pool.set_remote_inflight(self.remote)
+        self.pool.set_remote_busy(remote_busy)
         if not self.connected:
             log.info("shared state: connected (replica %s, %d peers)", self.replica_id, len(self.peers))
         self.connected = True
@@ -365,14 +396,17 @@ class SharedState:
         retry = max(idle, self.config.ttl_ms / 2000)
         loop = asyncio.get_running_loop()
         published: Mapping[str, tuple[int, int]] | None = None
+        published_busy: Mapping[str, int] = {}
         last, ok = -math.inf, True
         while True:
-            local = self.pool.local_inflight()
+            local, busy = self.pool.local_inflight(), self.pool.local_busy_ms()
             now = loop.time()
-            changed = local != published or bool(self._outbox) or bool(self._scrapes)
+            changed = (
+                local != published or busy != published_busy or bool(self._outbox) or bool(self._scrapes)
+            )
             if (changed and ok) or now - last >= (idle if ok else retry):
-                ok = await self._round_trip(local)
-                published, last = local, now
+                ok = await self._round_trip(local, busy)
+                published, published_busy, last = local, busy, now
             await asyncio.sleep(interval)
 
     def start(self) -> None:

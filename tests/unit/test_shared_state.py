@@ -334,3 +334,31 @@ async def test_a_password_and_a_database_in_the_url_are_used(tmp_path: Path) -> 
         await wrong.stop()
     finally:
         server.stop()
+
+
+async def test_a_replica_prices_the_others_unseen_picks_by_their_predicted_prefill(
+    redis: RedisServer,
+) -> None:
+    """Replicas see each other's picks as the prefill seconds they committed, not as request
+    counts at a typical prompt; a silent replica's share (its ledger) goes with its hash."""
+    pool_a, a = _replica(redis.url, "t9")
+    pool_b, b = _replica(redis.url, "t9")
+    b.replica_id = "t9-other"
+    for pool in (pool_a, pool_b):
+        pool.record_metrics(POD_A, Metrics(waiting=0, running=0, kv_usage=0.0))
+        pool.record_metrics(POD_B, Metrics(waiting=0, running=0, kv_usage=0.0))
+    pool_a.on_routed(POD_A, 4000, prefill_s=2.0)  # a long prompt, picked by `a`
+    assert await a.sync_once() and await b.sync_once()
+    seen = pool_b.snapshot().by_address()[POD_A]
+    assert 1.5 < seen.busy_s <= 2.0  # `a`'s pick, minus the time since it was made
+    assert seen.foreign_waiting == 0  # not counted a second time as an unseen request
+    assert pool_b.snapshot().by_address()[POD_B].busy_s == 0.0
+    # `a` goes silent: its share (and with it the busy seconds) leaves with its hash.
+    deadline = time.monotonic() + 5
+    while pool_b.snapshot().by_address()[POD_A].inflight_requests:
+        assert time.monotonic() < deadline, "a silent replica's share never expired"
+        await asyncio.sleep(0.05)
+        assert await b.sync_once()
+    assert pool_b.snapshot().by_address()[POD_A].busy_s == 0.0
+    await a.stop()
+    await b.stop()
