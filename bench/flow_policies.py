@@ -26,6 +26,11 @@ SATURATED_QUEUE = 2
 # 1.0: no KV-only gate; a full KV shows as a backlog (no room left and requests still waiting).
 # 0.9 held the pods' batches below what vLLM admits; 0.95 did no better on seed 101.
 SATURATED_KV = 1.0
+# Since issue #26: KV use as committed work (every in-flight request's prompt + expected output
+# against the pod's capacity, epp/pool.py `EndpointState.kv_level`), so with SATURATED_KV 1.0 a pod
+# reads saturated once what it holds would fill its cache, before vLLM preempts; before, the
+# scraped free KV (the released requests then queued inside vLLM: docs/benchmarks.md).
+KV_MEASURE = "committed"
 DEFAULT_WEIGHTS = {"queue": 2, "kv-cache": 2, "prefix-cache": 3}
 # 9 s is the longest wait the config allows (MAX_FLOW_WAIT_MS: Envoy's ext_proc message
 # timeout of 10 s bounds how long the EPP may hold a request); on tuning seed 101 at 13 req/s it
@@ -44,7 +49,7 @@ def _priorities(flow: bool) -> dict[str, Any]:
             "critical": {"weights": DEFAULT_WEIGHTS, "priority": 1},
             "sheddable": {"weights": DEFAULT_WEIGHTS, "priority": -1},
         },
-        "thresholds": {"queue": SATURATED_QUEUE, "kvCache": SATURATED_KV},
+        "thresholds": {"queue": SATURATED_QUEUE, "kvCache": SATURATED_KV, "kvMeasure": KV_MEASURE},
         "listener": {"trust": {"internal": True}},
     }
     if flow:

@@ -264,6 +264,20 @@ class EndpointState:
     def address(self) -> str:
         return self.endpoint.address
 
+    def kv_level(self, measure: str = "page") -> float | None:
+        """KV use as saturation reads it (`thresholds.kvMeasure`): `committed_kv`, or with
+        `committed` at least every in-flight request's prompt + expected output over the pod's
+        KV capacity less vLLM's admission watermark (unknown capacity: `committed_kv`)."""
+        kv = self.committed_kv
+        if measure != "committed" or kv is None:
+            return kv
+        m = self.metrics
+        blocks, size = (m.num_gpu_blocks, m.block_size) if m is not None else (None, None)
+        if not blocks or not size or not self.inflight_tokens:
+            return kv
+        whole = self.inflight_tokens / ((1.0 - KV_ADMIT_WATERMARK) * float(blocks) * float(size))
+        return whole if whole > kv else kv
+
     @property
     def committed_kv(self) -> float | None:
         """KV use with this EPP's picks since the page counted in (0..1+): the page's fraction plus

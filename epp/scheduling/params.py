@@ -11,6 +11,8 @@ ones are ours.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -34,6 +36,12 @@ class SaturationParams(_Params):
 
     queue_saturated: float = Field(default=5.0, gt=0, le=1e6, alias="queue")
     kv_saturated: float = Field(default=0.8, gt=0, le=1, alias="kvCache")
+    # What `kvCache` is compared with. `page`: the scraped KV use plus what this EPP routed since
+    # the page. `committed`: at least every in-flight request's prompt + expected output over the
+    # pod's KV capacity (the ledger's and the other replicas' requests), so a pod whose running
+    # sequences will grow into a full cache reads saturated before vLLM has to preempt them;
+    # what flow control should gate on (docs/scheduling.md, "Flow control").
+    kv_measure: Literal["page", "committed"] = Field(default="page", alias="kvMeasure")
 
 
 class PrefixParams(_Params):

@@ -29,7 +29,7 @@ def is_saturated(state: EndpointState, thresholds: SaturationParams = DEFAULT_TH
     m = state.metrics
     if m is None:
         return False
-    kv = state.committed_kv
+    kv = state.kv_level(thresholds.kv_measure)
     if kv is not None and kv >= thresholds.kv_saturated:
         return True
     return _backlog(state) >= thresholds.queue_saturated
@@ -38,7 +38,7 @@ def is_saturated(state: EndpointState, thresholds: SaturationParams = DEFAULT_TH
 def pod_level(state: EndpointState, thresholds: SaturationParams) -> float:
     """min(1, max(backlog / queue threshold, KV / KV threshold)) for one fresh pod; unknown
     terms count 0 (the backlog falls back to the in-flight count, as in `is_saturated`)."""
-    kv = state.committed_kv or 0.0
+    kv = state.kv_level(thresholds.kv_measure) or 0.0
     level = max(_backlog(state) / thresholds.queue_saturated, kv / thresholds.kv_saturated)
     return level if level < 1.0 else 1.0
 

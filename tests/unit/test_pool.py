@@ -102,3 +102,25 @@ def test_a_full_pod_keeps_its_backlog() -> None:
         pool.on_routed("a", 200)
     pod = pool.snapshot().endpoints[0]
     assert pod.backlog == pod.queue == 5  # capacity unknown: every unseen pick counts
+
+
+def test_committed_kv_counts_what_every_in_flight_request_will_hold() -> None:
+    """thresholds.kvMeasure: committed reads a pod as full once its in-flight requests' prompts
+    and expected outputs fill the cache, though the page still shows room (flow control's gate)."""
+    pool = Pool([Endpoint("a", frozenset({"m"}))])
+    for _ in range(10):
+        pool.on_routed("a", 1000)
+    _pod(pool, waiting=0, running=10, kv=0.2)  # 16,000 tokens; what runs holds 3,200 so far
+    pod = pool.snapshot().endpoints[0]
+    assert pod.kv_level("page") == 0.2
+    level = pod.kv_level("committed")
+    assert level is not None and abs(level - 10_000 / (0.99 * 16_000)) < 1e-9
+    page = SaturationParams(kvCache=0.6)
+    committed = SaturationParams(kvCache=0.6, kvMeasure="committed")
+    assert not is_saturated(pod, page) and is_saturated(pod, committed)
+    assert _capacity_unknown_reads_the_page(pool)
+
+
+def _capacity_unknown_reads_the_page(pool: Pool) -> bool:
+    _pod(pool, waiting=0, running=10, kv=0.2, blocks=None)
+    return pool.snapshot().endpoints[0].kv_level("committed") == 0.2
