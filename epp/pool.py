@@ -116,7 +116,7 @@ class Metrics:
     max_lora: int = 0  # 0 = not reported
     block_size: int | None = None  # tokens per KV block, when the server reports it
     num_gpu_blocks: int | None = None
-    scraped_at: float = 0.0  # time.monotonic() of the scrape
+    scraped_at: float = 0.0  # the pool's clock (time.monotonic() live) at the scrape
 
     def __post_init__(self) -> None:
         if self.waiting is not None and count_problem(self.waiting):
@@ -324,8 +324,12 @@ class Pool:
         *,
         unhealthy_after: int = 3,
         speed_half_life_s: float = DEFAULT_SPEED_HALF_LIFE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._live: dict[str, _Live] = {}
+        # The one clock of this EPP's timestamps (scrapes, routing, speeds, snapshots): the
+        # monotonic clock live; a simulated one in the virtual-time benchmark (bench/vtime/).
+        self.clock = clock
         # The other EPP replicas' in-flight per pod (requests, tokens), replaced wholesale by
         # the shared-state loop; empty when replicas do not share state or Redis is down.
         self._remote: Mapping[str, tuple[int, int]] = {}
@@ -364,7 +368,7 @@ class Pool:
             live.failures = 0
             live.finished_since_scrape = 0
             live.routed_since_scrape = 0
-            live.scrape_seen_at = time.monotonic()
+            live.scrape_seen_at = self.clock()
             if self.capacity_hook is not None:
                 self.capacity_hook()
 
@@ -442,7 +446,7 @@ class Pool:
         live = self._live.get(address)
         if live is None:
             return
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         ttft, tpot = _speed(ttft), _speed(tpot)
         if ttft is not None:
             live.ttft.observe(ttft, now, self.speed_half_life_s)
@@ -463,7 +467,7 @@ class Pool:
         live = self._live.get(address)
         if live is None:
             return
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         half_life = self.speed_half_life_s
         if MIN_PREFILL_TPS <= tokens_per_s <= MAX_COUNT:  # False for NaN
             live.prefill_tps.observe(tokens_per_s, now, half_life)
@@ -494,7 +498,7 @@ class Pool:
 
     # -- scheduling edge ------------------------------------------------------------
     def snapshot(self, now: float | None = None) -> PoolSnapshot:
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         half_life = self.speed_half_life_s
         remote, none = self._remote, (0, 0)
         states = tuple(

@@ -162,7 +162,7 @@ class EppProcessor:
         prefix = scores.get("precise-prefix-cache", scores.get("prefix-cache"))
         if prefix is not None:
             self._ctx.telemetry.prefix_lookup(prefix)
-        self._routed_at = self._counted_at = time.monotonic()
+        self._routed_at = self._counted_at = self._ctx.pool.clock()
         self._ctx.pool.on_routed(address, request.estimated_tokens)
         self._ctx.scheduler.on_routed(request, address)
         self._ctx.telemetry.routed(request)
@@ -293,7 +293,7 @@ class EppProcessor:
         # closes this stream only when the HTTP stream ends (last byte, reset or abort), which
         # is what releases the in-flight slot. Speed comes from the scrape.
         ok = self._status is not None and self._status < 500
-        self._ctx.telemetry.finished(request, ok=ok, duration=time.monotonic() - self._routed_at)
+        self._ctx.telemetry.finished(request, ok=ok, duration=self._ctx.pool.clock() - self._routed_at)
 
 
 def explain(decision: Decision) -> str:
