@@ -70,9 +70,14 @@ def make_router(policy: str, seed: int, scenario: Scenario, extra: Mapping[str, 
     )
 
 
-def scaled(scenario: Scenario, factor: int, duration_s: float | None) -> Scenario:
-    """The scenario at `factor` x its pods and arrival rate (and `duration_s`, if given)."""
+def scaled(
+    scenario: Scenario, factor: int, duration_s: float | None = None, first_spike_s: float | None = None
+) -> Scenario:
+    """The scenario at `factor` x its pods and arrival rate (and `duration_s`, and a bursty
+    pattern's first spike at `first_spike_s`, if given: a short run then still has a spike)."""
     out = scenario
+    if first_spike_s is not None:
+        out = dataclasses.replace(out, arrivals={**out.arrivals, "first_spike_s": first_spike_s})
     if factor != 1:
         arrivals = dict(scenario.arrivals)
         arrivals["rate"] = float(arrivals["rate"]) * factor
@@ -91,6 +96,7 @@ def run_one(
     gateway_ms: float | None = None,
     extra: Mapping[str, Any] | None = None,
     keep_itl: bool = True,
+    until_first_tokens: bool = False,
 ) -> tuple[list[Any], LoopStats, Router]:
     """One policy on one seeded scenario in virtual time: its results, loop stats and router."""
     time_scale = float(scenario.fleet.get("time_scale", 1.0))
@@ -110,6 +116,7 @@ def run_one(
         gateway_s=gateway_ms / 1000 * time_scale,
         limit_s=limit_s,
         keep_itl=keep_itl,
+        until_first_tokens=until_first_tokens,
     )
     return results, stats, router
 
@@ -146,6 +153,7 @@ def summarise(
         "engine_steps": stats.steps,
         "decisions": stats.decisions,
         "decision_cpu": _decision_cpu(stats),
+        "engines": stats.engines,
         "gateway_ms": ms,
         "pods": len({r.pod for r in results if r.pod}) or None,
         "trace_requests": len(results),
@@ -179,7 +187,7 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
     except ScenarioError as exc:
         print(f"scenario error: {exc}", file=sys.stderr)
         return 2
-    scenario = scaled(base, args.pods_scale, args.duration_s)
+    scenario = scaled(base, args.pods_scale, args.duration_s, args.first_spike_s)
     for seed in seeds:
         seeded = scenario.with_seed(seed)
         for policy in args.policy:
@@ -193,8 +201,17 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
                 extra = recorded_extra(json.loads(recorded.read_text())["policy"]["config"])
                 info["as_recorded"] = recorded.as_posix()
             results, stats, router = run_one(
-                seeded, policy, gateway_ms=args.gateway_ms, extra=extra, keep_itl=not args.no_itl
+                seeded,
+                policy,
+                gateway_ms=args.gateway_ms,
+                extra=extra,
+                keep_itl=not args.ttft_only,
+                until_first_tokens=args.ttft_only,
             )
+            if args.ttft_only:
+                info["ttft_only"] = (
+                    "stopped once every request had its first token: no ITL; E2E of early finishers only"
+                )
             summary = summarise(seeded, policy, results, stats, router, args.argv, args.gateway_ms, info)
             path = write_summary(args.summaries, summary)
             st = summary["stats"]["steady"]
@@ -228,4 +245,7 @@ def add_parser(sub: Any) -> None:
     )
     sim.add_argument("--as-recorded", help="epp-* policies run the config of this root's real-time summaries")
     sim.add_argument("--summaries", default=str(VIRTUAL_SUMMARIES))
-    sim.add_argument("--no-itl", action="store_true", help="keep no inter-token gaps (big runs: memory)")
+    sim.add_argument(
+        "--ttft-only", action="store_true", help="stop once every request has its first token (big runs)"
+    )
+    sim.add_argument("--first-spike-s", type=float, help="bursty arrivals: move the first spike here")

@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from bench.engine_check import VirtualClock
 from bench.loadgen import RequestResult
@@ -94,6 +94,20 @@ class LoopStats:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     simulated_s: float = 0.0
+    engines: list[dict[str, Any]] = field(default_factory=list)  # per pod, at the end (engine_totals)
+
+
+def engine_totals(pod: SimPod) -> dict[str, Any]:
+    """What a pod's engine did over the run: prefix-cache hit rate, preemptions, adapter loads."""
+    e = pod.pod.engine
+    s = e.stats
+    return {
+        "pod": pod.name,
+        "prefix_hit_rate": s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else None,
+        "preemptions": s.num_preemptions,
+        "adapter_loads": e.lora.loads_from_disk + e.lora.loads_from_cpu,
+        "steps": s.steps,
+    }
 
 
 def simulate(
@@ -105,12 +119,16 @@ def simulate(
     gateway_s: float,
     limit_s: float,
     keep_itl: bool = True,
+    until_first_tokens: bool = False,
 ) -> tuple[list[RequestResult], LoopStats]:
-    """Replay `trace` through `router` onto `pods`; one RequestResult per trace entry."""
+    """Replay `trace` through `router` onto `pods`; one RequestResult per trace entry.
+
+    `until_first_tokens`: stop once every request has its first token (TTFT complete; the
+    requests still decoding then keep no E2E): big runs skip the long drain of their outputs."""
     stats = LoopStats()
     tracks: dict[int, _Track] = {}  # id(seq) -> its request
     results: list[RequestResult] = []
-    live = [0]  # requests submitted and not finished
+    live = [0, 0]  # requests submitted and not finished; of those, without a first token
 
     def kick(pod: SimPod) -> None:
         if pod.stepping or not pod.has_work():
@@ -142,6 +160,7 @@ def simulate(
                 return
             if r.ttft_s is None:
                 r.ttft_s = now - r.scheduled_s
+                live[1] -= 1
             elif keep_itl and track.last_token is not None:
                 r.itl_s.append(now - track.last_token)
             track.last_token = now
@@ -152,6 +171,8 @@ def simulate(
         del tracks[id(seq)]
         live[0] -= 1
         r = track.result
+        if r.ttft_s is None:
+            live[1] -= 1
         r.e2e_s = now - r.scheduled_s
         if error is not None:
             r.status, r.error = 500, error
@@ -185,6 +206,7 @@ def simulate(
             routed.on_response(200)
         tracks[id(seq)] = _Track(r, routed, events.now)
         live[0] += 1
+        live[1] += 1
         kick(pod)
 
     def refuse(r: RequestResult, routed: Routed, status: int, message: str) -> None:
@@ -206,12 +228,15 @@ def simulate(
         landed_all[0] = True
 
     events.at(last_landing, LAND, all_landed)
-    events.run_until(limit_s, lambda: landed_all[0] and live[0] == 0)
+    pending = 1 if until_first_tokens else 0
+    events.run_until(limit_s, lambda: landed_all[0] and live[pending] == 0)
     for track in tracks.values():  # still running at the limit: the load generator's timeout
-        track.result.error = "timeout"
-        track.result.status = 0
+        if track.result.ttft_s is None or not until_first_tokens:
+            track.result.error = "timeout"
+            track.result.status = 0
     stats.wall_s = time.perf_counter() - wall0
     stats.cpu_s = time.process_time() - cpu0
     stats.simulated_s = events.now
+    stats.engines = [engine_totals(p) for p in pods]
     results.sort(key=lambda r: r.index)
     return results, stats

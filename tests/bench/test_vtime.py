@@ -22,7 +22,7 @@ SCENARIO = Scenario(
     fleet={"pods": [{"name": "h100", "model": "m", "profile": "h100-llama3.1-8b", "replicas": 2}]},
     workload={"kind": "chat", "model": "m"},
     arrivals={"pattern": "poisson", "rate": 14.0},
-    duration_s=4.0,
+    duration_s=3.0,
     loadgen={},
     mode="quick",
 )
@@ -72,6 +72,14 @@ def test_the_sim_decides_with_the_registered_scorers() -> None:
         _replace_scorer("predicted-ttft", original)
     assert [pod for _, pod, *_ in bypassed] != [pod for _, pod, *_ in live]
     assert _outcome("epp-default") == live
+
+
+def test_ttft_only_stops_once_every_request_has_its_first_token() -> None:
+    full, full_stats, _ = run_one(SCENARIO, "round-robin", gateway_ms=0.0)
+    short, short_stats, _ = run_one(SCENARIO, "round-robin", gateway_ms=0.0, until_first_tokens=True)
+    assert [r.ttft_s for r in short] == [r.ttft_s for r in full]
+    assert all(r.ok for r in short) and short_stats.simulated_s < full_stats.simulated_s
+    assert any(r.e2e_s is None for r in short) and all(r.e2e_s is not None for r in full)
 
 
 def test_scaling_multiplies_pods_and_rate() -> None:
