@@ -3,6 +3,9 @@
 python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-cache_aware [--policy ...]
     [--seeds reporting|tuning|N] [--seed N ...]     # default: the reporting seeds
     [--fleet-tokenizer] [--fleet-kv-events]        # on anyway for a run with a precise policy
+python -m bench sim --scenario bench/scenarios/uniform.yaml --policy epp-default --policy oracle
+    [--seeds ...] [--pods-scale K] [--duration-s S]   # virtual time (bench/vtime/), no sleeps
+python -m bench sim-report                         # docs/benchmarks/virtual-time.md from the summaries
 python -m bench report [--summaries bench/summaries] [--doc docs/benchmarks.md] [--mode quick]
 python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
 python -m bench overhead                                          # load generator self-test
@@ -54,6 +57,10 @@ from bench.summary import (
     write_summary,
 )
 from bench.targets import FLEET_NEEDS, POLICIES, TargetContext, fleet_needs, load_plugins, make_target
+from bench.vtime.cli import add_parser as add_sim_parser
+from bench.vtime.cli import cmd_sim
+from bench.vtime.report import add_parser as add_sim_report_parser
+from bench.vtime.report import cmd_sim_report
 
 
 def _options(pairs: Sequence[str]) -> dict[str, str]:
@@ -318,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="pods publish KV events (on anyway when a policy of the run needs them)",
     )
 
+    add_sim_parser(sub)
+    add_sim_report_parser(sub)
+
     rep = sub.add_parser("report", help="render the committed summaries into docs/benchmarks.md")
     rep.add_argument("--summaries", default=str(SUMMARIES_DIR))
     rep.add_argument("--mode", choices=MODES, default="quick")
@@ -358,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 write_section(args.doc, SENSITIVITY_SECTION, sensitivity)
             print(f"rendered {len(names)} scenario(s) into {args.doc}: {', '.join(names) or 'none'}")
             return 0
+        if args.command == "sim":
+            return cmd_sim(args, run_seeds(args))
+        if args.command == "sim-report":
+            return cmd_sim_report(args)
         if args.command == "trace":
             return cmd_trace(args)
         if args.command == "overhead":

@@ -118,7 +118,7 @@ class Metrics:
     max_lora: int = 0  # 0 = not reported
     block_size: int | None = None  # tokens per KV block, when the server reports it
     num_gpu_blocks: int | None = None
-    scraped_at: float = 0.0  # time.monotonic() of the scrape
+    scraped_at: float = 0.0  # the pool's clock (time.monotonic() live) at the scrape
 
     def __post_init__(self) -> None:
         if self.waiting is not None and count_problem(self.waiting):
@@ -376,8 +376,12 @@ class Pool:
         *,
         unhealthy_after: int = 3,
         speed_half_life_s: float = DEFAULT_SPEED_HALF_LIFE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._live: dict[str, _Live] = {}
+        # The one clock of this EPP's timestamps (scrapes, routing, speeds, snapshots): the
+        # monotonic clock live; a simulated one in the virtual-time benchmark (bench/vtime/).
+        self.clock = clock
         # The other EPP replicas' in-flight per pod (requests, tokens), replaced wholesale by
         # the shared-state loop; empty when replicas do not share state or Redis is down.
         self._remote: Mapping[str, tuple[int, int]] = {}
@@ -426,7 +430,7 @@ class Pool:
         Reconciles the pod's ledger with the page."""
         live = self._live.get(address)
         if live is not None:
-            now = time.monotonic()
+            now = self.clock()
             live.metrics = metrics
             live.failures = 0
             live.finished_since_scrape = 0
@@ -470,7 +474,7 @@ class Pool:
         if live is None:
             return None
         live.routed_since_scrape += 1
-        return live.ledger.commit(time.monotonic() if now is None else now, prefill_s, tokens)
+        return live.ledger.commit(self.clock() if now is None else now, prefill_s, tokens)
 
     def _count_in(self, address: str, tokens: int) -> _Live | None:
         live = self._live.get(address)
@@ -522,7 +526,7 @@ class Pool:
         moved = self._count_in(new, tokens)  # served there already: no prefill of ours to project
         if moved is None:
             return None
-        return moved.ledger.commit(time.monotonic(), 0.0, tokens)
+        return moved.ledger.commit(self.clock(), 0.0, tokens)
 
     @staticmethod
     def _unroute_since_scrape(live: _Live, routed_at: float | None) -> None:
@@ -544,7 +548,7 @@ class Pool:
         live = self._live.get(address)
         if live is None:
             return
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         ttft, tpot = _speed(ttft), _speed(tpot)
         if ttft is not None:
             live.ttft.observe(ttft, now, self.speed_half_life_s)
@@ -565,7 +569,7 @@ class Pool:
         live = self._live.get(address)
         if live is None:
             return
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         half_life = self.speed_half_life_s
         if MIN_PREFILL_TPS <= tokens_per_s <= MAX_COUNT:  # False for NaN
             live.prefill_tps.observe(tokens_per_s, now, half_life)
@@ -595,13 +599,13 @@ class Pool:
         """The other replicas' projected prefill seconds ahead of each pod that no page shows
         yet (their picks since it), summed: added to `busy_s` in snapshots, and their picks no
         longer counted as unseen requests at the typical prompt."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         self._remote_busy_until = {a: now + s for a, s in seconds.items() if s > 0.0}
         self._remote_busy_known = True
 
     def local_busy_ms(self, now: float | None = None) -> dict[str, int]:
         """This replica's unseen pending prefill per pod, in ms (what it publishes beside its counts)."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         out: dict[str, int] = {}
         for address, live in self._live.items():
             if live.ledger.pending(now) or live.ledger.busy_s(now):
@@ -638,7 +642,7 @@ class Pool:
         return waiting + unseen if unseen > 0.0 else waiting
 
     def snapshot(self, now: float | None = None) -> PoolSnapshot:
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         half_life = self.speed_half_life_s
         remote, none = self._remote, (0, 0)
         states = tuple(

@@ -164,7 +164,7 @@ class EppProcessor:
         prefix = scores.get("precise-prefix-cache", scores.get("prefix-cache"))
         if prefix is not None:
             self._ctx.telemetry.prefix_lookup(prefix)
-        self._routed_at = self._counted_at = time.monotonic()
+        self._routed_at = self._counted_at = self._ctx.pool.clock()
         self._commitment = self._ctx.pool.on_routed(
             address, request.estimated_tokens, decision.prefill_s, now=self._routed_at
         )
@@ -306,7 +306,7 @@ class EppProcessor:
         # Without the response headers event (listener.eppResponseHeaders: auto) the status is
         # not seen here: the request counts as served (Envoy's own stats have the status).
         ok = self._status is None or self._status < 500
-        self._ctx.telemetry.finished(request, ok=ok, duration=time.monotonic() - self._routed_at)
+        self._ctx.telemetry.finished(request, ok=ok, duration=self._ctx.pool.clock() - self._routed_at)
 
 
 def explain(decision: Decision) -> str:

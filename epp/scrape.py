@@ -196,7 +196,7 @@ class Scraper:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._wakers: dict[str, asyncio.Future[None]] = {}
         self._restart_backoff = restart_backoff
-        self._rng = rng or random.Random()
+        self.rng = rng or random.Random()
         self.rejections = RejectionReporter(telemetry)
         self.scrapes = 0
         self.failures = 0
@@ -255,33 +255,40 @@ class Scraper:
 
     async def scrape_once(self, ep: Endpoint, speed: SpeedTracker) -> Metrics | None:
         """Scrape and record one pod; its new metrics, or None when the scrape failed."""
-        names = SPEED_HISTOGRAMS.get(ep.engine, ())
-        read_prefill = speed.prefill.due(time.monotonic())
-        also = _also_names(ep.engine) if read_prefill else _histogram_names(names)
-        found: dict[str, list[Sample] | None] = {}
-        sent_at = time.monotonic()
+        sent_at = self.pool.clock()
         try:
             host, port, path = _target(ep.address, ep.metrics_url)
             page = await self._client.get(host, port, path, self.timeout_s)
-            rejected: list[Rejection] = []
-            try:
-                metrics = parse_metrics(
-                    page,
-                    ep.engine,
-                    time.monotonic(),
-                    kv_capacity_tokens=ep.kv_capacity_tokens,
-                    rejected=rejected,
-                    also=also,
-                    also_found=found,
-                )
-            finally:
-                if rejected:
-                    self.rejections.report(ep.address, rejected)
+            return self.record_page(ep, page, speed, sent_at)
         except (HttpError, MetricsParseError, ValueError) as exc:
             self.failures += 1
             self.pool.record_scrape_failure(ep.address)
             log.debug("scrape of %s failed: %s", ep.address, exc)
             return None
+
+    def record_page(self, ep: Endpoint, page: str | bytes, speed: SpeedTracker, sent_at: float) -> Metrics:
+        """Parse one fetched metrics page and record it in the pool: gauges, speeds, prefill pace.
+        Synchronous and I/O-free, so the virtual-time benchmark (bench/vtime/) feeds the pods'
+        rendered pages through this same path; raises MetricsParseError on a bad page."""
+        names = SPEED_HISTOGRAMS.get(ep.engine, ())
+        clock = self.pool.clock
+        read_prefill = speed.prefill.due(clock())
+        also = _also_names(ep.engine) if read_prefill else _histogram_names(names)
+        found: dict[str, list[Sample] | None] = {}
+        rejected: list[Rejection] = []
+        try:
+            metrics = parse_metrics(
+                page,
+                ep.engine,
+                clock(),
+                kv_capacity_tokens=ep.kv_capacity_tokens,
+                rejected=rejected,
+                also=also,
+                also_found=found,
+            )
+        finally:
+            if rejected:
+                self.rejections.report(ep.address, rejected)
         self.scrapes += 1
         rejected = []
         ttft_totals = _histogram_totals(found, names[0], "ttft", rejected) if names else None
@@ -300,7 +307,7 @@ class Scraper:
                 self.pool.observe_speed(ep.address, ttft=ttft, tpot=tpot)
             prefill = None
             if read_prefill:
-                prefill = speed.prefill.sample(prefill_totals(found, ep.engine), time.monotonic())
+                prefill = speed.prefill.sample(prefill_totals(found, ep.engine), clock())
             if prefill is not None:
                 self.pool.observe_prefill(
                     ep.address,
@@ -314,7 +321,7 @@ class Scraper:
         speed = SpeedTracker()
         loop = asyncio.get_running_loop()
         # Start at a random phase: pods synced together must not be scraped in lock-step.
-        await self._sleep(ep.address, self._rng.random() * self.cadence.fast_s * self._share(), loop)
+        await self._sleep(ep.address, self.rng.random() * self.cadence.fast_s * self._share(), loop)
         interval = self.cadence.fast_s
         previous: Metrics | None = None
         failure_delay = 0.0
@@ -327,11 +334,18 @@ class Scraper:
                 delay, interval = failure_delay, cadence.fast_s
             else:
                 failure_delay = 0.0
-                busy = _busy(previous, metrics, self.pool.inflight(ep.address))
-                interval = cadence.next_interval(interval, busy)
-                delay = cadence.jittered(interval * self._share(), self._rng)
+                delay, interval = self.next_delay(ep.address, interval, previous, metrics)
                 previous = metrics
             await self._sleep(ep.address, delay - (loop.time() - started), loop)
+
+    def next_delay(
+        self, address: str, interval: float, previous: Metrics | None, metrics: Metrics
+    ) -> tuple[float, float]:
+        """(the jittered sleep before the pod's next scrape, the un-jittered interval) after a
+        good scrape; the live loop and the virtual-time benchmark's scrape events both use it."""
+        busy = _busy(previous, metrics, self.pool.inflight(address))
+        interval = self.cadence.next_interval(interval, busy)
+        return self.cadence.jittered(interval * self._share(), self.rng), interval
 
     def _share(self) -> int:
         sharers = self.sharers

@@ -518,16 +518,8 @@ class Pod:
         faulted = await self._apply_faults()
         if faulted is not None:
             return faulted
-        c = self.config
         try:
-            req = parse_generation(
-                parse_json(await request.read()), kind, c.model, c.adapters, self.tokenizer
-            )
-            check_context(len(req.prompt_ids), req.max_tokens, self.engine.max_model_len)
-            max_tokens = req.max_tokens
-            if max_tokens is None:
-                max_tokens = self.engine.default_max_tokens(req.prompt_ids, req.seed)
-            seq = self.engine.submit(req.prompt_ids, max_tokens, req.adapter)
+            req, seq = self.admit(parse_json(await request.read()), kind)
         except ApiError as exc:
             return _json(exc.status, exc.body(), self.name)
         except ValueError as exc:
@@ -538,6 +530,18 @@ class Pod:
             return await self._unary(req, seq)
         finally:
             self.engine.abort(seq)
+
+    def admit(self, body: Any, kind: str) -> tuple[GenerationRequest, Seq]:
+        """Validate a generation body and queue it on the engine, as the HTTP handlers do (the
+        virtual-time benchmark, bench/vtime/, submits through here too); raises ApiError, or
+        ValueError for what the engine refuses."""
+        c = self.config
+        req = parse_generation(body, kind, c.model, c.adapters, self.tokenizer)
+        check_context(len(req.prompt_ids), req.max_tokens, self.engine.max_model_len)
+        max_tokens = req.max_tokens
+        if max_tokens is None:
+            max_tokens = self.engine.default_max_tokens(req.prompt_ids, req.seed)
+        return req, self.engine.submit(req.prompt_ids, max_tokens, req.adapter)
 
     async def _unary(self, req: GenerationRequest, seq: Seq) -> web.Response:
         parts: list[str] = []

@@ -1,0 +1,210 @@
+"""The EPP in virtual time: `epp.app.EppApp` itself, one per pool, fed by the loop's events.
+
+Built from the gateway configuration the real-time `epp-*` targets write
+(`devstack.launch.gateway_config_for` with `bench.gateway_policies.epp_config`), constructed
+with no event loop running, so it starts no scrape task, server or watcher. Then:
+
+- its pool, residency and scheduler read the run's virtual clock (`Pool.clock`,
+  `AdapterResidency.clock`), converted to the EPP's seconds (simulated / time_scale);
+  its scheduler and scraper random sources are seeded;
+- each pod is scraped at the scraper's own cadence (`Scraper.next_delay`: fast while busy or
+  changing, doubling while idle, jittered, the first one at a random phase), its rendered page
+  recorded `scrape_age_s` later through `Scraper.record_page` (the live parse, speeds,
+  prefill pace and the app's scrape hook, which feeds adapter residency); a request routed to
+  a pod in an idle sleep scrapes it at once (the live `routed_hook` wake);
+- each request runs through a fresh `EppProcessor` as Envoy drives it: `on_request` (parse,
+  pick with the profile's scorers, admission, `on_routed`) at landing, `on_response_headers`
+  when the pod answers, `on_close` when its stream ends. A decision that would wait (the
+  flow-control queue, a tokenizer off the loop) raises: the loop has no event loop to wait on.
+
+KV events are not fed (the real-time `epp-default` runs had none either).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Coroutine, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from bench.vtime.loop import TIMER, Events, Routed
+from bench.vtime.pods import SimPod
+from bench.workloads import TraceRequest
+from devstack.launch import gateway_config_for
+from epp.app import EppApp
+from epp.config import parse_epp_config
+from epp.pool import Endpoint, Metrics
+from epp.processor import EppProcessor
+from epp.scrape import SpeedTracker
+from extproc.errors import ErrorResponse
+from extproc.headers import DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
+
+T = TypeVar("T")
+DEFAULT_SCRAPE_AGE_S = 0.002  # a page's age when recorded: HTTP round trip plus parse, wall seconds
+
+
+def run_now(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that must not suspend (the EPP's decision without I/O) to its result."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("the EPP's decision waited (flow-control queue or tokenizer): not simulable")
+
+
+class _PodScrapes:
+    """One pod's scrape loop state (the live loop's locals)."""
+
+    __slots__ = ("address", "idle", "interval", "pending", "pod", "previous", "speed")
+
+    def __init__(self, pod: SimPod, interval: float) -> None:
+        self.pod = pod
+        self.address = pod.address
+        self.speed = SpeedTracker()
+        self.interval = interval
+        self.previous: Metrics | None = None
+        self.pending = 0  # generation of the queued scrape; a wake bumps it, voiding the old one
+        self.idle = False  # the queued scrape ends a sleep longer than the fast interval
+
+
+class VirtualEpp:
+    """Every pool's EPP for one run; routes like BBR (model -> pool) then that pool's EPP."""
+
+    name = "epp"
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        seed: int,
+        time_scale: float = 1.0,
+        scrape_age_s: float = DEFAULT_SCRAPE_AGE_S,
+        label: str = "epp-default",
+    ) -> None:
+        self.name = label
+        self._config = dict(config)
+        self._seed = seed
+        self._ts = time_scale
+        self._age = scrape_age_s
+        self._apps: dict[str, EppApp] = {}
+        self._routes: dict[str, str] = {}  # model (base or adapter) -> pool name
+        self._events: Events | None = None
+        self._by_address: dict[str, SimPod] = {}
+        self._scrapes: dict[str, _PodScrapes] = {}
+        self._endpoints: dict[str, Endpoint] = {}
+        self._pool_of: dict[str, EppApp] = {}
+
+    # ---- setup ------------------------------------------------------------------------------
+    def start(self, events: Events, pods: Sequence[SimPod]) -> None:
+        self._events = events
+        self._by_address = {p.address: p for p in pods}
+        config = gateway_config_for([p.describe() for p in pods], {}, self._config)
+        parsed = parse_epp_config(config)
+        self._routes = {model: route.pool for model, route in parsed.routes().items()}
+        with tempfile.TemporaryDirectory(prefix="vtime-epp-") as work:
+            path = Path(work) / "gateway.yaml"
+            path.write_text(yaml.safe_dump(config, sort_keys=False))
+            for i, pool in enumerate(parsed.pools):
+                self._apps[pool.name] = app = EppApp(path, pool.name)  # no loop: nothing starts
+                self._wire(app, i)
+        for app in self._apps.values():
+            fast = app.scraper.cadence.fast_s
+            for ep in app.pool.endpoints():
+                self._endpoints[ep.address] = ep
+                self._pool_of[ep.address] = app
+                state = self._scrapes[ep.address] = _PodScrapes(self._by_address[ep.address], fast)
+                phase = app.scraper.rng.random() * fast  # the live loop's random first phase
+                self._schedule(app, state, events.now + phase * self._ts, idle=False)
+
+    def _wire(self, app: EppApp, index: int) -> None:
+        clock = self._epp_clock
+        app.pool.clock = clock
+        app.scheduler.residency.clock = clock
+        app.scheduler.rng = random.Random(self._seed * 1000 + index)
+        app.scraper.rng = random.Random(self._seed * 1000 + 500 + index)
+        app.pool.routed_hook = self._wake
+
+    def _epp_clock(self) -> float:
+        """The EPP's monotonic clock: simulated seconds / time_scale (it lives in wall time)."""
+        assert self._events is not None
+        return self._events.now / self._ts
+
+    def config(self) -> dict[str, object]:
+        app = next(iter(self._apps.values()))
+        config = app.store.current()
+        profile = config.scheduler_profiles()[config.default_profile]
+        return {
+            "kind": "virtual",
+            "epp": "epp.app.EppApp, EppProcessor per request",
+            "default_profile": config.default_profile,
+            "profile": {
+                "name": profile.name,
+                "weights": dict(profile.weights),
+                "picker": profile.picker,
+                "thresholds": profile.thresholds.model_dump(by_alias=True),
+                "priority": profile.priority,
+            },
+            "scrape": config.scrape.model_dump(by_alias=True),
+            "scrape_age_s": self._age,
+            "kv_events": False,
+        }
+
+    # ---- scrapes ----------------------------------------------------------------------------
+    def _schedule(self, app: EppApp, state: _PodScrapes, at: float, *, idle: bool) -> None:
+        assert self._events is not None
+        state.pending += 1
+        state.idle = idle
+        generation = state.pending
+        self._events.at(at, TIMER, lambda: self._scrape(app, state, generation))
+
+    def _scrape(self, app: EppApp, state: _PodScrapes, generation: int) -> None:
+        if generation != state.pending:
+            return  # replaced by a wake
+        assert self._events is not None
+        state.pending += 1  # nothing queued until the page is recorded
+        page, sent_at = state.pod.page(), self._epp_clock()
+        self._events.at(
+            self._events.now + self._age * self._ts, TIMER, lambda: self._record(app, state, page, sent_at)
+        )
+
+    def _record(self, app: EppApp, state: _PodScrapes, page: bytes, sent_at: float) -> None:
+        metrics = app.scraper.record_page(self._endpoints[state.address], page, state.speed, sent_at)
+        delay, state.interval = app.scraper.next_delay(state.address, state.interval, state.previous, metrics)
+        state.previous = metrics
+        next_at = max(self._epp_clock(), sent_at + delay)  # the live loop sleeps delay - elapsed
+        self._schedule(app, state, next_at * self._ts, idle=delay > app.scraper.cadence.fast_s)
+
+    def _wake(self, address: str) -> None:
+        """A request was routed to `address`: end its idle sleep (Scraper.wake)."""
+        state = self._scrapes.get(address)
+        if state is None or not state.idle or self._events is None:
+            return
+        self._schedule(self._pool_of[address], state, self._events.now, idle=False)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def route(self, index: int, req: TraceRequest, body: bytes) -> Routed:
+        model = req.body.get("model")
+        pool = self._routes.get(model) if isinstance(model, str) else None
+        if pool is None or not isinstance(model, str):  # BBR's answer for a model no pool serves
+            return Routed(None, 404, "model_not_found")
+        headers = {
+            ":method": "POST",
+            ":path": "/v1/chat/completions" if "messages" in req.body else "/v1/completions",
+            "x-request-id": f"req-{index}",
+            **req.headers,
+            MODEL_HEADER: model,
+        }
+        processor = EppProcessor(self._apps[pool].ctx)
+        outcome = run_now(processor.on_request(headers, body))
+        if isinstance(outcome, ErrorResponse):
+            return Routed(None, outcome.status, outcome.code)
+        address = outcome.set_headers[DESTINATION_HEADER].split(",", 1)[0]
+
+        def on_response(status: int) -> None:
+            processor.on_response_headers({":status": str(status), SERVED_HEADER: address})
+
+        return Routed(self._by_address[address], on_response=on_response, on_close=processor.on_close)
