@@ -76,7 +76,8 @@ proto: $(STAMP)
 
 # Benchmarks: every policy replays the same seeded traces (the reporting seeds); raw results in
 # bench/results (git-ignored), one summary per run in bench/summaries (committed), then the
-# report rewrites the tables of docs/benchmarks.md from the summaries (plots: docs/img).
+# report rewrites the tables of README.md, docs/benchmarks.md and docs/benchmarks/ from the
+# summaries (plots: docs/img).
 BENCH_QUICK_SCENARIOS := mixed-gpu bursty shared-prefix
 BENCH_QUICK_POLICIES := round-robin epp-default epp-best sglang-cache_aware
 BENCH_SCENARIOS := uniform mixed-gpu bursty bursty-headroom shared-prefix shared-prefix-long docqa lora long-short
@@ -96,7 +97,7 @@ bench-full: $(BENCH_STAMP)
 	    --no-progress $(foreach p,$(BENCH_POLICIES),--policy $(p)) || exit 1; \
 	done
 	$(BIN)/python -m bench report --mode full --results bench/results
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.overhead_gateway --doc docs/benchmarks.md
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.overhead_gateway --doc docs/benchmarks/costs.md
 
 # Regression guard, seconds long: fails when scrape CPU or the 100-pod decision p99 gets 2x
 # worse than bench/baseline-smoke.json (refresh: $(BIN)/python -m bench.smoke --update).

@@ -6,7 +6,7 @@ python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-ca
 python -m bench sim --scenario bench/scenarios/uniform.yaml --policy epp-default --policy oracle
     [--seeds ...] [--pods-scale K] [--duration-s S]   # virtual time (bench/vtime/), no sleeps
 python -m bench sim-report                         # docs/benchmarks/virtual-time.md from the summaries
-python -m bench report [--summaries bench/summaries] [--doc docs/benchmarks.md] [--mode quick]
+python -m bench report [--summaries bench/summaries] [--mode quick] [--root .]   # README + docs/benchmarks*
 python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
 python -m bench overhead                                          # load generator self-test
 python -m bench policies                                          # registered policy names
@@ -38,13 +38,9 @@ from bench.loadgen import (
     without_probe_time,
 )
 from bench.overhead import measure_overhead, render_overhead
-from bench.published import SECTION as PUBLISHED_SECTION
-from bench.published import published_section
-from bench.report import build_report, run_from, save_run, write_section
+from bench.pages import render_report
+from bench.report import run_from, save_run, write_section
 from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
-from bench.scorecard import scorecard_for
-from bench.sensitivity import SECTION as SENSITIVITY_SECTION
-from bench.sensitivity import section_for as sensitivity_section
 from bench.stationarity import check_stationarity
 from bench.stats import summarize
 from bench.summary import (
@@ -328,12 +324,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_sim_parser(sub)
     add_sim_report_parser(sub)
 
-    rep = sub.add_parser("report", help="render the committed summaries into docs/benchmarks.md")
+    rep = sub.add_parser(
+        "report",
+        help="render the committed summaries into README.md, docs/benchmarks.md and docs/benchmarks/",
+    )
     rep.add_argument("--summaries", default=str(SUMMARIES_DIR))
     rep.add_argument("--mode", choices=MODES, default="quick")
     rep.add_argument("--results", help="raw results for the plots (e.g. bench/results); default: no plots")
-    rep.add_argument("--doc", default="docs/benchmarks.md")
-    rep.add_argument("--img", default="docs/img")
+    rep.add_argument("--root", default=".", help="the repository whose README.md and docs/ are rewritten")
     rep.add_argument("--baseline", default="round-robin")
 
     tr = sub.add_parser("trace", help="print a scenario's trace statistics")
@@ -356,17 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return asyncio.run(cmd_run(args))
         if args.command == "report":
-            names = build_report(args.summaries, args.doc, args.img, args.baseline, args.mode, args.results)
-            scorecard = scorecard_for(args.summaries, args.mode)
-            if scorecard is not None:
-                write_section(args.doc, "targets", scorecard)
-            published = published_section(args.summaries, args.mode)
-            if published is not None:
-                write_section(args.doc, PUBLISHED_SECTION, published)
-            sensitivity = sensitivity_section(args.summaries, args.mode)
-            if sensitivity is not None:
-                write_section(args.doc, SENSITIVITY_SECTION, sensitivity)
-            print(f"rendered {len(names)} scenario(s) into {args.doc}: {', '.join(names) or 'none'}")
+            names = render_report(args.root, args.summaries, args.mode, args.baseline, args.results)
+            print(f"rendered {len(names)} scenario(s) under {args.root}: {', '.join(names) or 'none'}")
             return 0
         if args.command == "sim":
             return cmd_sim(args, run_seeds(args))

@@ -2,7 +2,7 @@
 
 - `round-robin`, `least-request`: the same Envoy binary and HTTPS listener (concurrency 1)
   with a STATIC cluster of the scenario's pods and a plain load balancer: what a Kubernetes
-  Service gives. Every "change vs round-robin" in docs/benchmarks.md is against the first.
+  Service gives. Every "change vs round-robin" in docs/benchmarks* is against the first.
 - `epp-default`: the full gateway with the shipped default profile, as a user gets it: since
   DEFAULT_REVISION 2 single-hop (Envoy + one EPP, the standalone default shape), before that
   BBR + EPP; since issue #11 predicted-ttft 5, prefix-cache 2, kv-cache 1, before, the
@@ -62,7 +62,7 @@ from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
 from modelsim.build_tokenizer import OUT as SHIPPED_TOKENIZER_DIR
 from modelsim.fleet import FleetSpec
 
-# Tuned on the scenarios of bench/scenarios (see docs/benchmarks.md, "epp-best").
+# Tuned on the scenarios of bench/scenarios (see docs/benchmarks/method.md, "epp-best").
 BEST_PROFILE: dict[str, Any] = {
     # lora-affinity scores every pod alike for base-model requests, so it only acts on LoRA traffic.
     "weights": {

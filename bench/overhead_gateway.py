@@ -13,7 +13,7 @@ A second table prices what the ext_proc sees of the response on a 200-token stre
 headers + trailers (the stream is held to the response's end: the EPP's pool routes), and
 every body chunk (STREAMED).
 
-python -m bench.overhead_gateway [--requests 300] [--doc docs/benchmarks.md]
+python -m bench.overhead_gateway [--requests 300] [--doc docs/benchmarks/costs.md]
 python -m bench.overhead_gateway --stream-only --requests 100 --rounds 5   # second table alone
 python -m bench.overhead_gateway noop-extproc --port N     # the do-nothing ext_proc alone
 python -m bench.overhead_gateway split [--requests 300]     # CPU per process and ext_proc messages

@@ -6,7 +6,7 @@ names the scenario of bench/scenarios that reproduces its conditions; the sectio
 published change next to ours (`epp-best`, and `epp-default` = the published default weights),
 the best peer router's and the oracle's, from the committed summaries alone.
 
-    python -m bench report   # writes the `published-rows` section of docs/benchmarks.md
+    python -m bench report   # writes the `published-rows` section of docs/benchmarks.md (the results page)
 """
 
 from __future__ import annotations

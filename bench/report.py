@@ -1,7 +1,8 @@
 """The benchmark report: markdown sections (+ optional PNG plots) from committed run summaries.
 
-Each scenario renders into `docs/benchmarks.md` between marker comments, so re-running replaces
-just that section and leaves hand-written text alone. Tables come from bench/summaries alone
+Each scenario renders between marker comments into the page that holds them (bench/pages.py:
+the pages under docs/benchmarks/), so re-running replaces just that section and leaves
+hand-written text alone. Tables come from bench/summaries alone
 (reporting seeds, median and min-max over them; see bench/summary.py). Raw per-request results,
 `<results>/<mode>/<scenario>/<policy>/seed-<n>.json`, are saved here too (git-ignored) and
 only feed the plots.
@@ -13,7 +14,7 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -436,19 +437,21 @@ def spike_windows(arrivals: Mapping[str, Any], duration_s: float) -> list[tuple[
 
 def build_report(
     summaries_dir: str | Path,
-    doc_path: str | Path,
+    doc_path: str | Path | Callable[[str], Path],
     img_dir: str | Path,
     baseline: str = BASELINE,
     mode: str = "quick",
     results_dir: str | Path | None = None,
 ) -> list[str]:
-    """Render every scenario with reporting-seed summaries into `doc_path`; returns their names.
+    """Render every scenario with reporting-seed summaries; returns their names.
 
+    `doc_path` is the page, or a function giving the page for a section key (bench/pages.py).
     Tables come from the committed summaries alone. Plots need the raw per-request results
     (git-ignored): with `results_dir`, a scenario's TTFT CDF is drawn from the first reporting
     seed present there; without, sections carry no plots.
     """
-    doc_path, img_dir = Path(doc_path), Path(img_dir)
+    place = doc_path if callable(doc_path) else (lambda _key, page=Path(doc_path): page)
+    img_dir = Path(img_dir)
     all_runs = load_summaries(summaries_dir, mode, REPORTING_SEEDS)
     for scenario, policies in sorted(all_runs.items()):
         ordered = dict(sorted(policies.items(), key=lambda kv: (kv[0] != baseline, kv[0])))
@@ -464,8 +467,10 @@ def build_report(
                     spikes = spike_windows(arrivals, float(first.meta.get("duration_s", 0)))
                     path = img_dir / f"{scenario}-ttft-time.png"
                     images.append(plot_ttft_timeseries(raw, path, f"{tag}: TTFT over time", spikes))
-        rel = [Path(os.path.relpath(p, doc_path.parent)).as_posix() for p in images]
-        write_section(doc_path, f"scenario:{scenario}", render_section(scenario, ordered, rel, baseline))
+        key = f"scenario:{scenario}"
+        page = place(key)
+        rel = [Path(os.path.relpath(p, page.parent)).as_posix() for p in images]
+        write_section(page, key, render_section(scenario, ordered, rel, baseline))
     return sorted(all_runs)
 
 

@@ -1,4 +1,4 @@
-"""The targets of docs/benchmarks.md checked against the run summaries: hit or missed, with figures.
+"""The targets of docs/benchmarks.md (the results page) checked against the run summaries: hit or missed, with figures.
 
 Targets (TTFT, the shipped default `epp-default` vs `round-robin` on the same traces; issue
 #11 asks the shipped default, not a tuned profile, to meet them): the AWS HyperPod Inference

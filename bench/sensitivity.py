@@ -1,4 +1,4 @@
-"""The A10G sensitivity table of docs/benchmarks.md, from the committed summaries alone.
+"""The A10G sensitivity table of docs/benchmarks/scenarios.md, from the committed summaries alone.
 
 The mixed-GPU result rests on an estimated A10G profile; `bench/scenarios/mixed-gpu-a10g-*.yaml`
 run the same trace with the A10G's step time scaled to -30 % / as estimated / +30 % speed. This
@@ -6,7 +6,7 @@ renders, per variant and policy, TTFT P95 and E2E P95 (median over the seeds pre
 with the change of the median vs round-robin, the share of requests that completed, and the
 share routed to the A10G pods.
 
-    python -m bench.sensitivity [--summaries bench/summaries] [--doc docs/benchmarks.md]
+    python -m bench.sensitivity [--summaries bench/summaries] [--doc docs/benchmarks/scenarios.md]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m bench.sim_page_bench [--pages 500]
 
 The simulated fleet renders every pod's page in the process that runs all the engines, so a
-page's cost there slows every pod's steps (docs/benchmarks.md, "Held-out scenario families").
+page's cost there slows every pod's steps (docs/benchmarks/history.md, "Harness changes before the reporting runs").
 Prints ms per page (best of 3 passes) per dialect for both writers on an idle engine.
 """
 

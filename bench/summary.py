@@ -1,4 +1,4 @@
-"""Run summaries: the small, committed JSON files every figure of docs/benchmarks.md comes from.
+"""Run summaries: the small, committed JSON files every figure of docs/benchmarks* comes from.
 
 One run = one scenario x one policy x one trace seed, summarised into
 `bench/summaries/<mode>/<scenario>/<policy>/seed-<n>.json` (committed; a few KB): what ran

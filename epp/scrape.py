@@ -6,7 +6,7 @@ every `scrape.intervalMs` (50 ms) while it is busy or its metrics change, doubli
 and the loops started at random phases so a thousand pods are not scraped in lock-step; a
 request routed to an idle pod ends its sleep at once. The GET goes over a kept-alive
 connection of `epp/metrics_http.py` (httpx cost ~20x more CPU per scrape, see
-docs/benchmarks.md) and the page is parsed in one pass over its raw bytes, histogram
+docs/benchmarks/costs.md) and the page is parsed in one pass over its raw bytes, histogram
 `_sum`/`_count` lines included. A failed scrape (timeout, refused, garbage) counts against
 the pod; after a few in a row it is reported unhealthy and the scheduler stops choosing it
 until a scrape succeeds again. The interval backs off on failure so a dead pod costs little.

@@ -173,7 +173,7 @@ class SharedStateConfig(_Model):
     # Share each scrape's parsed state (waiting, running, KV use, adapters) through the same
     # stream, so every replica reads every scrape of the pool: with `scrape.shareAcrossReplicas`
     # each replica scrapes a pod only every N intervals, and its own reading alone was N
-    # intervals old (docs/benchmarks.md, "More than one EPP process").
+    # intervals old (docs/benchmarks/costs.md, "More than one EPP process").
     share_scrapes: bool = Field(default=True, alias="shareScrapes")
 
     @model_validator(mode="after")
@@ -221,7 +221,7 @@ class ScrapeConfig(_Model):
     # With sharedState, each replica waits its interval times the pool's live replica count, so
     # the pods see about one scrape per interval from all of a pool's EPPs together: N replicas
     # scraping every pod at the full rate multiplied the load on the servers' metrics endpoints
-    # by N (measured: docs/benchmarks.md, "More than one EPP process"). The counts that move
+    # by N (measured: docs/benchmarks/costs.md, "More than one EPP process"). The counts that move
     # between scrapes (in-flight per pod) are shared, so each replica's picture stays current.
     share_across_replicas: bool = Field(default=True, alias="shareAcrossReplicas")
 
@@ -353,7 +353,7 @@ class ListenerConfig(_Model):
     # How Envoy hands request bodies to BBR and the EPP (gateway/envoy_config.py
     # `pool_processing_mode`). `streamed` (FULL_DUPLEX_STREAMED): any size up to
     # bbr.maxRequestBodyBytes, and the services send every chunk back. `buffered`: Envoy
-    # collects the body and sends it once, nothing comes back (cheaper, see docs/benchmarks.md
+    # collects the body and sends it once, nothing comes back (cheaper, see docs/benchmarks/costs.md
     # "Gateway overhead"), bounded by Envoy's per-connection buffer: a larger body gets a JSON 413.
     request_body_mode: Literal["streamed", "buffered"] = Field(default="streamed", alias="requestBodyMode")
     # Whether the EPP sees each response's headers (`always`) or, by default (`auto`), only where

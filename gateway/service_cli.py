@@ -45,7 +45,7 @@ EVENT_LOOPS = ("uvloop", "asyncio")
 
 def add_event_loop_argument(parser: argparse.ArgumentParser) -> None:
     """`--event-loop`: uvloop by default (a service that scrapes hundreds of pods spends most
-    of its CPU in socket reads and callbacks, ~25 % less with uvloop: docs/benchmarks.md)."""
+    of its CPU in socket reads and callbacks, ~25 % less with uvloop: docs/benchmarks/costs.md)."""
     parser.add_argument(
         "--event-loop",
         choices=EVENT_LOOPS,

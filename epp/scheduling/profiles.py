@@ -89,7 +89,7 @@ BUILTIN_PROFILE_DATA: Mapping[str, Mapping[str, Any]] = MappingProxyType(
         # hits: family-tenant-prefix-kv, tuning seed 100, TTFT P95 0.55 s vs 0.27 s with it).
         # precise-prefix-cache reads the pods' KV events where the pool has them (a model
         # tokenizer and events ports configured) and is prefix-cache elsewhere, per pod.
-        # Chosen on the tuning seeds of the four scenario families; docs/benchmarks.md.
+        # Chosen on the tuning seeds of the four scenario families; docs/benchmarks/history.md.
         "default": {"weights": {"predicted-ttft": 5, "precise-prefix-cache": 2, "kv-cache": 1}},
         # GIE's and AWS's published defaults (ours until issue #11), so results compare with theirs.
         "gie": {"weights": {"queue": 2, "kv-cache": 2, "prefix-cache": 3}},

@@ -76,13 +76,13 @@ async def test_run_through_sglang_and_url_policies_then_report(tmp_path: Path) -
     direct = json.loads((results / "quick" / "tiny" / "url" / f"seed-{first}.json").read_text())
     assert [r["scheduled_s"] for r in other["results"]] != [r["scheduled_s"] for r in direct["results"]]
 
-    doc = tmp_path / "benchmarks.md"
-    assert main(["report", "--summaries", str(summaries), "--doc", str(doc), "--img", str(tmp_path / "img"),
+    root = tmp_path / "repo"
+    assert main(["report", "--summaries", str(summaries), "--root", str(root),
                  "--baseline", "sglang-round_robin", "--results", str(results)]) == 0  # fmt: skip
-    text = doc.read_text()
+    text = (root / "docs" / "benchmarks" / "scenarios.md").read_text()
     assert "### tiny" in text and f"| url | {first}, {second} |" in text and "Tiny smoke scenario." in text
     assert "Smoke run: traces cut to 30 requests" in text
-    assert (tmp_path / "img" / "tiny-ttft-time.png").exists()
+    assert (root / "docs" / "img" / "tiny-ttft-time.png").exists() and "](../img/tiny-ttft-time.png)" in text
 
 
 def test_seed_options(tmp_path: Path, capsys) -> None:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import statistics
 from pathlib import Path
 
 import pytest
 
-from bench.__main__ import main
 from bench.loadgen import RequestResult
 from bench.published import PUBLISHED, SECTION, best_peer, is_peer, published_section
 from bench.report import (
@@ -28,7 +25,6 @@ from bench.scenario import parse_scenario
 from bench.summary import REPORTING_SEEDS, TUNING_SEEDS, build_summary, write_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-REPO = Path(__file__).parents[2]
 SCENARIO = {
     "name": "toy",
     "description": "Two policies on a toy fleet.",
@@ -140,28 +136,6 @@ def test_smoke_and_incomplete_runs_are_marked(tmp_path: Path) -> None:
         f"**Incomplete (wall-time limit): round-robin seed {REPORTING_SEEDS[0]} left 5 requests unsent.**"
         in text
     )
-
-
-def test_report_on_the_committed_summaries_needs_no_network(tmp_path: Path, monkeypatch) -> None:
-    """A fresh clone: `report` reads bench/summaries and writes the page, no fleet, no sockets."""
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("the report must not open connections")
-
-    monkeypatch.setattr(socket.socket, "connect", no_network)
-    doc = tmp_path / "benchmarks.md"
-    shutil.copy(REPO / "docs" / "benchmarks.md", doc)
-    before = doc.read_text()
-    for mode in ("quick", "full"):
-        code = main(["report", "--summaries", str(REPO / "bench" / "summaries"), "--doc", str(doc),
-                     "--img", str(tmp_path / "img"), "--mode", mode])  # fmt: skip
-        assert code == 0
-    after = doc.read_text()
-    # Sections without summaries (the single-seed, pre-summary tables) are kept as they are.
-    assert "<!-- bench:scenario:mixed-gpu:start -->" in after and "## Targets: hit or missed" in after
-    assert after.index("<!-- bench:targets:end -->") < after.index("## The published results, row by row")
-    if not list((REPO / "bench" / "summaries").glob("*/*/*/seed-*.json")):
-        assert after == before
 
 
 def test_plots_come_from_raw_results_when_given(tmp_path: Path) -> None:
