@@ -3,6 +3,7 @@
 python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-cache_aware [--policy ...]
     [--seeds reporting|tuning|N] [--seed N ...]     # default: the reporting seeds
     [--fleet-tokenizer] [--fleet-kv-events]        # on anyway for a run with a precise policy
+    [--pin-router]                                 # the router on CPU 0, fleet + load generator on the rest
 python -m bench sim --scenario bench/scenarios/uniform.yaml --policy epp-default --policy oracle
     [--seeds ...] [--pods-scale K] [--duration-s S]   # virtual time (bench/vtime/), no sleeps
 python -m bench sim-report                         # docs/benchmarks/virtual-time.md from the summaries
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import shlex
 import statistics
 import sys
@@ -39,6 +41,7 @@ from bench.loadgen import (
 )
 from bench.overhead import measure_overhead, render_overhead
 from bench.pages import render_report
+from bench.pinning import CpuPlan, PinningError, cpu_plan, descendants, pin_router, pinned_to, record
 from bench.report import run_from, save_run, write_section
 from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
 from bench.stationarity import check_stationarity
@@ -109,8 +112,12 @@ async def run_policy(
         trace = trace[: args.max_requests]
     target = make_target(policy, ctx)
     before = machine_state()
+    plan: CpuPlan | None = getattr(args, "cpu_plan", None)
+    started = descendants(os.getpid()) if plan else set()
     base_url = await target.start()
+    pinning = None
     try:
+        router = pin_router(started, plan.router) if plan else []
         lg = scenario.loadgen
         config = LoadGenConfig(
             base_url=base_url,
@@ -128,6 +135,8 @@ async def run_policy(
         ) as bar:
             run = await run_trace(trace, config, on_done=lambda _: bar.update())
         lag = await fleet_lag(ctx.worker_urls)
+        if plan:
+            pinning = record(plan, router, bool(args.worker_urls))
     finally:
         await target.stop()
     after = machine_state()
@@ -168,6 +177,7 @@ async def run_policy(
         "machine_after": after,
         "fleet_lag": lag,
         "fleet_options": ctx.fleet_needs.describe(),
+        "cpu_pinning": pinning,  # None: the router shared every CPU with the harness
     }
     summary = build_summary(
         scenario=scenario,
@@ -185,9 +195,16 @@ async def run_policy(
         f"TTFT P50/P95/P99 {_fmt(st['ttft_p50'])}/{_fmt(st['ttft_p95'])}/{_fmt(st['ttft_p99'])} s, "
         f"{st['output_tok_s']:,.0f} tok/s sustained, goodput {goodput}, errors {st['error_kinds'] or 0}, "
         f"pods {summarize(run.results).pods}, load generator lag P99 {_fmt(st['lag_p99'])} s, "
-        f"fleet lag mean/max {_lag(lag)} -> {summary_file} (raw: {path})"
+        f"fleet lag mean/max {_lag(lag)}{_pinned(pinning)} -> {summary_file} (raw: {path})"
     )
     return run.results
+
+
+def _pinned(pinning: dict[str, Any] | None) -> str:
+    if pinning is None:
+        return ""
+    names = ", ".join(sorted({p["name"] for p in pinning["router_processes"]})) or "none started"
+    return f", router ({names}) on CPU {pinning['router_cpus']}, harness on {pinning['harness_cpus']}"
 
 
 def _lag(lag: dict[str, Any] | None) -> str:
@@ -231,6 +248,18 @@ async def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    args.cpu_plan = None
+    if args.pin_router:
+        try:
+            args.cpu_plan = cpu_plan()
+        except PinningError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+    with pinned_to(args.cpu_plan.harness if args.cpu_plan else None):  # the fleet inherits it
+        return await _run_all(args, needs)
+
+
+async def _run_all(args: argparse.Namespace, needs: FleetNeeds) -> int:
     scenario = load_scenario(args.scenario, args.mode)
     seeds = run_seeds(args)
     work_dir = Path(tempfile.mkdtemp(prefix=f"bench-{scenario.name}-"))
@@ -314,6 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--fleet-tokenizer",
         action="store_true",
         help="pods tokenize with the shipped tokenizer (on anyway when a policy of the run needs it)",
+    )
+    run.add_argument(
+        "--pin-router",
+        action="store_true",
+        help="the router under test on the first CPU, the fleet and load generator on the others (bench/pinning.py)",
     )
     run.add_argument(
         "--fleet-kv-events",
