@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint envoy-configs proto bench bench-full bench-smoke soak clean system-deps
+.PHONY: run test lint envoy-configs proto bench bench-full bench-smoke soak clean system-deps inference-perf
 
 BENCH_STAMP := $(VENV)/.installed-bench-stamp
 
@@ -99,6 +99,18 @@ bench-full: $(BENCH_STAMP)
 	$(BIN)/python -m bench report --mode full --results bench/results
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.overhead_gateway --doc docs/benchmarks/costs.md
 
+# inference-perf (the Kubernetes serving working group's load generator; PyPI, Python >= 3.12) in
+# its own environment, and our load generator after it, against one scenario's fleet and gateway
+# (bench/outside_loadgen.py; docs/benchmarks/outside-load-generator.md). Not part of `make test`.
+IP_PY ?= python3.12
+IP_VENV := .venv-inference-perf
+$(IP_VENV)/bin/inference-perf:
+	$(IP_PY) -m venv $(IP_VENV)
+	$(IP_VENV)/bin/python -m pip install -q inference-perf==0.7.0
+
+inference-perf: $(STAMP) $(IP_VENV)/bin/inference-perf
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.outside_loadgen --inference-perf $(IP_VENV)/bin/inference-perf $(ARGS)
+
 # Regression guard, seconds long: fails when scrape CPU or the 100-pod decision p99 gets 2x
 # worse than bench/baseline-smoke.json (refresh: $(BIN)/python -m bench.smoke --update).
 bench-smoke: $(STAMP)
@@ -118,4 +130,4 @@ check-engines: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m devstack.engine_check --engines-venv $(ENGINES_VENV) --out docs/engine-check.md
 
 clean:
-	rm -rf $(VENV) $(ENGINES_VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(ENGINES_VENV) $(IP_VENV) .pytest_cache .ruff_cache build *.egg-info

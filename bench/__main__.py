@@ -9,6 +9,7 @@ python -m bench sim --scenario bench/scenarios/uniform.yaml --policy epp-default
 python -m bench sim-report                         # docs/benchmarks/virtual-time.md from the summaries
 python -m bench report [--summaries bench/summaries] [--mode quick] [--root .]   # README + docs/benchmarks*
 python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
+python -m bench serve --scenario bench/scenarios/uniform.yaml --policy epp-default  # for other load generators
 python -m bench overhead                                          # load generator self-test
 python -m bench policies                                          # registered policy names
 """
@@ -44,6 +45,8 @@ from bench.pages import render_report
 from bench.pinning import CpuPlan, PinningError, cpu_plan, descendants, pin_router, pinned_to, record
 from bench.report import run_from, save_run, write_section
 from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
+from bench.serve import add_parser as add_serve_parser
+from bench.serve import serve
 from bench.stationarity import check_stationarity
 from bench.stats import summarize
 from bench.summary import (
@@ -380,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ov.add_argument("--tokens", type=int, default=16)
     ov.add_argument("--doc", help="also write the section into this markdown file")
 
+    add_serve_parser(sub, MODES)
+
     sub.add_parser("policies", help="list registered policy names")
 
     args = parser.parse_args(argv)
@@ -397,6 +402,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_sim_report(args)
         if args.command == "trace":
             return cmd_trace(args)
+        if args.command == "serve":
+            scenario = load_scenario(args.scenario, args.mode)
+            options = _options(args.target_opt)
+            return asyncio.run(serve(scenario, args.policy, options, args.ready_file, args.seconds))
         if args.command == "overhead":
             return asyncio.run(cmd_overhead(args))
         load_plugins()
