@@ -361,7 +361,7 @@ class ListenerConfig(_Model):
     # may ask for it), a pool's retries over `fallbackEndpoints` (the served endpoint). Otherwise
     # its routes ask for response trailers alone, which hold the ext_proc stream to the response's
     # end (the in-flight ledger) without Envoy waiting on the EPP before the first byte, and save
-    # a message each way per request (docs/benchmarks.md, "Gateway overhead").
+    # a message each way per request (docs/benchmarks/costs.md, "Gateway overhead").
     epp_response_headers: Literal["auto", "always"] = Field(default="auto", alias="eppResponseHeaders")
     # The buffered body limit, rendered as the listener's per_connection_buffer_limit_bytes;
     # unset: the renderer's connection buffer (`render_envoy --buffer-bytes`, 4 MiB default).
