@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
+from bench.gateway_policies import DEFAULT_REVISION
 from bench.headline import digest, figure_digest, headline_rows
 from bench.loadgen import RequestResult
 from bench.pages import FAMILIES, FIGURE, README, RESULTS, SCENARIOS, DocSet
@@ -50,7 +51,9 @@ def _write(root: Path, name: str, scales: dict[str, float], earlier: bool = Fals
         profile = {**profile, "weights": {"queue": 2, "kv-cache": 2, "prefix-cache": 3}}
     for k, seed in enumerate(REPORTING_SEEDS):
         for policy, scale in scales.items():
-            config = {"profile": profile} if policy == "epp-default" else {}
+            config = (
+                {"profile": profile, "default_revision": DEFAULT_REVISION} if policy == "epp-default" else {}
+            )
             summary = build_summary(
                 scenario=_scenario(name).with_seed(seed), policy=policy, policy_config=config,
                 results=_results(scale * (1 + 0.1 * k)), run={}, env={"git": {}, "packages": {}},
