@@ -105,6 +105,8 @@ bench-full: $(BENCH_STAMP)
 IP_PY ?= python3.12
 IP_VENV := .venv-inference-perf
 $(IP_VENV)/bin/inference-perf:
+	@$(IP_PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || \
+	  { echo "inference-perf needs Python >= 3.12: make inference-perf IP_PY=<path to python3.12>"; exit 2; }
 	$(IP_PY) -m venv $(IP_VENV)
 	$(IP_VENV)/bin/python -m pip install -q inference-perf==0.7.0
 
