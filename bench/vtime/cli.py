@@ -34,7 +34,7 @@ from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
 
 VIRTUAL_SUMMARIES = Path("bench/summaries-virtual")
 # The gateway's own latency per policy when --gateway-ms is not given, wall ms: "added p50" of
-# docs/benchmarks.md "Gateway overhead" (concurrency 1, 1 KB): Envoy round-robin +1.90,
+# docs/benchmarks/costs.md "Gateway overhead" (concurrency 1, 1 KB): Envoy round-robin +1.90,
 # the full gateway (Envoy + BBR + EPP; the oracle sits where the EPP does) +7.12.
 GATEWAY_MS = {"round-robin": 1.90, "oracle": 7.12, "epp": 7.12}
 POLICIES = ("round-robin", "oracle", "epp-default", "epp-gie", "epp-predicted", "epp-best")
