@@ -29,7 +29,7 @@ SATURATED_KV = 1.0
 # Since issue #26: KV use as committed work (every in-flight request's prompt + expected output
 # against the pod's capacity, epp/pool.py `EndpointState.kv_level`), so with SATURATED_KV 1.0 a pod
 # reads saturated once what it holds would fill its cache, before vLLM preempts; before, the
-# scraped free KV (the released requests then queued inside vLLM: docs/benchmarks.md).
+# scraped free KV (the released requests then queued inside vLLM: docs/benchmarks/flow-control.md).
 KV_MEASURE = "committed"
 DEFAULT_WEIGHTS = {"queue": 2, "kv-cache": 2, "prefix-cache": 3}
 # 9 s is the longest wait the config allows (MAX_FLOW_WAIT_MS: Envoy's ext_proc message
