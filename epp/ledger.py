@@ -118,8 +118,9 @@ class PodLedger:
             c.prefilled = True
         self._pending -= retire
         for c in seen[retire:]:
-            # The page shows it waiting: the pod had no room for it (a sequence limit, full KV),
-            # so it stays pending until a page retires it; its prefill still counts in `busy_s`.
+            # The page shows it waiting: the pod had no room for it (a sequence limit, full KV,
+            # every LoRA slot pinned), so no projection says when it starts. It stays pending
+            # until a page retires it and counts as waiting (`stuck`), not in `busy_s`.
             c.ends_at = float("inf")
         still_seen = len(seen) - retire
         self.foreign_waiting = max(0.0, waiting - still_seen) if waiting is not None else 0.0
@@ -128,10 +129,9 @@ class PodLedger:
     def _reproject(self, start: float) -> None:
         t, projected = start, False
         for c in self._entries.values():
-            if not c.prefilled and c.prefill_s > 0.0:
+            if not c.prefilled and c.prefill_s > 0.0 and c.ends_at != float("inf"):
                 t = (t if t > c.routed_at else c.routed_at) + c.prefill_s
-                if c.ends_at != float("inf"):
-                    c.ends_at = t
+                c.ends_at = t
                 projected = True
         self._busy_until = t if projected else -1e300
 
@@ -151,6 +151,13 @@ class PodLedger:
             if not c.prefilled and c.ends_at > now:
                 n += 1
         return n
+
+    def stuck(self) -> int:
+        """Pending picks with no projected end: the page showed them waiting, or their prefill
+        was not predicted. Scheduling prices them as queued requests of a typical size."""
+        if not self._pending:
+            return 0
+        return sum(1 for c in self._entries.values() if not c.prefilled and c.ends_at == float("inf"))
 
     def pending_since(self, now: float, since: float) -> int:
         """Of `pending(now)`, the picks routed after `since`: not on the last page yet."""

@@ -207,6 +207,7 @@ class EndpointState:
     # that are not this EPP's, and the KV tokens this EPP committed since the page.
     pending_requests: int | None = None
     unseen_pending: int = 0  # of those, routed since the page (the rest the page shows waiting)
+    stuck_requests: int = 0  # of those, with no projected end (the page shows them waiting)
     busy_s: float = 0.0
     foreign_waiting: float = 0.0
     unseen_kv_tokens: int = 0
@@ -662,6 +663,7 @@ class Pool:
                 routed_since_scrape=live.routed_since_scrape,
                 pending_requests=live.ledger.pending(now),
                 unseen_pending=live.ledger.pending_since(now, live.scrape_sent_at),
+                stuck_requests=live.ledger.stuck(),
                 busy_s=live.ledger.busy_s(now) + self._remote_busy(address, now),
                 foreign_waiting=self._foreign_waiting(
                     live, 0 if self._remote_busy_known else remote.get(address, none)[0]

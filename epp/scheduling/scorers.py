@@ -274,8 +274,8 @@ def predicted_ttft(
     (q_i = `EndpointState.queue`, scraped waiting + routed-but-unseen, times L_i, the pod's
     typical prompt, times u_i, the share of it the pod's prefix cache does not hold: both
     learned from its histograms, else this prompt's P and 1; with the pod's ledger, this EPP's
-    own pending picks count exactly instead, as the seconds until their projected prefills end,
-    `busy_s`, and only the page's other waiting requests as q_i), plus this prompt's own uncached
+    own picks since the page count exactly instead, as the seconds until their projected prefills
+    end, `busy_s`, and q_i is the page's waiting requests), plus this prompt's own uncached
     tokens (P less C_i, the tokens of its leading blocks the pod holds: precise KV events,
     else the approximate prefix index; at least the one token vLLM always recomputes), over
     the pod's prefill pace pace_i (tokens/s learned from `vllm:request_prefill_time_seconds`
@@ -318,7 +318,9 @@ def predicted_ttft(
             continue
         typical = s.mean_prompt_tokens if s.mean_prompt_tokens is not None else prompt
         if s.pending_requests is not None:
-            q = s.foreign_waiting  # this EPP's own pending picks are in `busy_s`
+            # The page's waiting requests (others', and this EPP's it shows waiting) at the
+            # typical prompt; this EPP's picks since, exactly, in `busy_s`.
+            q = s.foreign_waiting + s.stuck_requests
         ahead = q * typical * (s.uncached_fraction if s.uncached_fraction is not None else 1.0)
         own = prompt - n * (approx_block_tokens if size is None else size)
         if own < 1.0:
@@ -341,9 +343,12 @@ def predicted_ttft(
                 tpot_fallback = _median([c.tpot_ewma for c in candidates], DEFAULT_TPOT_S)
             tpot = tpot_fallback
         own_s = own / pace
+        # What this prompt adds to the pod's prefill work: its tokens at the pod's pace. Short
+        # prompts picked together share an engine step, so the one-step floor is this
+        # request's own wait, not work it queues ahead of the next pick.
+        prefill_s.append(own_s)
         if own_s < tpot:
             own_s = tpot  # at least one engine step
-        prefill_s.append(own_s)
         pred = ahead / pace + s.busy_s + own_s
         ahead += s.busy_s * pace  # in tokens, for the KV check below
         slot_wait = False
