@@ -206,8 +206,11 @@ class EppApp:
     def _on_config(self, config: EppConfig) -> None:
         try:
             config.pool(self.pool_name)
-        except KeyError:
-            log.error("reloaded config has no pool %r; keeping the previous pool settings", self.pool_name)
+        except KeyError:  # a valid file (the verdict, logged by the store, is everyone's)
+            log.warning(
+                "the applied config has no pool %r: this EPP keeps its last settings for it until stopped",
+                self.pool_name,
+            )
             return
         if config.shared_state != self._shared_config:
             log.warning("sharedState changed: it is read at start; restart the EPP to apply it")
