@@ -225,6 +225,7 @@ class LocalGateway:
     # Every replica of each pool's EPP, in order (process names: `epp_replica_names`).
     epp_replica_ports: dict[str, list[int]] = field(default_factory=dict)
     epp_replica_metrics_ports: dict[str, list[int]] = field(default_factory=dict)
+    bbr_metrics_port: int = 0  # BBR's /metrics (config reloads); 0 in single-hop mode
 
     @property
     def url(self) -> str:
@@ -295,6 +296,7 @@ def gateway_config_for(
                 "endpoints": [
                     {
                         "address": p["address"],
+                        **({"name": p["name"]} if p.get("name") else {}),
                         "engine": p.get("dialect", "vllm"),
                         "adapters": p.get("adapters", []),
                         # pods started with `kv_events` (bound to 127.0.0.1) feed the precise KV index
@@ -440,7 +442,7 @@ def start_gateway_once(
         replica_ports = {name: [epp_ports[name] + i for i in range(epp_replicas)] for name in pool_names}
         replica_metrics: dict[str, list[int]] = {name: [] for name in pool_names}
         if single_hop:
-            bbr_port = 0
+            bbr_port = bbr_metrics_port = 0
             epp_ports = dict.fromkeys(pool_names, epp_ports[pool_names[0]])
             replica_ports = {name: [epp_ports[name]] for name in pool_names}
             replica_metrics = {name: [metrics_ports[name]] for name in pool_names}
@@ -463,12 +465,12 @@ def start_gateway_once(
                 procs["epp"].popen,
             )
         else:
-            bbr_port = free_port()
+            bbr_port, bbr_metrics_port = free_port(), free_port()
             procs["bbr"] = _spawn(
                 "bbr",
                 [
                     *(python, "-m", "bbr", "--config", str(config_path)),
-                    *("--port", str(bbr_port), *tls_args, *bbr_args),
+                    *("--port", str(bbr_port), "--metrics-port", str(bbr_metrics_port), *tls_args, *bbr_args),
                 ],
                 workdir,
                 service_env,
@@ -547,6 +549,7 @@ def start_gateway_once(
             single_hop=single_hop,
             epp_replica_ports=replica_ports,
             epp_replica_metrics_ports=replica_metrics,
+            bbr_metrics_port=bbr_metrics_port,
         )
     except BaseException:
         for proc in procs.values():

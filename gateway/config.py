@@ -89,6 +89,8 @@ class EndpointConfig(_Model):
     """A statically configured model-server pod."""
 
     address: str
+    # Its name, shown beside the address in the decision header and /debug/pool.
+    name: str | None = Field(default=None, min_length=1, max_length=253)
     models: list[str] | None = None  # defaults to every model of the pool
     adapters: list[str] | None = None  # defaults to every adapter of those models
     engine: Engine | None = None  # defaults to the pool's engine
@@ -574,8 +576,10 @@ def load_config(path: str | Path, schema: type[Schema]) -> Schema: ...
 def load_config(path: str | Path, schema: type[GatewayConfig] = GatewayConfig) -> GatewayConfig:
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: the top level must be a mapping")
     return parse_config(data, schema)
