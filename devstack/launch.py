@@ -84,8 +84,9 @@ def dev_trust(config: dict[str, Any]) -> None:
 log = logging.getLogger(__name__)
 _PORT_RNG = random.SystemRandom()  # never the seeded global one: two workers would agree
 # Ports this process handed out: a port is free again the moment free_port's probe closes, and
-# gRPC servers bind with SO_REUSEPORT, so two services given one port both started on it
-# (BBR and an EPP shared 127.0.0.1:21041 in a test run) instead of one failing to bind.
+# gRPC servers bound with SO_REUSEPORT, so two services given one port both started on it
+# (BBR and an EPP shared 127.0.0.1:21041 in a test run). They bind without it now (the second
+# fails, and start_local_gateway retries), but handing a port out twice is still avoided.
 _HANDED_OUT: set[int] = set()
 
 
