@@ -1,14 +1,18 @@
-"""`python -m bbr --config gateway.yaml --port 9004 [--inference-model-rewrites NAMESPACE]`"""
+"""`python -m bbr --config gateway.yaml --port 9004 [--metrics-port 9090]
+[--inference-model-rewrites NAMESPACE]`"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 
+from prometheus_client import REGISTRY, generate_latest
+
 from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
-from extproc.server import start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
+from extproc.server import check_port_free, start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer
+from gateway.admin_http import start_admin_http
 from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.llmd_api import add_api_group_argument
@@ -25,8 +29,11 @@ async def serve(args: argparse.Namespace) -> None:
     tracing = Tracing.from_config(store.current().tracing, "inference-gateway-bbr")  # read once
     store.subscribe(tracing.warn_on_change(store.current().tracing))
     servicer = ExtProcServicer(lambda: BbrProcessor(router, store.current, tracing), name="bbr")
-    service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
-    watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
+    # Ports first, then the Kubernetes followers (no cluster is an error; they start at once),
+    # then the servers: nothing is left half-started when one of them fails.
+    check_port_free(args.host, args.port, "--port")
+    if args.metrics_port is not None:
+        check_port_free(args.host, args.metrics_port, "--metrics-port")
     resource = await follow_config_resource(store, args.config_resource)
     rewrites = None
     if args.inference_model_rewrites:
@@ -35,6 +42,14 @@ async def serve(args: argparse.Namespace) -> None:
         rewrites = await follow_model_rewrites(
             router, store.current, args.inference_model_rewrites, group=args.llm_d_api_group
         )
+    service = await start_grpc_service(servicer, host=args.host, port=args.port, tls=tls_from_arguments(args))
+    admin = None
+    if args.metrics_port is not None:  # the config verdicts: gateway_config_reloads_total
+        admin, metrics_port = await start_admin_http(
+            args.host, args.metrics_port, metrics=lambda: generate_latest(REGISTRY), views={}
+        )
+        log.info("bbr metrics on %s:%d", args.host, metrics_port)
+    watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
     log.info("bbr listening on %s:%d", args.host, service.port)
     await wait_for_shutdown_signal()
     watcher.cancel()
@@ -42,6 +57,8 @@ async def serve(args: argparse.Namespace) -> None:
         if follower is not None:
             await follower.stop()
     await service.drain_and_stop(args.drain_seconds)
+    if admin is not None:
+        await admin.cleanup()
     tracing.shutdown()
 
 
@@ -52,6 +69,11 @@ def main() -> None:
         metavar="NAMESPACE",
         help="follow the InferenceModelRewrite resources of this namespace (renames and weighted "
         "splits; a matching rule wins over the model's configured rewrites)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve /metrics (config reloads by result) and /healthz on this port (default: off)",
     )
     add_api_group_argument(parser)
     run_service(serve, parser.parse_args())

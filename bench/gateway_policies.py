@@ -58,7 +58,7 @@ from devstack.certs import CertSet, make_certs
 from devstack.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from devstack.redis_server import RedisServer, start_redis
 from epp.config import parse_epp_config
-from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
+from gateway.profiles import BUILTIN_PROFILE_DATA
 from modelsim.build_tokenizer import OUT as SHIPPED_TOKENIZER_DIR
 from modelsim.fleet import FleetSpec
 

@@ -177,7 +177,7 @@ SHIPPED_PREFIX = "epp-default"  # the shipped default profile and its variants (
 
 def shipped_default() -> dict[str, Any]:
     """The shipped default profile's weights and thresholds, as a run summary records them."""
-    from epp.scheduling.profiles import DEFAULT
+    from gateway.profiles import DEFAULT
 
     return json.loads(
         json.dumps(

@@ -84,8 +84,9 @@ def dev_trust(config: dict[str, Any]) -> None:
 log = logging.getLogger(__name__)
 _PORT_RNG = random.SystemRandom()  # never the seeded global one: two workers would agree
 # Ports this process handed out: a port is free again the moment free_port's probe closes, and
-# gRPC servers bind with SO_REUSEPORT, so two services given one port both started on it
-# (BBR and an EPP shared 127.0.0.1:21041 in a test run) instead of one failing to bind.
+# gRPC servers bound with SO_REUSEPORT, so two services given one port both started on it
+# (BBR and an EPP shared 127.0.0.1:21041 in a test run). They bind without it now (the second
+# fails, and start_local_gateway retries), but handing a port out twice is still avoided.
 _HANDED_OUT: set[int] = set()
 
 
@@ -225,6 +226,7 @@ class LocalGateway:
     # Every replica of each pool's EPP, in order (process names: `epp_replica_names`).
     epp_replica_ports: dict[str, list[int]] = field(default_factory=dict)
     epp_replica_metrics_ports: dict[str, list[int]] = field(default_factory=dict)
+    bbr_metrics_port: int = 0  # BBR's /metrics (config reloads); 0 in single-hop mode
 
     @property
     def url(self) -> str:
@@ -295,6 +297,7 @@ def gateway_config_for(
                 "endpoints": [
                     {
                         "address": p["address"],
+                        **({"name": p["name"]} if p.get("name") else {}),
                         "engine": p.get("dialect", "vllm"),
                         "adapters": p.get("adapters", []),
                         # pods started with `kv_events` (bound to 127.0.0.1) feed the precise KV index
@@ -440,7 +443,7 @@ def start_gateway_once(
         replica_ports = {name: [epp_ports[name] + i for i in range(epp_replicas)] for name in pool_names}
         replica_metrics: dict[str, list[int]] = {name: [] for name in pool_names}
         if single_hop:
-            bbr_port = 0
+            bbr_port = bbr_metrics_port = 0
             epp_ports = dict.fromkeys(pool_names, epp_ports[pool_names[0]])
             replica_ports = {name: [epp_ports[name]] for name in pool_names}
             replica_metrics = {name: [metrics_ports[name]] for name in pool_names}
@@ -463,12 +466,12 @@ def start_gateway_once(
                 procs["epp"].popen,
             )
         else:
-            bbr_port = free_port()
+            bbr_port, bbr_metrics_port = free_port(), free_port()
             procs["bbr"] = _spawn(
                 "bbr",
                 [
                     *(python, "-m", "bbr", "--config", str(config_path)),
-                    *("--port", str(bbr_port), *tls_args, *bbr_args),
+                    *("--port", str(bbr_port), "--metrics-port", str(bbr_metrics_port), *tls_args, *bbr_args),
                 ],
                 workdir,
                 service_env,
@@ -547,6 +550,7 @@ def start_gateway_once(
             single_hop=single_hop,
             epp_replica_ports=replica_ports,
             epp_replica_metrics_ports=replica_metrics,
+            bbr_metrics_port=bbr_metrics_port,
         )
     except BaseException:
         for proc in procs.values():

@@ -2,28 +2,47 @@
 
 Starts a simulated fleet (two models, two pods each), one EPP for every pool (the single-hop
 shape: one ext_proc stream per request; `--two-hop` runs BBR and one EPP per pool instead) and a
-real Envoy on HTTPS, prints a request that works, and stops every process on exit.
+real Envoy on HTTPS, prints a request that works, and stops every process on exit. The work
+directory (certificates, the live config, logs) is a fresh temporary one, removed on exit
+unless `--keep` (or `--workdir`, which is never removed) says otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from devstack.launch import DEFAULT_FLEET, POOL_KINDS, dev_trust, start_local_gateway
+from extproc.server import StartupError, check_port_free
+from gateway.config import ConfigError
+from gateway.profiles import BUILTIN_PROFILES
+from gateway.service_cli import exit_with_error
+
+PROG = "devstack.run"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="devstack.run", description=__doc__)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port (0 = any free port)")
     parser.add_argument("--fleet", type=Path, help="modelsim fleet YAML (default: 2 models x 2 pods)")
-    parser.add_argument("--workdir", type=Path, help="where configs, certificates and logs go")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="where configs, certificates and logs go (kept on exit; default: a temporary one)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the temporary work directory on exit (it is removed by default)",
+    )
     parser.add_argument("--mtls", action="store_true", help="mTLS between Envoy and the ext_proc services")
     parser.add_argument(
         "--pool-kind",
@@ -46,24 +65,45 @@ def main() -> None:
         help="BBR, then each pool's own EPP (the shape a Gateway API implementation runs)",
     )
     args = parser.parse_args()
+    fleet = read_fleet(args.fleet) if args.fleet else DEFAULT_FLEET
+    try:
+        check_port_free("127.0.0.1", args.port, "--port")
+    except StartupError as exc:
+        exit_with_error(PROG, str(exc))
+    temporary = args.workdir is None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="inference-gateway-"))
-    fleet = yaml.safe_load(args.fleet.read_text()) if args.fleet else DEFAULT_FLEET
-    print(f"starting the gateway (work directory {workdir}) ...", flush=True)
-    # Local development: the decision header and the chat/batch objectives are open to any client.
-    gw = start_local_gateway(
-        workdir,
-        fleet=fleet,
-        listen_port=args.port,
-        mtls=args.mtls,
-        pool_kind=args.pool_kind,
-        config_patch=dev_trust,
-        single_hop=args.single_hop,
+    remove = temporary and not args.keep
+    print(
+        f"starting the gateway (work directory {workdir}: "
+        f"{'removed on exit, --keep keeps it' if remove else 'kept on exit'}) ...",
+        flush=True,
     )
+    try:
+        # Local development: the decision header and the chat/batch objectives are open to any client.
+        gw = start_local_gateway(
+            workdir,
+            fleet=fleet,
+            listen_port=args.port,
+            mtls=args.mtls,
+            pool_kind=args.pool_kind,
+            config_patch=dev_trust,
+            single_hop=args.single_hop,
+            config_extra=default_profile_block(),
+        )
+    except (ConfigError, RuntimeError, TimeoutError, OSError) as exc:  # kept: its logs say why
+        exit_with_error(PROG, f"the gateway did not start: {exc}; its logs are kept in {workdir / 'logs'}")
+    except KeyboardInterrupt:  # Ctrl-C while starting: what started is already stopped
+        if remove:
+            shutil.rmtree(workdir, ignore_errors=True)
+        exit_with_error(PROG, "interrupted while starting")
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         models = sorted({p["model"] for p in gw.pods})
+        metrics = [f"http://127.0.0.1:{p}/metrics" for p in gw.epp_metrics_ports.values()]
+        if gw.bbr_metrics_port:
+            metrics.insert(0, f"http://127.0.0.1:{gw.bbr_metrics_port}/metrics")
         path = "one EPP for every pool (single hop)" if gw.single_hop else "BBR -> EPP per pool"
         print(
             f"""
@@ -75,10 +115,13 @@ Send a request (any of the models: {", ".join(models)}):
     -H 'content-type: application/json' \\
     -d '{{"model": "{models[0]}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
 
-Add -H 'x-gateway-decision: true' -i to see the EPP's per-pod scores (open to any client
-here, for local development only), or -H 'x-gateway-inference-objective: batch' to pick a scheduling profile.
-Configuration (hot-reloaded): {gw.config_path}
-Logs: {workdir / "logs"}   EPP metrics: {", ".join(f"http://127.0.0.1:{p}/metrics" for p in gw.epp_metrics_ports.values())}
+Add -H 'x-gateway-decision: true' -i to see the EPP's choice (the chosen pod, then every pod's
+scores; open to any client here, for local development only), or
+-H 'x-gateway-inference-objective: batch' to pick a scheduling profile.
+Configuration (hot-reloaded; edit the default profile's weights under profiles:): {gw.config_path}
+Profiles and weights in force: {", ".join(f"http://127.0.0.1:{p}/debug/pool" for p in gw.epp_metrics_ports.values())}
+Logs: {workdir / "logs"}   Metrics: {", ".join(metrics)}
+Work directory: {workdir} ({"removed on exit; --keep keeps it" if remove else "kept on exit"})
 Press Ctrl-C to stop.""",
             flush=True,
         )
@@ -93,6 +136,34 @@ Press Ctrl-C to stop.""",
     finally:
         print("stopping ...", flush=True)
         gw.stop()
+        if remove:
+            shutil.rmtree(workdir, ignore_errors=True)
+            print(f"removed {workdir} (--keep keeps it)", flush=True)
+
+
+def default_profile_block() -> dict[str, Any]:
+    """The live config's `profiles:` block: the shipped default profile's weights, written out
+    so that tuning one is an edit of the file (hot-reloaded), not a read of the source first.
+    Only the weights: the profile's thresholds stay the pool-wide ones."""
+    weights = {k: int(w) if w.is_integer() else w for k, w in BUILTIN_PROFILES["default"].weights.items()}
+    return {"profiles": {"default": {"weights": weights}}}
+
+
+def read_fleet(path: Path) -> Any:
+    """The `--fleet` YAML, or a one-line error saying why it cannot be used."""
+    try:
+        fleet = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        exit_with_error(
+            PROG, f"cannot read --fleet {path} ({exc.strerror or exc}): pass a readable fleet YAML"
+        )
+    except yaml.YAMLError as exc:
+        exit_with_error(PROG, f"--fleet {path} is not valid YAML: {exc}")
+    if not isinstance(fleet, dict):
+        exit_with_error(
+            PROG, f"--fleet {path}: the top level must be a mapping (see modelsim's fleet format)"
+        )
+    return fleet
 
 
 if __name__ == "__main__":

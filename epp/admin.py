@@ -29,6 +29,7 @@ def pool_json(snapshot: PoolSnapshot) -> dict[str, Any]:
         endpoints.append(
             {
                 "address": s.address,
+                "name": s.endpoint.name,
                 "models": sorted(s.endpoint.models),
                 "adapters": sorted(s.endpoint.adapters),
                 "engine": s.endpoint.engine,

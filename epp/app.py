@@ -30,7 +30,14 @@ from epp.shared_state import SharedState
 from epp.telemetry import Telemetry
 from epp.tokenize import PoolTokenizers
 from epp.trust import HeaderPolicy
-from extproc.server import GrpcService, TlsFiles, start_grpc_service, start_health_server
+from extproc.server import (
+    GrpcService,
+    StartupError,
+    TlsFiles,
+    check_port_free,
+    start_grpc_service,
+    start_health_server,
+)
 from extproc.stream import ExtProcServicer
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.llmd_api import (
@@ -102,7 +109,12 @@ class EppApp:
         self.store = shared.store if shared else ConfigStore.from_file(config_path, EppConfig)
         self._watcher = FileWatcher(self.store, config_path) if shared is None else None
         config = self.store.current()
-        pool_config = config.pool(pool_name)  # KeyError early if the pool is unknown
+        if pool_name not in {p.name for p in config.pools}:
+            names = ", ".join(p.name for p in config.pools)
+            raise StartupError(
+                f"pool {pool_name!r} is not in {config_path} (pools: {names}): pass --pool with one"
+            )
+        pool_config = config.pool(pool_name)
         self.pool_name = pool_name
         self.pool = Pool()
         self.telemetry = Telemetry(pool_name)
@@ -206,8 +218,11 @@ class EppApp:
     def _on_config(self, config: EppConfig) -> None:
         try:
             config.pool(self.pool_name)
-        except KeyError:
-            log.error("reloaded config has no pool %r; keeping the previous pool settings", self.pool_name)
+        except KeyError:  # a valid file (the verdict, logged by the store, is everyone's)
+            log.warning(
+                "the applied config has no pool %r: this EPP keeps its last settings for it until stopped",
+                self.pool_name,
+            )
             return
         if config.shared_state != self._shared_config:
             log.warning("sharedState changed: it is read at start; restart the EPP to apply it")
@@ -307,6 +322,12 @@ class EppApp:
         self.kv_events.sync(self.pool.endpoints(), self.store.current().pool(self.pool_name).kv_events)
 
     async def start(self) -> None:
+        # Every port checked before anything starts: a half-started EPP cannot exit cleanly.
+        if self._shared is None:
+            check_port_free(self._host, self._port, "--port")
+        check_port_free(self._host, self._metrics_port, "--metrics-port")
+        if self._health_port is not None:
+            check_port_free(self._host, self._health_port, "--grpc-health-port")
         if self._kubernetes is not None:
             from epp.discovery.kubernetes import InferencePoolDiscovery
 
@@ -345,7 +366,12 @@ class EppApp:
             self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
     def _debug_extra(self) -> dict[str, Any]:
+        config = self.store.current()
         extra: dict[str, Any] = {
+            # The scheduling policy in force: every profile (configured over the built-ins) with
+            # its weights, picker, priority and resolved thresholds, and which one is the default.
+            "default_profile": config.default_profile,
+            "profiles": {name: p.to_dict() for name, p in config.scheduler_profiles().items()},
             "kv_events": self.kv_events.debug(),
             "tokenizers": self.tokenizers.debug(),
             "prefix_scoring": self._prefix_scoring(),

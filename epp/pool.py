@@ -95,6 +95,9 @@ class Endpoint:
     kv_replay_port: int | None = None
     # KV-cache capacity in tokens, for engines that report tokens held rather than a fraction (TGI).
     kv_capacity_tokens: int | None = None
+    # The pod's name as discovery knows it (the static list's `name`, the Kubernetes pod's):
+    # what the decision header and /debug/pool show beside the address. None: unnamed.
+    name: str | None = None
 
     def serves(self, model: str, adapter: str | None) -> bool:
         if model not in self.models:
@@ -413,6 +416,10 @@ class Pool:
 
     def endpoints(self) -> list[Endpoint]:
         return [live.endpoint for live in self._live.values()]
+
+    def endpoint(self, address: str) -> Endpoint | None:
+        live = self._live.get(address)
+        return live.endpoint if live is not None else None
 
     def __contains__(self, address: object) -> bool:
         return address in self._live

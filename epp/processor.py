@@ -22,7 +22,7 @@ from epp.context import EppContext
 from epp.flow_control import FlowController, Outcome, Result, ticket_for
 from epp.flow_queue import band_of
 from epp.ledger import Commitment
-from epp.pool import PoolSnapshot
+from epp.pool import Endpoint, PoolSnapshot
 from epp.request import InferenceRequest, RequestError, parse_request
 from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.base import Decision
@@ -171,7 +171,7 @@ class EppProcessor:
         self._ctx.scheduler.on_routed(request, address)
         self._ctx.telemetry.routed(request)
         if self._ctx.header_policy.explain(headers):  # the client asked and may see the fleet
-            self._explain = explain(decision)
+            self._explain = explain(decision, self._ctx.pool.endpoint(address))
         return RequestRoute(
             set_headers={DESTINATION_HEADER: destination},
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
@@ -309,11 +309,16 @@ class EppProcessor:
         self._ctx.telemetry.finished(request, ok=ok, duration=self._ctx.pool.clock() - self._routed_at)
 
 
-def explain(decision: Decision) -> str:
-    """Compact per-pod scores: `profile=chat; 10.0.0.1:8000 total=4.10 kv=0.90 queue=1.00, ...`"""
+def explain(decision: Decision, chosen: Endpoint | None = None) -> str:
+    """The chosen pod first (address and name: tied scores cannot tell the winner), then the
+    compact per-pod scores, best first:
+    `chosen=10.0.0.1:8000 pod=llama-0; profile=chat; 10.0.0.1:8000 total=4.10 kv=0.90, ...`"""
+    head = f"chosen={decision.ranked[0]}"
+    if chosen is not None and chosen.name:
+        head += f" pod={chosen.name}"
     parts = []
     for address in decision.ranked:
         scores = decision.scores.get(address, {})
         detail = " ".join(f"{k}={v:.3f}" for k, v in sorted(scores.items()))
         parts.append(f"{address} {detail}".strip())
-    return f"profile={decision.profile}; " + ", ".join(parts)
+    return f"{head}; profile={decision.profile}; " + ", ".join(parts)

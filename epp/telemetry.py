@@ -15,9 +15,9 @@ from prometheus_client.registry import Collector
 
 from epp.pool import PoolSnapshot
 from epp.request import InferenceRequest
-from epp.scheduling.params import DEFAULT_THRESHOLDS, Thresholds
 from epp.scheduling.prefix import PrefixIndex
 from epp.scheduling.saturation import pool_saturation
+from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _SCHEDULER_BUCKETS = (0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)

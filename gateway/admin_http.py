@@ -8,13 +8,21 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from extproc.server import StartupError, listen_error
+
 JsonView = Callable[[], Mapping[str, Any]]
 
 
 async def start_admin_http(
-    host: str, port: int, *, metrics: Callable[[], bytes], views: Mapping[str, JsonView]
+    host: str,
+    port: int,
+    *,
+    metrics: Callable[[], bytes],
+    views: Mapping[str, JsonView],
+    port_flag: str = "--metrics-port",
 ) -> tuple[web.AppRunner, int]:
-    """Serve until `runner.cleanup()`; returns the runner and the bound port (port 0 = any)."""
+    """Serve until `runner.cleanup()`; returns the runner and the bound port (port 0 = any).
+    A port that cannot be listened on is a StartupError naming `port_flag`."""
 
     async def metrics_page(_: web.Request) -> web.Response:
         return web.Response(body=metrics(), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -36,6 +44,10 @@ async def start_admin_http(
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise StartupError(listen_error(host, port, port_flag, exc)) from None
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, int(bound)

@@ -1,9 +1,10 @@
 """The configuration schema every service shares, for every source (file, ConfigMap, CRD).
 
-This is the routing table (pools, models, adapters, endpoints), the listener, and the knobs
-of BBR and the EPP's pod loop. The EPP's scheduling section (`profiles`, `thresholds`,
-`defaultProfile`) is carried here as plain data and validated by the EPP's own schema,
-`epp.config.EppConfig` (a subclass of `GatewayConfig`), so BBR never loads the scheduler.
+This is the routing table (pools, models, adapters, endpoints), the listener, the knobs of
+BBR and the EPP's pod loop, and the EPP's scheduling section (`profiles`, `thresholds`,
+`defaultProfile`, typed by gateway/profiles.py without loading the scheduler). Every service
+validates the whole file with this one schema, so BBR and every EPP reach the same verdict on
+a change (applied, or rejected for the same reason with the last good one kept everywhere).
 pydantic gives field-named validation errors for free; `ConfigError` turns them into one
 readable message per problem (`pools.0.models.1.name: field required`).
 """
@@ -24,10 +25,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
+
+from gateway.profiles import Profile, resolve_profiles
+from gateway.scheduling_params import Thresholds
 
 # Metric dialects (epp/engines.py DIALECTS; a test keeps the two in step).
 Engine = Literal["vllm", "sglang", "tgi", "trtllm"]
@@ -84,6 +89,8 @@ class EndpointConfig(_Model):
     """A statically configured model-server pod."""
 
     address: str
+    # Its name, shown beside the address in the decision header and /debug/pool.
+    name: str | None = Field(default=None, min_length=1, max_length=253)
     models: list[str] | None = None  # defaults to every model of the pool
     adapters: list[str] | None = None  # defaults to every adapter of those models
     engine: Engine | None = None  # defaults to the pool's engine
@@ -400,10 +407,11 @@ class ListenerConfig(_Model):
 class GatewayConfig(_Model):
     pools: list[PoolConfig] = Field(min_length=1)
     listener: ListenerConfig = Field(default_factory=ListenerConfig)
-    # The EPP's scheduling section, validated by epp.config.EppConfig (plain data here).
-    profiles: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # The EPP's scheduling section: profiles over the built-ins (gateway/profiles.py), and
+    # pool-wide plugin parameters that a profile's own `thresholds` override field by field.
+    profiles: dict[str, Profile] = Field(default_factory=dict)
     default_profile: str = Field(default="default", alias="defaultProfile")
-    thresholds: dict[str, Any] = Field(default_factory=dict)
+    thresholds: Thresholds = Field(default_factory=Thresholds)
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig, alias="flowControl")
@@ -413,6 +421,7 @@ class GatewayConfig(_Model):
     bbr: BbrConfig = Field(default_factory=BbrConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     shared_state: SharedStateConfig | None = Field(default=None, alias="sharedState")
+    _resolved: dict[str, Profile] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:
@@ -455,7 +464,32 @@ class GatewayConfig(_Model):
             raise ValueError("flowControl.tenantClaim needs listener.jwt: only a verified token has claims")
         if self.bbr.default_model is not None and self.bbr.default_model not in names:
             raise ValueError(f"bbr.defaultModel: {self.bbr.default_model!r} is not a configured model")
+        self._scheduling()
         return self
+
+    def _scheduling(self) -> None:
+        """What the scheduling section refers to exists, and the scrape cadence suits it."""
+        profiles = resolve_profiles(self.profiles, self.thresholds)
+        if self.default_profile not in profiles:
+            raise ValueError(f"defaultProfile: {self.default_profile!r} is not a defined profile")
+        for pool in self.pools:
+            for model in pool.models:
+                for name in (model.profile, *model.objectives):
+                    if name is not None and name not in profiles:
+                        raise ValueError(
+                            f"pools.{pool.name}.models.{model.name}: profile {name!r} is not defined"
+                        )
+        stale_ms = min(p.thresholds.stale_after_ms for p in profiles.values())
+        if self.scrape.max_interval_ms is not None and self.scrape.max_interval_ms >= stale_ms:
+            raise ValueError(
+                "scrape.maxIntervalMs: must be below every profile's staleAfterMs, or idle pods read as stale"
+            )
+        self._resolved = profiles
+
+    def scheduler_profiles(self) -> dict[str, Profile]:
+        """Configured profiles over the built-ins (default, gie, chat, predicted, batch), each
+        with the pool-wide thresholds under its own."""
+        return dict(self._resolved)
 
     def buffers_request_bodies(self, pool: PoolConfig | None = None) -> bool:
         """Whether Envoy buffers request bodies (BUFFERED) rather than streaming them: every
@@ -542,8 +576,10 @@ def load_config(path: str | Path, schema: type[Schema]) -> Schema: ...
 def load_config(path: str | Path, schema: type[GatewayConfig] = GatewayConfig) -> GatewayConfig:
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: the top level must be a mapping")
     return parse_config(data, schema)

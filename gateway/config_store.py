@@ -2,7 +2,8 @@
 
 Every source (a file, a mounted ConfigMap, the InferenceGatewayConfig custom resource) hands
 candidates to `ConfigStore.offer`; a candidate that fails validation is logged, counted in
-`gateway_config_reloads_total{result="rejected"}` and dropped. Kubernetes updates a mounted
+`gateway_config_reloads_total{result="rejected"}` and dropped. BBR and every EPP validate with
+the same schema (gateway/config.py), so they log the same verdict and reason for one file. Kubernetes updates a mounted
 ConfigMap by swapping a symlink, so the file source polls the content hash rather than
 relying on inotify events on the file itself.
 """
@@ -30,7 +31,8 @@ CONFIG_LAST_SUCCESS = Gauge(
 
 
 class ConfigStore(Generic[Schema]):
-    """The config in force, validated against `schema` (BBR: GatewayConfig; the EPP: EppConfig)."""
+    """The config in force, validated against `schema` (GatewayConfig for every service; tests
+    and tools may pass a subclass)."""
 
     def __init__(self, initial: Schema, *, source: str = "initial") -> None:
         self._current = initial

@@ -25,6 +25,7 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+from extproc.server import StartupError
 from gateway.supervise import Backoff, run_supervised
 
 log = logging.getLogger(__name__)
@@ -240,10 +241,17 @@ class Reflector:
 
 
 def default_api_client() -> kubernetes.client.ApiClient:
-    """In-cluster service account when running in a pod, else the local kubeconfig."""
+    """In-cluster service account when running in a pod, else the local kubeconfig; neither is
+    a StartupError saying so (the flags that need a cluster cannot work without one)."""
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         # Read KUBECONFIG now: the client library reads it once, at import time.
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        try:
+            kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+        except (kubernetes.config.ConfigException, OSError) as exc:
+            raise StartupError(
+                f"no Kubernetes cluster: not in a pod and no usable kubeconfig ({exc}); run in a cluster "
+                "or set KUBECONFIG (--pool-name, --config-resource and the resource-following flags need one)"
+            ) from None
     return kubernetes.client.ApiClient()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+import sys
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from extproc.server import add_tls_arguments
+from extproc.server import StartupError, add_tls_arguments
+from gateway.config import ConfigError
 from gateway.heaptrace import add_tracemalloc_arguments, start_from_arguments
 
 if TYPE_CHECKING:
@@ -23,6 +26,7 @@ def service_parser(
     prog: str, description: str, *, default_port: int, config_required: bool = True
 ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.set_defaults(prog=prog)  # run_service's error lines start with it
     parser.add_argument(
         "--config", required=config_required, help="gateway configuration YAML (hot-reloaded)"
     )
@@ -76,11 +80,34 @@ def run_service(
     tracer = start_from_arguments(args)  # None unless asked for: no cost by default
     factory = event_loop_factory(getattr(args, "event_loop", "asyncio"))
     try:
-        with asyncio.Runner(loop_factory=factory) as runner:
+        with startup_errors_as_exit(args.prog), asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve(args))
     finally:
         if tracer is not None:
             tracer.stop()
+
+
+# Exit status of a service that could not start for a reason its user can fix (argparse's).
+STARTUP_FAILED = 2
+
+
+def exit_with_error(prog: str, message: str) -> NoReturn:
+    """`<prog>: error: <message>` on one line of stderr, exit status 2 (argparse's format)."""
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+    raise SystemExit(STARTUP_FAILED)
+
+
+@contextmanager
+def startup_errors_as_exit(prog: str) -> Iterator[None]:
+    """A misuse the user can fix (a bad or unreadable --config, a port in use, a missing
+    certificate, no cluster) ends the command with one line saying what to do, not a
+    traceback. Anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except ConfigError as exc:
+        exit_with_error(prog, f"configuration not loaded: {exc} (fix it or pass another --config)")
+    except StartupError as exc:
+        exit_with_error(prog, str(exc))
 
 
 async def follow_config_resource(store: ConfigStore[Any], ref: str | None) -> ConfigResourceWatcher | None:

@@ -12,8 +12,9 @@ import asyncio
 import logging
 
 from extproc.server import add_tls_arguments, tls_from_arguments, wait_for_shutdown_signal
+from gateway.service_cli import startup_errors_as_exit
 from globalrouter.app import GlobalRouterApp
-from globalrouter.config import ConfigError, load_config
+from globalrouter.config import load_config
 
 log = logging.getLogger("globalrouter")
 
@@ -53,10 +54,8 @@ def main() -> None:
     add_tls_arguments(parser)
     args = parser.parse_args()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
+    with startup_errors_as_exit("globalrouter"):  # a bad --config, a port in use, a missing certificate
         asyncio.run(serve(args))
-    except ConfigError as exc:
-        raise SystemExit(str(exc)) from None
 
 
 if __name__ == "__main__":

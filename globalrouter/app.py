@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from extproc.server import GrpcService, TlsFiles, start_grpc_service
+from extproc.server import GrpcService, TlsFiles, check_port_free, start_grpc_service
 from gateway.admin_http import start_admin_http
 from globalrouter.api.v1 import cluster_report_pb2 as rpb
 from globalrouter.api.v1 import cluster_report_pb2_grpc as rpb_grpc
@@ -50,6 +50,7 @@ class GlobalRouterApp:
         self._admin: web.AppRunner | None = None
 
     async def start(self) -> None:
+        check_port_free(self._host, self._admin_port, "--admin-port")  # before anything starts
         heartbeats = (
             rpb_grpc.add_ClusterReportsServicer_to_server,
             self.reports,
@@ -64,6 +65,7 @@ class GlobalRouterApp:
             self._admin_port,
             metrics=lambda: generate_latest(self.telemetry.registry),
             views={"/debug/members": self.members_json},
+            port_flag="--admin-port",
         )
 
     def members_json(self) -> dict[str, Any]:

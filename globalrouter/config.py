@@ -13,13 +13,15 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway import config as gateway_config
 from gateway.config import validate_ip_port
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
-class ConfigError(ValueError):
-    """The router configuration is invalid; the message names every offending field."""
+class ConfigError(gateway_config.ConfigError):
+    """The router configuration is invalid; the message names every offending field (a kind
+    of the gateway's, so the command line reports both alike)."""
 
 
 class _Model(BaseModel):

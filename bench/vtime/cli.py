@@ -30,7 +30,7 @@ from bench.vtime.epp import DEFAULT_SCRAPE_AGE_S, VirtualEpp
 from bench.vtime.loop import Events, LoopStats, Router, simulate
 from bench.vtime.pods import build_pods, scaled_fleet
 from bench.vtime.routers import Oracle, RoundRobin
-from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
+from gateway.profiles import BUILTIN_PROFILE_DATA
 
 VIRTUAL_SUMMARIES = Path("bench/summaries-virtual")
 # The gateway's own latency per policy when --gateway-ms is not given, wall ms: "added p50" of

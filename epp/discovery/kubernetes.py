@@ -32,6 +32,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from epp.pool import Endpoint
+from extproc.server import StartupError
 from gateway.kube_watch import Obj, Reflector, default_api_client
 from gateway.supervise import report_failure
 
@@ -52,8 +53,9 @@ POOL_PLURAL = "inferencepools"
 _FATAL_AT_START = {401, 403, 404}  # wrong credentials, missing RBAC, CRD not installed
 
 
-class DiscoveryError(RuntimeError):
-    """Discovery cannot start (unreachable API, missing permission or CRD)."""
+class DiscoveryError(StartupError, RuntimeError):
+    """Discovery cannot start (unreachable API, missing permission or CRD): the command line
+    prints it as its one-line error."""
 
 
 class PoolSpecError(ValueError):
@@ -178,6 +180,7 @@ def pod_endpoints(
             metrics_url=metrics_url,
             kv_events_port=kv_port,
             kv_replay_port=kv_replay,
+            name=meta.get("name"),
         )
         for port in spec.ports
     ]

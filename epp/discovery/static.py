@@ -25,6 +25,7 @@ def static_endpoints(config: GatewayConfig, pool_name: str) -> list[Endpoint]:
                 kv_events_port=ep.kv_events_port,
                 kv_replay_port=ep.kv_replay_port,
                 kv_capacity_tokens=ep.kv_capacity_tokens or pool.kv_capacity_tokens,
+                name=ep.name,
             )
         )
     return out

@@ -6,10 +6,10 @@ is the score-based implementation; every filter, scorer and picker is listed onc
 """
 
 from epp.scheduling.base import Decision, Scheduler
-from epp.scheduling.params import Thresholds
 from epp.scheduling.prefix import PrefixIndex, prompt_hashes
-from epp.scheduling.profiles import BUILTIN_PROFILES, Profile, ProfileError, profile, profiles_from_dict
 from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import BUILTIN_PROFILES, Profile, ProfileError, profile, profiles_from_dict
+from gateway.scheduling_params import Thresholds
 
 __all__ = [
     "BUILTIN_PROFILES",

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from epp.pool import EndpointState
 from epp.request import InferenceRequest
-from epp.scheduling.params import SaturationParams
 from epp.scheduling.saturation import is_saturated
+from gateway.scheduling_params import SaturationParams
 
 
 def serving(request: InferenceRequest, endpoints: Sequence[EndpointState]) -> list[EndpointState]:

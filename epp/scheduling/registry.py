@@ -1,12 +1,13 @@
 """The one table of scheduling plugins: every filter, scorer and picker, by its config name.
 
 An entry holds the kebab-case name used in configuration, the function, the pydantic model
-of its parameters (epp/scheduling/params.py; `None` when it takes none) and, through the
-function's docstring, its formula. Profiles are validated against this table
-(epp/scheduling/profiles.py), the CRD's scorer-name rule is generated from it
+of its parameters (gateway/scheduling_params.py; `None` when it takes none) and, through the
+function's docstring, its formula. Profiles are validated against its names
+(gateway/profiles.py lists them for the shared schema; checked below), the CRD's scorer-name rule is generated from it
 (epp/crd.py), and docs/scheduling.md's plugin table is generated from it
 (`python -m epp.scheduling.plugin_table --doc docs/scheduling.md`; a test fails on drift).
-Adding a scorer is one function in scorers.py and one `ScorerEntry` here.
+Adding a scorer is one function in scorers.py, one `ScorerEntry` here and its name in
+gateway/profiles.py.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from epp.scheduling import affinity, filters, picker, scorers
-from epp.scheduling.params import FreshParams, PredictionParams, PrefixParams, SaturationParams
 from epp.scheduling.scorers import Scorer
+from gateway import profiles
+from gateway.scheduling_params import FreshParams, PredictionParams, PrefixParams, SaturationParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,3 +92,7 @@ PICKERS: Mapping[str, Plugin] = _table(
 
 SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
 PICKER_NAMES: tuple[str, ...] = tuple(PICKERS)
+# The shared schema (gateway/profiles.py, which BBR validates with too) names these plugins
+# without loading them: an EPP with a plugin it does not list must not start.
+if (SCORER_NAMES, PICKER_NAMES) != (profiles.SCORER_NAMES, profiles.PICKER_NAMES):
+    raise RuntimeError("gateway/profiles.py SCORER_NAMES / PICKER_NAMES differ from the registry's plugins")

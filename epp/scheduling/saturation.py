@@ -15,7 +15,7 @@ pod per scrape (measured: docs/scheduling.md, "Flow control").
 from __future__ import annotations
 
 from epp.pool import EndpointState, PoolSnapshot
-from epp.scheduling.params import DEFAULT_THRESHOLDS, SaturationParams, Thresholds
+from gateway.scheduling_params import DEFAULT_THRESHOLDS, SaturationParams, Thresholds
 
 
 def _backlog(state: EndpointState) -> float:

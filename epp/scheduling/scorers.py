@@ -17,8 +17,8 @@ from epp.kv_index import KVIndex
 from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.lora import AdapterResidency
-from epp.scheduling.params import DEFAULT_THRESHOLDS, Thresholds
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
+from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
 
 # Decode time per token `predicted-ttft` assumes while no candidate's is observed (50 tokens/s).
 DEFAULT_TPOT_S = 0.02

@@ -21,9 +21,9 @@ from epp.scheduling.base import Decision, ScoreTable
 from epp.scheduling.filters import fresh, healthy, serving, unsaturated
 from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
-from epp.scheduling.profiles import BUILTIN_PROFILES, Profile
 from epp.scheduling.registry import PICKERS, SCORERS
 from epp.scheduling.scorers import ScoringContext
+from gateway.profiles import BUILTIN_PROFILES, Profile
 
 # Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
 # that is picked but never routed must not leak).

@@ -30,9 +30,9 @@ from bench.oracle import OraclePicker, OracleProcessor, Probe, best_probe
 from bench.targets import fleet_needs, load_plugins
 from devstack.certs import make_certs
 from devstack.launch import envoy_binary, gateway_config_for
-from epp.scheduling.profiles import BUILTIN_PROFILE_DATA
 from extproc.errors import ErrorResponse
 from gateway.config import parse_config
+from gateway.profiles import BUILTIN_PROFILE_DATA
 from modelsim.fleet import FleetSpec, run_fleet
 
 MODEL = "llama3.1-8b"

@@ -8,10 +8,10 @@ import random
 
 from epp.kv_index import KVIndex
 from epp.scheduling.prefix import PrefixIndex
-from epp.scheduling.profiles import profile
 from epp.scheduling.registry import SCORERS
 from epp.scheduling.scorers import ScoringContext, precise_prefix_cache, predicted_ttft, prefix_cache
 from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import profile
 from modelsim.kv_events import block_stored
 from modelsim.kvcache import chain_hashes
 from tests.epp_scheduling.factories import req, snap, state

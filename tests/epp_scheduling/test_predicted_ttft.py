@@ -10,9 +10,9 @@ import pytest
 from epp.pool import Endpoint, EndpointState, Metrics
 from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.prefix import PrefixIndex, prompt_hashes
-from epp.scheduling.profiles import PREDICTED, profile
 from epp.scheduling.scorers import DEFAULT_TPOT_S, ScoringContext, predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import PREDICTED, profile
 
 from .factories import req, snap, state
 

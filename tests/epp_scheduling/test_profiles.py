@@ -1,8 +1,8 @@
 import pytest
 
-from epp.scheduling.params import Thresholds
-from epp.scheduling.profiles import BUILTIN_PROFILES, Profile, ProfileError, profile, profiles_from_dict
 from epp.scheduling.registry import PICKER_NAMES, SCORER_NAMES
+from gateway.profiles import BUILTIN_PROFILES, Profile, ProfileError, profile, profiles_from_dict
+from gateway.scheduling_params import Thresholds
 
 
 def test_default_profile_is_predicted_ttft_with_prefix_affinity_and_the_published_one_is_kept():

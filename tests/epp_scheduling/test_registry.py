@@ -9,8 +9,8 @@ from pathlib import Path
 from epp.crd import spec_schema
 from epp.scheduling import affinity, scorers
 from epp.scheduling.plugin_table import with_plugin_table
-from epp.scheduling.profiles import Profile
 from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
+from gateway.profiles import Profile
 
 ROOT = Path(__file__).resolve().parents[2]
 

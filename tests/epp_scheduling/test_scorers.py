@@ -1,6 +1,5 @@
 import pytest
 
-from epp.scheduling.params import Thresholds
 from epp.scheduling.prefix import PrefixIndex, prompt_hashes
 from epp.scheduling.registry import SCORERS
 from epp.scheduling.scorers import (
@@ -14,6 +13,7 @@ from epp.scheduling.scorers import (
     queue_speed,
     running_requests,
 )
+from gateway.scheduling_params import Thresholds
 
 from .factories import req, state
 

@@ -47,9 +47,10 @@ async def _debug(gw: LocalGateway) -> dict:
 
 def _scores(decision: str) -> dict[str, float]:
     """address -> precise-prefix-cache score, from the x-gateway-decision header."""
+    ranking = decision.split("; ", 2)[2]  # after "chosen=...; profile=...; "
     return {
         m.group(1): float(m.group(2))
-        for m in re.finditer(r"(\S+:\d+) [^,]*?precise-prefix-cache=([0-9.]+)", decision)
+        for m in re.finditer(r"(\S+:\d+) [^,]*?precise-prefix-cache=([0-9.]+)", ranking)
     }
 
 

@@ -78,7 +78,10 @@ async def test_decision_header_explains_the_choice(gateway: LocalGateway) -> Non
         )
     assert r.status_code == 200
     decision = r.headers["x-gateway-decision"]
-    assert decision.startswith("profile=default;")
+    # The chosen pod first, by address and by the name the answer carries, then the scores.
+    served = r.headers["x-modelsim-pod"]
+    chosen = pod_address(gateway, served)
+    assert decision.startswith(f"chosen={chosen} pod={served}; profile=default; {chosen} "), decision
     for address in gateway.pods_of(MODEL):
         assert address in decision
     assert "kv-cache=" in decision and "predicted-ttft=" in decision and "total=" in decision

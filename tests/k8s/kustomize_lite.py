@@ -1,6 +1,7 @@
 """A small kustomize for the subset deploy/ uses, for machines without a modern kubectl.
 
-Supported: `resources` (files and directories), `namespace`, `images`, `patches` (strategic
+Supported: `resources` (files and directories), `components` (directories whose resources are
+added after the kustomization's own), `namespace`, `images`, `patches` (strategic
 merge by path; target found by kind and name, or every object matched by a `target` of
 group/version/kind/name; `$patch: delete` of a whole object or of a keyed list item),
 `configMapGenerator` (files; behaviours create, replace, merge; name hashes disabled). Anything
@@ -21,6 +22,7 @@ SUPPORTED = {
     "apiVersion",
     "kind",
     "resources",
+    "components",
     "namespace",
     "images",
     "patches",
@@ -56,6 +58,8 @@ def build(path: Path) -> list[Obj]:
     for ref in spec.get("resources", []):
         target = path / ref
         objs += build(target) if target.is_dir() else [d for d in yaml.safe_load_all(target.read_text()) if d]
+    for ref in spec.get("components", []):
+        objs += build(path / ref)
     _generate(path, spec, objs)
     for patch in spec.get("patches", []):
         if "path" not in patch or set(patch) - {"path", "target"}:

@@ -18,7 +18,7 @@ import yaml
 
 from devstack.launch import DEFAULT_FLEET, dev_trust, gateway_config_for
 from epp.config import parse_epp_config
-from epp.scheduling.profiles import BUILTIN_PROFILES
+from gateway.profiles import BUILTIN_PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_CONFIGS = (

@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from epp import chart_schema
-from epp.scheduling.profiles import BUILTIN_PROFILES
 from gateway.config import parse_config
+from gateway.profiles import BUILTIN_PROFILES
 from tests.k8s.helm_render import render_chart
 from tests.k8s.test_manifests import BUILTIN_GROUPS, DEPLOY, THIRD_PARTY_SCHEMAS, _crd_schema, _key, render
 
@@ -40,6 +40,7 @@ CUSTOM = {
     "bbr": {"replicas": 1},
     "mtls": {"enabled": False},
     "sharedState": {"enabled": False},
+    "monitoring": {"serviceMonitor": True},  # off by default: it needs the Prometheus Operator
     # Helm merges maps into the defaults: null drops a default's key.
     "config": {
         "profiles": {
@@ -150,6 +151,13 @@ def test_values_reach_the_objects_and_every_object_validates(helm: Obj) -> None:
                 obj["spec"]
             )
     jsonschema.Draft4Validator(_crd_schema()["properties"]["spec"]).validate(config)
+    # The ServiceMonitors, asked for, are the kustomize component's.
+    component = [
+        d for d in yaml.safe_load_all((DEPLOY / "components/monitoring/servicemonitor.yaml").read_text()) if d
+    ]
+    assert {m["metadata"]["name"]: m["spec"] for m in component} == {
+        name: _find(objs, "ServiceMonitor", name)["spec"] for name in ("epp", "bbr")
+    }
 
 
 @pytest.mark.parametrize(("index", "case"), list(enumerate(BAD_VALUES)), ids=[c for c, _ in BAD_VALUES])

@@ -442,10 +442,10 @@ def test_references_resolve(target: str) -> None:
             for ref in rule["backendRefs"]:
                 assert (ref["kind"], ref["name"]) in names
         assert all(("Gateway", p["name"]) in names for p in route["spec"]["parentRefs"])
-    monitor = find(objs, "ServiceMonitor", "epp")
-    svc = find(objs, "Service", "epp")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    for monitor in (o for o in objs if o["kind"] == "ServiceMonitor"):  # the optional component
+        svc = find(objs, "Service", monitor["metadata"]["name"])
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
 
 
 def test_role_is_read_only_and_minimal() -> None:
@@ -722,7 +722,10 @@ def test_network_policies_admit_only_envoy_to_ext_proc_and_monitoring_to_metrics
     assert policies == _policies(render("base")), "overlays keep the base's NetworkPolicies"
     envoy_labels = _pod_labels(objs, "envoy")
     monitoring = {"kubernetes.io/metadata.name": "monitoring"}
-    for name, allowed in (("bbr", {"grpc": "envoy"}), ("epp", {"grpc": "envoy", "metrics": "monitoring"})):
+    for name, allowed in (
+        ("bbr", {"grpc": "envoy", "metrics": "monitoring"}),
+        ("epp", {"grpc": "envoy", "metrics": "monitoring"}),
+    ):
         (policy,) = [p for p in policies.values() if _selects(p, _pod_labels(objs, name))]
         assert "Ingress" in policy["policyTypes"]
         # Every container port is fenced, and each rule admits exactly one kind of peer.
@@ -800,6 +803,14 @@ def test_envoy_egress_reaches_the_ext_proc_services_dns_and_pool_pods_only() -> 
 
 
 # -- monitoring ---------------------------------------------------------------------------
+def test_only_the_monitoring_component_needs_the_prometheus_operator() -> None:
+    """The base and dev render no Prometheus Operator kind; eks-hyperpod adds the component."""
+    for target in ("base", "overlays/dev"):
+        assert not [o for o in render(target) if o["apiVersion"].startswith("monitoring.coreos.com/")]
+    prod = render("overlays/eks-hyperpod")
+    assert find(prod, "ServiceMonitor", "epp") and find(prod, "ServiceMonitor", "bbr")
+
+
 def test_dashboard_charts_the_epp_metrics() -> None:
     cm = find(render("base"), "ConfigMap", "epp-grafana-dashboard")
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"

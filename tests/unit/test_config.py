@@ -109,13 +109,15 @@ def test_errors_name_the_field(patch: dict, message: str) -> None:
         parse_epp_config({**GOOD, **patch})
 
 
-def test_the_shared_schema_carries_the_scheduling_section_as_data() -> None:
-    """BBR validates the routing table only: a scheduling mistake is the EPP's to reject."""
+def test_the_shared_schema_rejects_a_scheduling_mistake_as_the_epp_does() -> None:
+    """BBR's schema is the EPP's: one verdict per file (BBR used to apply what the EPPs rejected)."""
     bad_profile = {**GOOD, "profiles": {"x": {"weights": {"qeue": 1}}}}
-    assert parse_config(bad_profile).profiles == {"x": {"weights": {"qeue": 1}}}
-    with pytest.raises(ConfigError, match="unknown scorer"):
+    with pytest.raises(ConfigError, match="unknown scorer") as bbr:
+        parse_config(bad_profile)
+    with pytest.raises(ConfigError, match="unknown scorer") as epp:
         parse_epp_config(bad_profile)
-    assert isinstance(parse_epp_config(GOOD), GatewayConfig)  # every service's view still holds
+    assert str(bbr.value) == str(epp.value)
+    assert isinstance(parse_epp_config(GOOD), GatewayConfig)
 
 
 def test_load_config_reports_yaml_errors_with_the_path(tmp_path: Path) -> None:

@@ -121,11 +121,32 @@ async def test_decision_is_explained_on_the_response_only_when_asked_and_allowed
     await asked.on_request({"x-gateway-decision": "true"}, body())
     explained = asked.on_response_headers({":status": "200"})
     assert explained is not None and explained["x-gateway-decision"].startswith(
-        "profile=default; 10.0.0.1:8000"
+        "chosen=10.0.0.1:8000; profile=default; 10.0.0.1:8000"
     )
     quiet = EppProcessor(ctx)
     await quiet.on_request({}, body())
     assert quiet.on_response_headers({":status": "200"}) is None
+
+
+async def test_the_decision_header_names_the_chosen_pod_first_even_on_a_tie() -> None:
+    """Two idle pods score the same: only the header's head tells which one won."""
+    pool = Pool([Endpoint(a, frozenset({"llama"}), name=n) for a, n in ((A, "llama-0"), (B, "llama-1"))])
+    for address in (A, B):
+        pool.record_metrics(address, Metrics(scraped_at=pool.snapshot().taken_at))
+    ctx = EppContext(
+        "llama", pool, WeightedScheduler(CONFIG.scheduler_profiles()), lambda: CONFIG, Telemetry("llama")
+    )
+    ctx.header_policy = HeaderPolicy(decision_header=True)
+    proc = EppProcessor(ctx)
+    route = await proc.on_request({"x-gateway-decision": "true"}, body())
+    assert isinstance(route, RequestRoute)
+    chosen = route.set_headers[DESTINATION_HEADER]
+    explained = proc.on_response_headers({":status": "200"})
+    assert explained is not None
+    name = {A: "llama-0", B: "llama-1"}[chosen]
+    assert explained["x-gateway-decision"].startswith(
+        f"chosen={chosen} pod={name}; profile=default; {chosen} "
+    )
 
 
 async def test_body_less_request_passes_through_untouched() -> None:

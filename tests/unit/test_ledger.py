@@ -8,8 +8,8 @@ from collections import Counter
 from epp.ledger import PodLedger
 from epp.pool import Endpoint, Metrics, Pool
 from epp.request import parse_request
-from epp.scheduling.profiles import BUILTIN_PROFILES
 from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import BUILTIN_PROFILES
 
 
 def test_prefills_chain_first_come_first_served_and_expire_by_projection() -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from epp.pool import Endpoint, Metrics, Pool, kv_room
-from epp.scheduling.params import SaturationParams
 from epp.scheduling.saturation import is_saturated
+from gateway.scheduling_params import SaturationParams
 
 
 def test_a_page_retires_the_picks_it_no_longer_shows_waiting() -> None:

@@ -1,9 +1,11 @@
 """Scheduling profiles: named weight sets plus a picker and thresholds, validated once.
 
 A profile is all a configuration needs to define a policy. It is a pydantic model whose
-scorer and picker names are checked against the plugin registry (epp/scheduling/registry.py),
-so the config file, the ConfigMap, the CRD and code all go through this one validation.
-Names are kebab-case only (`kv-cache`, `weighted-random`); there are no alias spellings.
+scorer and picker names are the plugin registry's (epp/scheduling/registry.py checks at import
+that it implements exactly `SCORER_NAMES` and `PICKER_NAMES`), so the config file, the
+ConfigMap, the CRD and code all go through this one validation. It is part of the shared
+schema (gateway/config.py) so that BBR, which never loads the scheduler, rejects exactly the
+files the EPPs reject. Names are kebab-case only (`kv-cache`, `weighted-random`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,24 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from epp.scheduling.params import DEFAULT_THRESHOLDS, Thresholds
-from epp.scheduling.registry import PICKER_NAMES, SCORER_NAMES
+from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
+
+# The scheduler's plugins by config name, in its registry's order (epp/scheduling/registry.py
+# fails at import if the two differ).
+SCORER_NAMES: tuple[str, ...] = (
+    "queue",
+    "kv-cache",
+    "prefix-cache",
+    "precise-prefix-cache",
+    "lora-affinity",
+    "running-requests",
+    "inflight",
+    "observed-speed",
+    "queue-speed",
+    "predicted-ttft",
+    "session-affinity",
+)
+PICKER_NAMES: tuple[str, ...] = ("max", "weighted-random")
 
 # Totals are sums of weight x [0, 1]; bounding weights keeps them (and the picker's tie
 # quantisation, total / 1e-9) finite.

@@ -1,0 +1,69 @@
+"""`make run` (`python -m devstack.run`) as a newcomer meets it: it says where its work directory
+is, its live config shows the shipped default profile's weights as an editable `profiles:`
+block, `/debug/pool` shows the profiles in force, and Ctrl-C removes the work directory."""
+
+from __future__ import annotations
+
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from gateway.profiles import BUILTIN_PROFILES
+
+
+def read_until(lines: queue.Queue[str], marker: str, within: float = 120.0) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + within
+    while not any(marker in line for line in seen):
+        try:
+            seen.append(lines.get(timeout=max(0.01, deadline - time.monotonic())))
+        except queue.Empty:
+            raise AssertionError(f"no {marker!r} within {within} s; output: {''.join(seen)}") from None
+    return seen
+
+
+def test_make_run_names_its_workdir_shows_the_weights_and_removes_it_on_ctrl_c() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devstack.run", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    stdout = proc.stdout
+    assert stdout is not None
+
+    def pump() -> None:
+        for line in stdout:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        output = "".join(read_until(lines, "Press Ctrl-C"))
+        workdir = Path(re.search(r"^Work directory: (\S+) \(removed on exit", output, re.M).group(1))  # type: ignore[union-attr]
+        assert workdir.is_dir()
+        shipped = dict(BUILTIN_PROFILES["default"].weights)
+        live = yaml.safe_load((workdir / "gateway.yaml").read_text())
+        assert live["profiles"] == {"default": {"weights": shipped}}  # the code's default, editable
+        debug_url = re.search(r"^Profiles and weights in force: (\S+?)[,\s]", output, re.M).group(1)  # type: ignore[union-attr]
+        pool = httpx.get(debug_url, timeout=5).json()
+        assert pool["default_profile"] == "default"
+        assert pool["profiles"]["default"]["weights"] == shipped
+        assert {"chat", "batch"} <= set(pool["profiles"])
+        assert {ep["name"] for ep in pool["endpoints"]} <= {"llama-0", "llama-1", "qwen-0", "qwen-1"}
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        assert not workdir.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
