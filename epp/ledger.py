@@ -26,7 +26,7 @@ Pure bookkeeping: no clock of its own (every call takes `now`), no I/O. `Pool` o
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 # A pick routed this shortly before a scrape was sent may not have reached the pod when the page
@@ -46,17 +46,34 @@ class Commitment:
     # When its prefill is projected to end (FIFO behind the pod's earlier pending ones); a pick
     # without a predicted prefill has none and stays pending until a page retires it.
     ends_at: float = float("inf")
+    in_projection: bool = False  # counted in the ledger's projection (its deque), not yet expired
 
 
 class PodLedger:
     """One pod's commitments (insertion order = pick order) and the projection of its prefills."""
 
-    __slots__ = ("_busy_until", "_entries", "_next_key", "_pending", "first_tokens", "foreign_waiting")
+    __slots__ = (
+        "_busy_until",
+        "_dead",
+        "_entries",
+        "_next_key",
+        "_pending",
+        "_projection",
+        "_stuck",
+        "first_tokens",
+        "foreign_waiting",
+    )
 
     def __init__(self) -> None:
         self._entries: OrderedDict[int, Commitment] = OrderedDict()
         self._next_key = 0
         self._pending = 0  # entries not prefilled
+        self._stuck = 0  # of those, with no projected end
+        # The projected ones in chain order (their ends rise along it), so `pending(now)` drops
+        # the expired ones from the left instead of scanning every commitment per decision;
+        # `_dead` counts the ones in it that left the projection since (released, retired).
+        self._projection: deque[Commitment] = deque()
+        self._dead = 0
         self._busy_until = -1e300  # monotonic time the projected pending prefills end
         # Waiting requests on the last page that are not this EPP's pending picks.
         self.foreign_waiting = 0.0
@@ -74,7 +91,19 @@ class PodLedger:
         self._busy_until = start + c.prefill_s
         if c.prefill_s > 0.0:
             c.ends_at = self._busy_until
+            c.in_projection = True
+            self._projection.append(c)
+        else:
+            self._stuck += 1
         return c
+
+    def _settle(self, c: Commitment) -> None:
+        """`c` (pending) stops counting as pending: retired by a page or released."""
+        if c.ends_at == float("inf"):
+            self._stuck -= 1
+        elif c.in_projection:
+            c.in_projection = False
+            self._dead += 1
 
     def release(self, commitment: Commitment | None) -> None:
         """The request ended (completed, reset, aborted, moved): drop its commitment. Without
@@ -86,6 +115,7 @@ class PodLedger:
             commitment = next(iter(entries.values()))
         if entries.pop(commitment.key, None) is not None and not commitment.prefilled:
             self._pending -= 1
+            self._settle(commitment)
             # Its prefill no longer occupies the pod; the projection of the others stays (an
             # aborted request's prefill may have run already: the next scrape re-anchors it).
             if self._pending == 0:
@@ -115,25 +145,31 @@ class PodLedger:
         if waiting is not None and len(seen) - retire > waiting:
             retire = len(seen) - int(waiting)  # the page shows fewer waiting than are pending
         for c in seen[:retire]:
+            self._settle(c)
             c.prefilled = True
         self._pending -= retire
         for c in seen[retire:]:
             # The page shows it waiting: the pod had no room for it (a sequence limit, full KV,
             # every LoRA slot pinned), so no projection says when it starts. It stays pending
             # until a page retires it and counts as waiting (`stuck`), not in `busy_s`.
-            c.ends_at = float("inf")
+            if c.ends_at != float("inf"):
+                self._settle(c)
+                c.ends_at = float("inf")
+                self._stuck += 1
         still_seen = len(seen) - retire
         self.foreign_waiting = max(0.0, waiting - still_seen) if waiting is not None else 0.0
         self._reproject(sent_at)
 
     def _reproject(self, start: float) -> None:
-        t, projected = start, False
+        t, projection = start, deque[Commitment]()
         for c in self._entries.values():
             if not c.prefilled and c.prefill_s > 0.0 and c.ends_at != float("inf"):
                 t = (t if t > c.routed_at else c.routed_at) + c.prefill_s
                 c.ends_at = t
-                projected = True
-        self._busy_until = t if projected else -1e300
+                c.in_projection = True
+                projection.append(c)
+        self._projection, self._dead = projection, 0
+        self._busy_until = t if projection else -1e300
 
     # -- what scheduling reads ----------------------------------------------------------
     def busy_s(self, now: float) -> float:
@@ -143,21 +179,21 @@ class PodLedger:
 
     def pending(self, now: float) -> int:
         """This EPP's picks whose prefill has not ended: not retired by a page and not projected
-        to have ended by `now` (picks without a predicted prefill wait for a page)."""
-        if not self._pending:
-            return 0
-        n = 0
-        for c in self._entries.values():
-            if not c.prefilled and c.ends_at > now:
-                n += 1
-        return n
+        to have ended by `now` (picks without a predicted prefill wait for a page). `now` never
+        goes back between calls (an expired projection is dropped until the next page)."""
+        projection = self._projection
+        while projection and (not projection[0].in_projection or projection[0].ends_at <= now):
+            c = projection.popleft()
+            if c.in_projection:
+                c.in_projection = False  # expired
+            else:
+                self._dead -= 1
+        return self._stuck + len(projection) - self._dead
 
     def stuck(self) -> int:
         """Pending picks with no projected end: the page showed them waiting, or their prefill
         was not predicted. Scheduling prices them as queued requests of a typical size."""
-        if not self._pending:
-            return 0
-        return sum(1 for c in self._entries.values() if not c.prefilled and c.ends_at == float("inf"))
+        return self._stuck
 
     def pending_since(self, now: float, since: float) -> int:
         """Of `pending(now)`, the picks routed after `since`: not on the last page yet."""

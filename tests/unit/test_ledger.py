@@ -98,3 +98,25 @@ def test_a_burst_within_one_scrape_interval_spreads_as_evenly_as_round_robin() -
         counts[address] += 1
         now += 0.0005  # 100 requests in 50 ms
     assert sorted(counts.values()) == [25, 25, 25, 25], counts
+
+
+def _naive_pending(ledger: PodLedger, now: float) -> tuple[int, int]:
+    """What `pending` and `stuck` count, by a scan of every commitment."""
+    live = [c for c in ledger._entries.values() if not c.prefilled]
+    return sum(c.ends_at > now for c in live), sum(c.ends_at == float("inf") for c in live)
+
+
+def test_the_incremental_counts_agree_with_a_scan_of_every_commitment() -> None:
+    rng = random.Random(3)
+    ledger, handles, now, first = PodLedger(), [], 0.0, 0.0
+    for _ in range(3000):
+        now += rng.random() * 0.01
+        op = rng.random()
+        if op < 0.45:
+            handles.append(ledger.commit(now, rng.choice([0.0, 0.002, 0.01, 0.05]), 100))
+        elif op < 0.8 and handles:
+            ledger.release(handles.pop(rng.randrange(len(handles))))
+        elif op < 0.9:
+            first += rng.randrange(3)
+            ledger.reconcile(now - rng.random() * 0.02, rng.randrange(4), first, 1.0)
+        assert (ledger.pending(now), ledger.stuck()) == _naive_pending(ledger, now)
