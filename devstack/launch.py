@@ -35,6 +35,7 @@ from devstack.certs import CertSet, make_certs
 from epp.config import parse_epp_config
 from gateway.config import parse_config
 from gateway.envoy_config import ExtProcTls, Topology, write_bootstrap
+from gateway.xds_resources import topology_to_json, xds_bootstrap
 
 DEFAULT_FLEET: dict[str, Any] = {
     "time_scale": 1.0,
@@ -349,6 +350,39 @@ def start_fleet(
     return proc, json.loads(ready.read_text())["pods"]
 
 
+# Where Envoy's listeners, routes and clusters come from: the xDS server, which follows the
+# configuration file (the default), or the static bootstrap rendered once at start.
+EnvoySource = Literal["xds", "static"]
+ENVOY_SOURCES: tuple[EnvoySource, ...] = ("xds", "static")
+
+
+def _start_xds(
+    workdir: Path,
+    procs: dict[str, Proc],
+    config_path: Path,
+    topo: Topology,
+    tls_args: list[str],
+    tls: CertSet | None,
+    timeout_s: float,
+) -> Path:
+    """Start the xDS server on `topo` and return the bootstrap that points Envoy at it."""
+    topology = workdir / "topology.json"
+    topology.write_text(topology_to_json(topo))
+    port = free_port()
+    procs["xds"] = _spawn(
+        "xds",
+        [
+            *(sys.executable, "-m", "gateway.xds", "--config", str(config_path)),
+            *("--topology", str(topology), "--port", str(port), *tls_args),
+        ],
+        workdir,
+    )
+    wait_until(functools.partial(grpc_serving, port, tls), timeout_s, "xds", procs["xds"].popen)
+    path = workdir / "envoy.json"
+    path.write_text(json.dumps(xds_bootstrap(topo.admin_port, ("127.0.0.1", port), topo.extproc_tls), indent=1))
+    return path
+
+
 PORT_RACE_ATTEMPTS = 3
 
 
@@ -393,6 +427,7 @@ def start_gateway_once(
     service_env: Mapping[str, str] | None = None,
     single_hop: bool = False,
     epp_replicas: int = 1,
+    envoy_source: EnvoySource = "xds",
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
 
@@ -405,7 +440,9 @@ def start_gateway_once(
     one EPP process (`epp.single_hop`, named "epp" in `procs`) for every pool, one ext_proc
     filter in Envoy; `epp_ports` then maps every pool to its port. `epp_replicas` (two-hop):
     EPP processes per pool, on consecutive ports, all in the pool's Envoy cluster (share their
-    in-flight counts by adding `sharedState` to `config_extra`).
+    in-flight counts by adding `sharedState` to `config_extra`). `envoy_source`: Envoy fed by
+    the xDS server (`gateway.xds`, process "xds"), so it follows `gateway.yaml` as the
+    services do, or "static": the rendered bootstrap, read once.
     """
     if single_hop and (epp_module != "epp" or bbr_args or epp_replicas != 1):
         raise ValueError(
@@ -514,7 +551,10 @@ def start_gateway_once(
             original_dst_pools=frozenset(pool_names) if pool_kind == "original_dst" else frozenset(),
             single_hop=single_hop,
         )
-        bootstrap = write_bootstrap(parse_config(config), topo, workdir / "envoy.json")
+        if envoy_source == "xds":
+            bootstrap = _start_xds(workdir, procs, config_path, topo, tls_args, tls, timeout_s)
+        else:
+            bootstrap = write_bootstrap(parse_config(config), topo, workdir / "envoy.json")
         procs["envoy"] = _spawn(
             "envoy",
             [

@@ -349,7 +349,10 @@ class HeaderTrust(_Model):
 class ListenerConfig(_Model):
     """What Envoy accepts from clients before any ext_proc service sees the request."""
 
-    max_request_headers_kb: int = Field(default=60, ge=1, le=8192, alias="maxRequestHeadersKb")
+    # 8 KiB: below what the model servers accept themselves (aiohttp, modelsim: 8,190 bytes per
+    # header; uvicorn/h11, vLLM and SGLang: 16 KiB in all), so an oversized header is Envoy's
+    # JSON 431, never a pod's plain-text 400. Raise it only with the servers' limits.
+    max_request_headers_kb: int = Field(default=8, ge=1, le=8192, alias="maxRequestHeadersKb")
     max_headers_count: int = Field(default=100, ge=1, le=10_000, alias="maxHeadersCount")
     # Exact request paths the gateway serves (any query string allowed); others are a JSON 404.
     paths: list[str] = Field(default_factory=lambda: list(API_PATHS), min_length=1)

@@ -79,10 +79,15 @@ class ConfigStore(Generic[Schema]):
         return load_config(path, self.schema)
 
 
+# How often a file source is read (and hashed): a change is in force everywhere, Envoy
+# included (gateway/xds.py), well within a second; a few small reads a second cost nothing.
+POLL_S = 0.2
+
+
 class FileWatcher:
     """Offers the file's content to the store whenever it changes."""
 
-    def __init__(self, store: ConfigStore[Any], path: str | Path, *, poll_s: float = 1.0) -> None:
+    def __init__(self, store: ConfigStore[Any], path: str | Path, *, poll_s: float = POLL_S) -> None:
         self.store = store
         self.path = Path(path)
         self.poll_s = poll_s

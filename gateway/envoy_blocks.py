@@ -233,7 +233,12 @@ def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
     """Parse into the real Bootstrap message: unknown fields or wrong types raise ParseError."""
     from envoy.config.bootstrap.v3 import bootstrap_pb2
 
-    # Register every typed_config type of TYPES with the descriptor pool.
+    register_types()
+    json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())
+
+
+def register_types() -> None:
+    """Register every typed_config type of TYPES with the descriptor pool (for `ParseDict`)."""
     from envoy.config.route.v3 import route_components_pb2  # noqa: F401
     from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2  # noqa: F401
     from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401
@@ -251,5 +256,3 @@ def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
     )
     from envoy.extensions.transport_sockets.tls.v3 import tls_pb2  # noqa: F401
     from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
-
-    json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())

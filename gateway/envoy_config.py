@@ -242,20 +242,22 @@ def _path_match(paths: list[str] | None) -> dict[str, Any]:
 
 
 def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
-    """Everything after `/v1/models`: the pools, then Envoy's own JSON 404s.
+    """Everything after `/v1/models`: the pools, then Envoy's own JSON errors.
 
-    With the allow-list (the default) a path outside it never reaches BBR, an EPP or a pod: the
-    last route answers it with BBR disabled here and the EPP disabled on every direct response.
+    With the allow-list (the default) a path outside it, or a method other than POST on an
+    inference path, never reaches BBR, an EPP or a pod: the routes answering them have BBR
+    disabled here and the EPP disabled on every direct response.
     """
     paths = _pool_paths(config)
-    no_model = "no route: send an OpenAI-compatible JSON request with a 'model' field"
-    if paths is None:  # allowAllPaths
-        no_route = _json_error_route("no-route", 404, no_model, "route_not_found", {"prefix": "/"})
-        return [*_pool_routes(config, topo, None), no_route]
+    if paths is None:  # allowAllPaths: any path and method goes to the pools
+        anything = {"prefix": "/"}
+        return [*_pool_routes(config, topo, anything), *_no_route(anything)]
     routes: list[dict[str, Any]] = []
     if paths:
-        routes += _pool_routes(config, topo, paths)
-        routes.append(_json_error_route("no-route", 404, no_model, "route_not_found", _path_match(paths)))
+        post = _with_headers(_path_match(paths), _POST)
+        routes += _pool_routes(config, topo, post)
+        routes += _no_route(post)
+        routes.append(_without_bbr(_method_not_allowed("method-not-allowed", _path_match(paths), "POST"), topo))
     not_served = _json_error_route(
         "path-not-served",
         404,
@@ -263,16 +265,62 @@ def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
         "not_found",
         {"prefix": "/"},
     )
+    return [*routes, _without_bbr(not_served, topo)]
+
+
+_POST = {"name": ":method", "string_match": {"exact": "POST"}}
+
+
+def _with_headers(match: dict[str, Any], *headers: dict[str, Any]) -> dict[str, Any]:
+    """`match` narrowed by more header matchers (all must hold)."""
+    return {**match, "headers": [*match.get("headers", []), *headers]}
+
+
+def _without_bbr(route: dict[str, Any], topo: Topology) -> dict[str, Any]:
+    """A route Envoy answers from the request line alone: BBR need not read the body."""
     if not topo.single_hop:
-        not_served["typed_per_filter_config"] = {
-            BBR_FILTER: {"@type": TYPES["ext_proc_route"], "disabled": True}
+        route.setdefault("typed_per_filter_config", {})[BBR_FILTER] = {
+            "@type": TYPES["ext_proc_route"],
+            "disabled": True,
         }
-    return [*routes, not_served]
+    return route
 
 
-def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None) -> list[dict[str, Any]]:
+def _method_not_allowed(name: str, match: dict[str, Any], allowed: str) -> dict[str, Any]:
+    """A served path with another method: a JSON 405 naming the one it takes (`allow`, RFC 9110)."""
+    route = _json_error_route(name, 405, f"this path takes {allowed} only", "method_not_allowed", match)
+    route["response_headers_to_add"].append({"header": {"key": "allow", "value": allowed}})
+    return route
+
+
+def _no_route(match: dict[str, Any]) -> list[dict[str, Any]]:
+    """After BBR (or the single-hop EPP) routed, no pool route took the request.
+
+    With a model header, the model is one Envoy's routes do not know (yet: the services
+    checked it against a configuration Envoy has not received): a 404 `model_not_found` naming
+    it. Envoy substitutes the name into a JSON body, so it is escaped, never spliced. Without
+    one (no body to route on) the request named no model at all.
+    """
+    error = {
+        "message": f"The model '%REQ({MODEL_HEADER})%' does not exist",  # BBR's words for it
+        "type": "not_found_error",
+        "code": "model_not_found",
+    }
+    unknown_model = {
+        "name": "no-route-model",
+        "match": _with_headers(match, {"name": MODEL_HEADER, "present_match": True}),
+        "direct_response": {
+            "status": 404,
+            "body_format": {"json_format": {"error": error}, "content_type": "application/json"},
+        },
+    }
+    no_model = "no route: send an OpenAI-compatible JSON request with a 'model' field"
+    return [unknown_model, _json_error_route("no-route", 404, no_model, "route_not_found", match)]
+
+
+def _pool_routes(config: GatewayConfig, topo: Topology, path: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two routes per pool (one in single-hop), matching `path` (paths and method) and the model."""
     routes: list[dict[str, Any]] = []
-    path = _path_match(paths)
     for pool in config.pools:
         names = [m.name for m in pool.models] + [a for m in pool.models for a in m.adapters]
         model_match = {
@@ -283,10 +331,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
         routes.append(
             {
                 "name": f"{pool.name}-picked",
-                "match": {
-                    **path,
-                    "headers": [model_match, {"name": DESTINATION_HEADER, "present_match": True}],
-                },
+                "match": _with_headers(path, model_match, {"name": DESTINATION_HEADER, "present_match": True}),
                 "route": {
                     "cluster": f"pool-{pool.name}",
                     "timeout": "0s",
@@ -323,7 +368,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology, paths: list[str] | None)
         routes.append(
             {
                 "name": f"{pool.name}-pick",
-                "match": {**path, "headers": [model_match]},
+                "match": _with_headers(path, model_match),
                 "route": {"cluster": fallback, "timeout": "0s", "idle_timeout": "300s"},
                 "request_headers_to_remove": [CLAIM_HEADER, TENANT_CLAIM_HEADER],
                 "typed_per_filter_config": {EPP_FILTER: epp_override},
@@ -606,10 +651,12 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
                 "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
             }
         )
+        if not config.listener.allow_all_paths:
+            routes.append(_without_bbr(_method_not_allowed("models-method", {"path": MODELS_PATH}, "GET"), topo))
     routes.extend(_served_routes(config, topo))
     if topo.single_hop:
         for route in routes:
-            if route["name"] == "no-route" or route["name"].endswith("-picked"):
+            if route["name"].startswith("no-route") or route["name"].endswith("-picked"):
                 # Single-hop has no FailOpen pools (`_single_hop_check`): the listener's mode.
                 _single_hop_entry(
                     route,

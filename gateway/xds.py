@@ -1,0 +1,148 @@
+"""`python -m gateway.xds --config gateway.yaml --topology topology.json --port 18000`: serve
+Envoy its configuration over xDS (ADS, state of the world), following the gateway config.
+
+Why: a static bootstrap is rendered once, so a model, adapter or pool added to the config was
+known to BBR and the EPPs within a second but unknown to Envoy's routes until a restart. Here
+the same hot-reload path as the services (ConfigStore, file or InferenceGatewayConfig) renders
+the resources again (gateway/xds_resources.py) and pushes the types whose content changed, in
+ADS order (clusters, listeners, routes). Envoy applies each push without a restart and without
+touching requests in flight. A config the renderer cannot serve is logged and the last good
+resources stay; a push Envoy rejects (NACK) is logged with Envoy's reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from extproc.server import GrpcService, TlsFiles, tls_from_arguments, wait_for_shutdown_signal
+from gateway.config import GatewayConfig
+from gateway.config_store import ConfigStore, FileWatcher
+from gateway.envoy_config import Topology
+from gateway.service_cli import follow_config_resource, run_service, service_parser
+from gateway.supervise import spawn
+from gateway.xds_resources import TYPE_ORDER, Resources, snapshot, topology_from_json
+
+log = logging.getLogger("xds")
+
+
+class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    """The resources in force, sent on every ADS stream for the types its Envoy subscribed to."""
+
+    def __init__(self, topo: Topology, config: GatewayConfig) -> None:
+        self._topo = topo
+        self._resources = snapshot(config, topo)  # a bad config at start is fatal
+        self._streams: set[asyncio.Event] = set()
+        self._nonce = 0
+
+    def on_config(self, config: GatewayConfig) -> None:
+        try:
+            fresh = snapshot(config, self._topo)
+        except ValueError as exc:
+            log.error("config not served to Envoy, keeping the last good resources: %s", exc)
+            return
+        changed = [t.rsplit(".", 1)[-1] for t in TYPE_ORDER if fresh[t].version != self._resources[t].version]
+        self._resources = fresh
+        log.info("config rendered for Envoy: %s", ", ".join(changed) or "no change")
+        for wake in self._streams:
+            wake.set()
+
+    async def StreamAggregatedResources(  # noqa: N802 (the gRPC method name)
+        self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+        sent: dict[str, str] = {}  # type URL subscribed -> version last sent ("" none yet)
+        wake = asyncio.Event()
+        self._streams.add(wake)
+        reader = asyncio.ensure_future(self._read(request_iterator, sent, wake))
+        try:
+            while not reader.done():
+                await wake.wait()
+                wake.clear()
+                resources = self._resources
+                for type_url in TYPE_ORDER:
+                    if type_url in sent and sent[type_url] != resources[type_url].version:
+                        sent[type_url] = resources[type_url].version
+                        yield self._response(type_url, resources[type_url])
+        finally:
+            self._streams.discard(wake)
+            reader.cancel()
+
+    async def _read(
+        self,
+        requests: AsyncIterator[discovery_pb2.DiscoveryRequest],
+        sent: dict[str, str],
+        wake: asyncio.Event,
+    ) -> None:
+        """Subscriptions, ACKs and NACKs: a type is answered once subscribed, then on changes."""
+        try:
+            async for request in requests:
+                if request.HasField("error_detail"):
+                    log.error(
+                        "Envoy rejected %s version %s: %s",
+                        request.type_url,
+                        sent.get(request.type_url),
+                        request.error_detail.message,
+                    )
+                if request.type_url not in sent:
+                    sent[request.type_url] = ""
+                    wake.set()
+        finally:
+            wake.set()  # the stream ended: let the writer return
+
+    def _response(self, type_url: str, resources: Resources) -> discovery_pb2.DiscoveryResponse:
+        self._nonce += 1
+        return discovery_pb2.DiscoveryResponse(
+            version_info=resources.version,
+            type_url=type_url,
+            resources=list(resources.resources),
+            nonce=str(self._nonce),
+        )
+
+
+async def start_xds_server(servicer: AdsServer, *, host: str, port: int, tls: TlsFiles | None) -> GrpcService:
+    """ADS and gRPC health on one port (health for the launcher's readiness wait)."""
+    server = grpc.aio.server()
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, server)
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
+    await server.start()
+    await checks.set("", health_pb2.HealthCheckResponse.SERVING)
+    return GrpcService(server, checks, bound)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    store = ConfigStore.from_file(args.config, GatewayConfig)
+    ads = AdsServer(topology_from_json(Path(args.topology).read_text()), store.current())
+    store.subscribe(ads.on_config)
+    service = await start_xds_server(ads, host=args.host, port=args.port, tls=tls_from_arguments(args))
+    watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
+    resource = await follow_config_resource(store, args.config_resource)
+    log.info("xds listening on %s:%d", args.host, service.port)
+    await wait_for_shutdown_signal()
+    watcher.cancel()
+    if resource is not None:
+        await resource.stop()
+    await service.drain_and_stop(args.drain_seconds)
+
+
+def main() -> None:
+    parser = service_parser("gateway.xds", "xDS (ADS) server feeding Envoy the gateway config", default_port=18000)
+    parser.add_argument(
+        "--topology",
+        required=True,
+        help="where the listener, BBR and certificates are (JSON, gateway.xds_resources.topology_to_json)",
+    )
+    run_service(serve, parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""What the xDS server (gateway/xds.py) sends Envoy: the very configuration the static bootstrap
+renderer makes (gateway/envoy_config.py), cut into xDS resources.
+
+Why the same renderer: one source of truth for both shapes, so a static bootstrap and a running
+Envoy fed over xDS serve the same routes, clusters and filters. The listener's inline route
+table becomes an RDS resource, so the usual change (a model or adapter added, removed or moved,
+i.e. route match lists) replaces the route table alone: Envoy swaps it atomically and requests
+in flight keep the routes they matched. A pool added or removed also changes the clusters
+(CDS); a listener setting (JWT, limits) changes the listener, which Envoy updates in place,
+draining the old connections' requests to their end.
+
+Which EPP serves a pool comes from the configuration (`pools[].epp`), so a pool added to it
+brings its EPP cluster along; in single-hop mode every pool, added ones too, maps to the one EPP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import any_pb2, json_format
+from google.protobuf.message import Message
+
+from gateway.config import GatewayConfig
+from gateway.envoy_blocks import register_types, socket, validate_bootstrap
+from gateway.envoy_config import ExtProcTls, Topology, ext_proc_cluster, render_bootstrap
+
+LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+# The ADS order: clusters before the listeners and routes that name them.
+TYPE_ORDER = (CLUSTER, LISTENER, ROUTE)
+XDS_CLUSTER = "xds"
+NODE = {"id": "inference-gateway", "cluster": "inference-gateway"}
+_ADS = {"ads": {}, "resource_api_version": "V3"}
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """One type's resources as Envoy receives them, and their version (a content hash)."""
+
+    version: str
+    resources: tuple[any_pb2.Any, ...]
+
+
+def topology_for(config: GatewayConfig, topo: Topology) -> Topology:
+    """`topo` for the pools of `config`: each pool's EPP from its `epp` address (the one EPP in
+    single-hop mode); pools named ORIGINAL_DST that the config no longer has are dropped."""
+    names = {pool.name for pool in config.pools}
+    if topo.single_hop:
+        (one,) = set(topo.epps.values())
+        epps = dict.fromkeys(sorted(names), one)
+    else:
+        epps = {pool.name: (pool.epp.host, pool.epp.port) for pool in config.pools}
+    return dataclasses.replace(topo, epps=epps, original_dst_pools=topo.original_dst_pools & names)
+
+
+def snapshot(config: GatewayConfig, topo: Topology) -> dict[str, Resources]:
+    """Every resource type Envoy subscribes to, rendered from `config` (ValueError when the
+    topology cannot serve it, e.g. a FailOpen pool in single-hop mode)."""
+    static = render_bootstrap(config, topology_for(config, topo))["static_resources"]
+    routes: list[dict[str, Any]] = []
+    for listener in static["listeners"]:
+        for chain in listener["filter_chains"]:
+            for net_filter in chain["filters"]:
+                hcm = net_filter["typed_config"]
+                table = hcm.pop("route_config")
+                hcm["rds"] = {"route_config_name": table["name"], "config_source": _ADS}
+                routes.append(table)
+    return {
+        CLUSTER: _pack(CLUSTER, static["clusters"]),
+        LISTENER: _pack(LISTENER, static["listeners"]),
+        ROUTE: _pack(ROUTE, routes),
+    }
+
+
+def _pack(type_url: str, items: list[dict[str, Any]]) -> Resources:
+    message_type = _message_types()[type_url]
+    packed = []
+    for item in items:
+        msg = json_format.ParseDict(item, message_type())
+        out = any_pb2.Any()
+        out.Pack(msg)
+        packed.append(out)
+    digest = hashlib.sha256(b"".join(p.SerializeToString(deterministic=True) for p in packed))
+    return Resources(digest.hexdigest()[:16], tuple(packed))
+
+
+def _message_types() -> dict[str, type[Message]]:
+    from envoy.config.cluster.v3 import cluster_pb2
+    from envoy.config.listener.v3 import listener_pb2
+    from envoy.config.route.v3 import route_pb2
+
+    register_types()
+    return {
+        CLUSTER: cluster_pb2.Cluster,
+        LISTENER: listener_pb2.Listener,
+        ROUTE: route_pb2.RouteConfiguration,
+    }
+
+
+def xds_bootstrap(admin_port: int, xds: tuple[str, int], tls: ExtProcTls | None) -> dict[str, Any]:
+    """Envoy's bootstrap when the xDS server feeds it: admin, the xDS cluster, nothing else.
+    Envoy is ready (`/ready`) once the first listeners, clusters and routes arrived."""
+    out = {
+        "node": NODE,
+        "admin": {"address": socket("127.0.0.1", admin_port)},
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                "set_node_on_first_message_only": True,
+            },
+            "lds_config": _ADS,
+            "cds_config": _ADS,
+        },
+        "static_resources": {"clusters": [ext_proc_cluster(XDS_CLUSTER, *xds, tls)]},
+    }
+    validate_bootstrap(out)
+    return out
+
+
+def topology_to_json(topo: Topology) -> str:
+    """The topology for `python -m gateway.xds --topology`: paths as strings, tuples as lists."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, frozenset):
+            return sorted(value)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        return value
+
+    return json.dumps(plain(topo), indent=1)
+
+
+def topology_from_json(text: str) -> Topology:
+    data = json.loads(text)
+
+    def path(value: str | None) -> Path | None:
+        return None if value is None else Path(value)
+
+    tls = data.get("extproc_tls")
+    return Topology(
+        listen_port=data["listen_port"],
+        admin_port=data["admin_port"],
+        bbr=tuple(data["bbr"]) if data.get("bbr") else None,  # type: ignore[arg-type]
+        epps={pool: (host, port) for pool, (host, port) in data["epps"].items()},
+        server_cert=path(data.get("server_cert")),
+        server_key=path(data.get("server_key")),
+        listen_host=data.get("listen_host", "127.0.0.1"),
+        extproc_tls=ExtProcTls(Path(tls["client_cert"]), Path(tls["client_key"]), Path(tls["ca"]))
+        if tls
+        else None,
+        ext_proc_timeout_s=data.get("ext_proc_timeout_s", 10.0),
+        connection_buffer_bytes=data.get("connection_buffer_bytes", 4 * 1024 * 1024),
+        fallback_endpoints=data.get("fallback_endpoints", {}),
+        original_dst_pools=frozenset(data.get("original_dst_pools", ())),
+        single_hop=data.get("single_hop", False),
+    )
