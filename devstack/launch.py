@@ -236,6 +236,58 @@ class LocalGateway:
     def client(self, **kwargs: Any) -> httpx.AsyncClient:
         return https_client(self.url, self.certs.ca, **kwargs)
 
+    def envoy_config(self) -> dict[str, list[dict[str, Any]]]:
+        """What Envoy runs now (its admin config_dump), static or from xDS alike: `listeners`,
+        `clusters` (without the xDS server's own) and `routes` (route tables served over RDS;
+        a static bootstrap keeps its table inside the listener)."""
+        dump = httpx.get(f"http://127.0.0.1:{self.admin_port}/config_dump", timeout=5).json()
+        out: dict[str, list[dict[str, Any]]] = {"listeners": [], "clusters": [], "routes": []}
+        for section in dump["configs"]:
+            out["listeners"] += [e["listener"] for e in section.get("static_listeners", [])]
+            out["listeners"] += [e["active_state"]["listener"] for e in section.get("dynamic_listeners", [])]
+            for key in ("static_clusters", "dynamic_active_clusters"):
+                out["clusters"] += [
+                    e["cluster"] for e in section.get(key, []) if e["cluster"]["name"] != "xds"
+                ]
+            out["routes"] += [e["route_config"] for e in section.get("dynamic_route_configs", [])]
+        return out
+
+    def read_config(self) -> dict[str, Any]:
+        return dict(yaml.safe_load(self.config_path.read_text()))
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        """Replace the live configuration at once (a rename, as Kubernetes swaps a mounted
+        ConfigMap): the services and the xDS server never read half a file."""
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        os.replace(tmp, self.config_path)
+
+    def add_pool(self, pods: list[dict[str, Any]], timeout_s: float = 60.0) -> str:
+        """Grow the gateway by a pool of these running pods, as an operator would: add it to the
+        live configuration, then start its EPP (named in the pool's `epp`). Envoy follows the
+        file over xDS; BBR routes the pool's models. Two-hop only (the single-hop EPP serves
+        the pools it started with). Returns the pool's name."""
+        if self.single_hop:
+            raise ValueError("single-hop: restart the gateway to add a pool")
+        name = pool_name_for(pods[0]["model"])
+        port, metrics_port = free_port(), free_port()
+        (pool,) = gateway_config_for(pods, {name: port})["pools"]
+        config = self.read_config()
+        config["pools"].append(pool)
+        self.write_config(config)
+        template = self.procs[epp_process_name(next(iter(self.epp_ports)), 0)]
+        argv = _with_options(
+            [str(a) for a in template.popen.args],  # type: ignore[union-attr]
+            {"--pool": name, "--port": str(port), "--metrics-port": str(metrics_port)},
+        )
+        self.procs[epp_process_name(name, 0)] = proc = _spawn(epp_process_name(name, 0), argv, self.workdir)
+        tls = self.certs if "--tls-client-ca" in argv else None
+        wait_until(functools.partial(grpc_serving, port, tls), timeout_s, f"epp for {name}", proc.popen)
+        self.epp_ports[name], self.epp_metrics_ports[name] = port, metrics_port
+        self.epp_replica_ports[name], self.epp_replica_metrics_ports[name] = [port], [metrics_port]
+        self.pods = [*self.pods, *pods]
+        return name
+
     def epp_replica_names(self, pool: str) -> list[str]:
         return [epp_process_name(pool, i) for i in range(len(self.epp_replica_ports.get(pool, [0])))]
 
@@ -269,6 +321,14 @@ def _spawn(name: str, argv: list[str], workdir: Path, env: Mapping[str, str] | N
     popen = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     handle.close()
     return Proc(name, popen, log)
+
+
+def _with_options(argv: list[str], values: Mapping[str, str]) -> list[str]:
+    """`argv` with the value after each of these options replaced."""
+    out = list(argv)
+    for option, value in values.items():
+        out[out.index(option) + 1] = value
+    return out
 
 
 def epp_process_name(pool: str, replica: int) -> str:
@@ -379,7 +439,9 @@ def _start_xds(
     )
     wait_until(functools.partial(grpc_serving, port, tls), timeout_s, "xds", procs["xds"].popen)
     path = workdir / "envoy.json"
-    path.write_text(json.dumps(xds_bootstrap(topo.admin_port, ("127.0.0.1", port), topo.extproc_tls), indent=1))
+    path.write_text(
+        json.dumps(xds_bootstrap(topo.admin_port, ("127.0.0.1", port), topo.extproc_tls), indent=1)
+    )
     return path
 
 

@@ -257,7 +257,9 @@ def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
         post = _with_headers(_path_match(paths), _POST)
         routes += _pool_routes(config, topo, post)
         routes += _no_route(post)
-        routes.append(_without_bbr(_method_not_allowed("method-not-allowed", _path_match(paths), "POST"), topo))
+        routes.append(
+            _without_bbr(_method_not_allowed("method-not-allowed", _path_match(paths), "POST"), topo)
+        )
     not_served = _json_error_route(
         "path-not-served",
         404,
@@ -302,7 +304,7 @@ def _no_route(match: dict[str, Any]) -> list[dict[str, Any]]:
     one (no body to route on) the request named no model at all.
     """
     error = {
-        "message": f"The model '%REQ({MODEL_HEADER})%' does not exist",  # BBR's words for it
+        "message": f"The model '%REQ({MODEL_HEADER})%' has no route in this gateway",
         "type": "not_found_error",
         "code": "model_not_found",
     }
@@ -331,7 +333,9 @@ def _pool_routes(config: GatewayConfig, topo: Topology, path: dict[str, Any]) ->
         routes.append(
             {
                 "name": f"{pool.name}-picked",
-                "match": _with_headers(path, model_match, {"name": DESTINATION_HEADER, "present_match": True}),
+                "match": _with_headers(
+                    path, model_match, {"name": DESTINATION_HEADER, "present_match": True}
+                ),
                 "route": {
                     "cluster": f"pool-{pool.name}",
                     "timeout": "0s",
@@ -652,7 +656,9 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
             }
         )
         if not config.listener.allow_all_paths:
-            routes.append(_without_bbr(_method_not_allowed("models-method", {"path": MODELS_PATH}, "GET"), topo))
+            routes.append(
+                _without_bbr(_method_not_allowed("models-method", {"path": MODELS_PATH}, "GET"), topo)
+            )
     routes.extend(_served_routes(config, topo))
     if topo.single_hop:
         for route in routes:

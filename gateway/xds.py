@@ -54,8 +54,10 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         for wake in self._streams:
             wake.set()
 
-    async def StreamAggregatedResources(  # noqa: N802 (the gRPC method name)
-        self, request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext
+    async def StreamAggregatedResources(  # the gRPC method's name
+        self,
+        request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
         sent: dict[str, str] = {}  # type URL subscribed -> version last sent ("" none yet)
         wake = asyncio.Event()
@@ -121,7 +123,7 @@ async def start_xds_server(servicer: AdsServer, *, host: str, port: int, tls: Tl
 
 async def serve(args: argparse.Namespace) -> None:
     store = ConfigStore.from_file(args.config, GatewayConfig)
-    ads = AdsServer(topology_from_json(Path(args.topology).read_text()), store.current())
+    ads = AdsServer(args.topology, store.current())
     store.subscribe(ads.on_config)
     service = await start_xds_server(ads, host=args.host, port=args.port, tls=tls_from_arguments(args))
     watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
@@ -134,10 +136,21 @@ async def serve(args: argparse.Namespace) -> None:
     await service.drain_and_stop(args.drain_seconds)
 
 
+def _topology_file(value: str) -> Topology:
+    """`--topology`: read and checked while parsing, so a bad file is a usage error."""
+    try:
+        return topology_from_json(Path(value).read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f"{value}: not a topology file ({exc})") from None
+
+
 def main() -> None:
-    parser = service_parser("gateway.xds", "xDS (ADS) server feeding Envoy the gateway config", default_port=18000)
+    parser = service_parser(
+        "gateway.xds", "xDS (ADS) server feeding Envoy the gateway config", default_port=18000
+    )
     parser.add_argument(
         "--topology",
+        type=_topology_file,
         required=True,
         help="where the listener, BBR and certificates are (JSON, gateway.xds_resources.topology_to_json)",
     )

@@ -154,7 +154,7 @@ def topology_from_json(text: str) -> Topology:
     return Topology(
         listen_port=data["listen_port"],
         admin_port=data["admin_port"],
-        bbr=tuple(data["bbr"]) if data.get("bbr") else None,  # type: ignore[arg-type]
+        bbr=(data["bbr"][0], data["bbr"][1]) if data.get("bbr") else None,
         epps={pool: (host, port) for pool, (host, port) in data["epps"].items()},
         server_cert=path(data.get("server_cert")),
         server_key=path(data.get("server_key")),

@@ -11,7 +11,8 @@ import contextlib
 import json
 import logging
 import random
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +128,9 @@ class Pod:
         # The pods of this process (set by run_fleet): POST /sim/probe-fleet answers for all of
         # them in one call (the benchmarks' oracle).
         self.fleet: list[Pod] = [self]
+        # Every request the HTTP app routed, refused ones (404, 405) included, by (method, path):
+        # `modelsim_http_requests_total` on /metrics, so a test sees whether anything reached the pod.
+        self.http_requests: Counter[tuple[str, str]] = Counter()
 
     @property
     def name(self) -> str:
@@ -150,7 +154,7 @@ class Pod:
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self.host = host
-        app = web.Application(client_max_size=256 * 1024**2)
+        app = web.Application(client_max_size=256 * 1024**2, middlewares=[self._count])
         app.add_routes(
             [
                 web.post("/v1/chat/completions", self._chat),
@@ -274,6 +278,23 @@ class Pod:
         return None
 
     # ---- handlers --------------------------------------------------------------------------
+    @web.middleware
+    async def _count(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        self.http_requests[request.method, request.path] += 1
+        return await handler(request)
+
+    def _http_requests_text(self) -> bytes:
+        lines = [
+            "# HELP modelsim_http_requests_total Requests the pod's HTTP app routed (any status).\n",
+            "# TYPE modelsim_http_requests_total counter\n",
+        ]
+        for (method, path), n in sorted(self.http_requests.items()):
+            label = path.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+            lines.append(f'modelsim_http_requests_total{{method="{method}",path="{label}"}} {n}\n')
+        return "".join(lines).encode()
+
     async def _health(self, _: web.Request) -> web.Response:
         if self.faults.stall_s > 0:
             await self.clock.sleep(self.faults.stall_s)
@@ -285,7 +306,7 @@ class Pod:
         if self.faults.metrics_garbage:
             return web.Response(text="<html>upstream proxy error</html>\n", headers={POD_HEADER: self.name})
         return web.Response(
-            body=render(self.registry),
+            body=render(self.registry) + self._http_requests_text(),
             headers={POD_HEADER: self.name, "Content-Type": "text/plain; version=0.0.4"},
         )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -50,7 +51,7 @@ def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         single_hop=request.param == "single_hop",
     )
     try:
-        bootstrap = (gw.workdir / "envoy.json").read_text()
+        bootstrap = json.dumps(gw.envoy_config())  # what Envoy runs
         assert ('"ORIGINAL_DST"' in bootstrap) == (request.param == "original_dst")
         assert ('"BUFFERED"' in bootstrap) == (request.param == "static_failopen")
         assert ('"gateway.bbr"' in bootstrap) == (request.param != "single_hop")

@@ -14,8 +14,7 @@ CLUSTER_TYPE = {"static": "STATIC", "original_dst": "ORIGINAL_DST"}
 
 
 def test_the_pool_cluster_is_of_the_requested_kind(kind_gateway: LocalGateway) -> None:
-    bootstrap = json.loads((kind_gateway.workdir / "envoy.json").read_text())
-    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    clusters = {c["name"]: c for c in kind_gateway.envoy_config()["clusters"]}
     pool = clusters[f"pool-{LLAMA_POOL}"]
     assert pool["type"] == CLUSTER_TYPE[kind_gateway.pool_kind]
     if kind_gateway.pool_kind == "original_dst":
