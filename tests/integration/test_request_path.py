@@ -177,11 +177,14 @@ async def test_bad_requests_get_openai_json_errors(
 async def test_unknown_path_is_a_json_404_and_a_served_one_without_model_too(gateway: LocalGateway) -> None:
     async with gateway.client() as client:
         unknown = await client.get("/nothing/here")
-        no_model = await client.get("/v1/completions")  # no body, so no model to route by
+        no_model = await client.post("/v1/completions")  # no body, so no model to route by
+        wrong_method = await client.get("/v1/completions")
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "not_found"  # outside the allow-list
     assert no_model.status_code == 404
     assert no_model.json()["error"]["code"] == "route_not_found"
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["code"] == "method_not_allowed"
 
 
 async def test_models_list_names_every_model_and_adapter(gateway: LocalGateway) -> None:

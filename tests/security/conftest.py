@@ -13,18 +13,20 @@ import httpx
 import pytest
 
 from devstack.launch import POOL_KINDS, LocalGateway, start_local_gateway
+from gateway.config import ListenerConfig
 from tests.integration.conftest import FAST_FLEET
 
 LLAMA, QWEN = "llama-3.1-8b-instruct", "qwen3-32b"
 LLAMA_POOL = "llama-3-1-8b-instruct"
 BODY_LIMIT = 512 * 1024
-HEADERS_KB = 16
+# The default header limit, kept: it must refuse what the pods would (their own plain-text 400).
+HEADERS_KB = ListenerConfig().max_request_headers_kb
 HEADERS_COUNT = 50
 
 
 def tight_limits(config: dict[str, Any]) -> None:
     config["bbr"] = {"maxRequestBodyBytes": BODY_LIMIT}
-    config["listener"] = {"maxRequestHeadersKb": HEADERS_KB, "maxHeadersCount": HEADERS_COUNT}
+    config["listener"] = {"maxHeadersCount": HEADERS_COUNT}
 
 
 @pytest.fixture(scope="module")

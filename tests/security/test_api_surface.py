@@ -1,9 +1,11 @@
 """Only the OpenAI inference API reaches the model servers (listener.paths, on by default).
 
-A path outside the allow-list is Envoy's own JSON 404: neither BBR nor an EPP runs and no pod
-sees the request, however the path is spelt. `allowAllPaths: true` is the explicit opt-out.
-"Nothing reached a pod" is measured on both sides of Envoy: its pool clusters' upstream request
-counters (every request to a pod goes through one) and the EPPs' routed-request counters.
+A path outside the allow-list is Envoy's own JSON 404, another method than POST on an inference
+path (or than GET on /v1/models) its JSON 405, a header over the limit its JSON 431: neither
+BBR nor an EPP runs and no pod sees the request, however the path is spelt. `allowAllPaths:
+true` is the explicit opt-out. "Nothing reached a pod" is measured on both sides of Envoy: its
+pool clusters' upstream request counters (every request to a pod goes through one), the EPPs'
+routed-request counters, and the pods' own count of every request they routed.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import httpx
 import pytest
 
 from devstack.launch import LocalGateway, start_local_gateway
+from gateway.config import API_PATHS, MODELS_PATH
 from tests.integration.conftest import FAST_FLEET, chat
 from tests.reliability.gateway_helpers import metric_value
-from tests.security.conftest import LLAMA
+from tests.security.conftest import HEADERS_KB, LLAMA
 
 # vLLM's admin and auxiliary endpoints, modelsim's own, and the usual server paths.
 NOT_SERVED = [
@@ -52,6 +55,8 @@ TRICKS = [
     "/v1/chat/completions/../load_lora_adapter",
 ]
 BODY = {"model": LLAMA, "prompt": "x", "lora_name": "evil", "lora_path": "/tmp/evil"}
+INFERENCE_PATHS = [p for p in API_PATHS if p != MODELS_PATH]
+OTHER_METHODS = ("PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 
 
 def upstream_requests(gw: LocalGateway) -> int:
@@ -60,6 +65,20 @@ def upstream_requests(gw: LocalGateway) -> int:
     counts = re.findall(r"^cluster\.(?:pool|fallback)-[^.]+\.upstream_rq_total: (\d+)$", text, re.M)
     assert counts, "no pool cluster counters"
     return sum(int(c) for c in counts)
+
+
+def pod_requests(gw: LocalGateway) -> float:
+    """Requests the pods' HTTP apps saw on the API paths, whatever their answer (modelsim)."""
+    total = 0.0
+    for pod in gw.pods:
+        text = httpx.get(f"http://{pod['address']}/metrics", timeout=5).text
+        total += sum(metric_value(text, "modelsim_http_requests_total", path=path) for path in API_PATHS)
+    return total
+
+
+def nothing_reached_a_pod(gw: LocalGateway) -> tuple[float, ...]:
+    """The counters that move when a request gets past Envoy (compare before and after)."""
+    return float(upstream_requests(gw)), routed_by_epps(gw), pod_requests(gw)
 
 
 def routed_by_epps(gw: LocalGateway) -> float:
@@ -150,3 +169,45 @@ def test_allow_all_paths_lets_the_other_endpoints_through(open_gateway: LocalGat
     assert upstream_requests(open_gateway) == before + 3
     status, _, body = raw_request(open_gateway, "POST", "/v1/chat/completions", chat(LLAMA))
     assert status == 200, body[:300]
+
+
+def assert_envoy_405(status: int, headers: dict, body: bytes, method: str, allowed: str) -> None:
+    assert status == 405, body[:300]
+    assert headers["allow"] == allowed
+    assert "x-modelsim-pod" not in headers
+    assert headers["content-type"] == "application/json"
+    if method != "HEAD":  # a HEAD answer has no body
+        error = json.loads(body)["error"]
+        assert error["code"] == "method_not_allowed" and allowed in error["message"]
+
+
+def test_only_post_reaches_the_inference_paths(gateway: LocalGateway) -> None:
+    before = nothing_reached_a_pod(gateway)
+    for path in INFERENCE_PATHS:
+        for method in ("GET", *OTHER_METHODS):
+            assert_envoy_405(*raw_request(gateway, method, path, BODY), method, "POST")
+    for method in ("POST", "PUT", "DELETE"):
+        assert_envoy_405(*raw_request(gateway, method, MODELS_PATH, None), method, "GET")
+    assert nothing_reached_a_pod(gateway) == before, "a request reached a model server"
+    status, _, body = raw_request(gateway, "POST", "/v1/completions", {**BODY, "max_tokens": 2})
+    assert status == 200, body[:300]
+    assert pod_requests(gateway) == before[2] + 1  # the pods' counter does see what reaches them
+
+
+def test_an_oversized_header_is_the_gateway_json_431(gateway: LocalGateway) -> None:
+    """9 KB in one header: under Envoy's old 60 KiB default it reached the pod, whose plain-text
+    400 came back; the default limit (8 KiB) is below what the model servers accept. Over
+    HTTP/2 Envoy's codec resets the stream instead (no status to send): no pod sees it either."""
+    assert HEADERS_KB * 1024 < 9 * 1024
+    before = nothing_reached_a_pod(gateway)
+    big = {"x-big": "v" * 9 * 1024}
+    tls = ssl.create_default_context(cafile=str(gateway.certs.ca))
+    with httpx.Client(base_url=gateway.url, verify=tls, timeout=30) as client:
+        r = client.post("/v1/chat/completions", json=chat(LLAMA), headers=big)
+    assert r.status_code == 431, r.text
+    assert r.headers["content-type"] == "application/json" and "x-modelsim-pod" not in r.headers
+    assert r.json()["error"]["code"] == "request_header_fields_too_large"
+    with httpx.Client(base_url=gateway.url, verify=tls, http2=True, timeout=30) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            client.post("/v1/chat/completions", json=chat(LLAMA), headers=big)
+    assert nothing_reached_a_pod(gateway) == before, "a request reached a model server"

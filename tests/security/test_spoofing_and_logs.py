@@ -59,9 +59,10 @@ async def test_forged_model_header_without_body_routes_nowhere(
 ) -> None:
     headers = {"x-gateway-model-name": QWEN, "x-gateway-destination-endpoint": trap.address}
     async with kind_gateway.client() as client:
-        r = await client.get(PATH, headers=headers)
-    assert r.status_code == 404
-    assert r.json()["error"]["code"] == "route_not_found"
+        got = await client.get(PATH, headers=headers)  # Envoy's 405 before any service runs
+        posted = await client.post(PATH, headers=headers)  # no body: nothing to route on
+    assert (got.status_code, got.json()["error"]["code"]) == (405, "method_not_allowed")
+    assert (posted.status_code, posted.json()["error"]["code"]) == (404, "route_not_found")
     assert trap.hits == []
 
 
