@@ -118,7 +118,8 @@ Send a request (any of the models: {", ".join(models)}):
 Add -H 'x-gateway-decision: true' -i to see the EPP's choice (the chosen pod, then every pod's
 scores; open to any client here, for local development only), or
 -H 'x-gateway-inference-objective: batch' to pick a scheduling profile.
-Configuration (hot-reloaded; edit the default profile's weights under profiles:): {gw.config_path}
+Configuration (hot-reloaded by the services and, over xDS, by Envoy: add a model and it is served;
+edit the default profile's weights under profiles:): {gw.config_path}
 Profiles and weights in force: {", ".join(f"http://127.0.0.1:{p}/debug/pool" for p in gw.epp_metrics_ports.values())}
 Logs: {workdir / "logs"}   Metrics: {", ".join(metrics)}
 Work directory: {workdir} ({"removed on exit; --keep keeps it" if remove else "kept on exit"})

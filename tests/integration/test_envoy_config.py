@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from devstack.certs import make_certs
 from devstack.launch import envoy_binary
 from gateway.config import parse_config
 from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap, write_bootstrap
+from gateway.xds_resources import xds_bootstrap
 
 CONFIG = {
     "pools": [
@@ -239,3 +241,12 @@ def test_single_hop_refuses_fail_open_and_several_epps(tmp_path: Path) -> None:
             parse_config({"pools": [CONFIG["pools"][0], {**CONFIG["pools"][1], "failureMode": "FailClose"}]}),
             topo,
         )
+
+
+@pytest.mark.parametrize("mtls", [False, True])
+def test_envoy_validates_the_xds_bootstrap(tmp_path: Path, mtls: bool) -> None:
+    """The bootstrap `make run` gives Envoy: admin plus the xDS cluster (gateway/xds.py)."""
+    topo = _topology(tmp_path, mtls)
+    path = tmp_path / "envoy-xds.json"
+    path.write_text(json.dumps(xds_bootstrap(topo.admin_port, ("127.0.0.1", 18000), topo.extproc_tls)))
+    _envoy_validate(path)
