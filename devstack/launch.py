@@ -264,17 +264,20 @@ class LocalGateway:
 
     def add_pool(self, pods: list[dict[str, Any]], timeout_s: float = 60.0) -> str:
         """Grow the gateway by a pool of these running pods, as an operator would: add it to the
-        live configuration, then start its EPP (named in the pool's `epp`). Envoy follows the
-        file over xDS; BBR routes the pool's models. Two-hop only (the single-hop EPP serves
-        the pools it started with). Returns the pool's name."""
-        if self.single_hop:
-            raise ValueError("single-hop: restart the gateway to add a pool")
+        live configuration, then (two-hop) start its EPP, named in the pool's `epp`. Envoy
+        follows the file over xDS; BBR, or the single-hop EPP, routes the pool's models (the
+        single-hop EPP also starts the pool's context itself). Returns the pool's name."""
         name = pool_name_for(pods[0]["model"])
         port, metrics_port = free_port(), free_port()
         (pool,) = gateway_config_for(pods, {name: port})["pools"]
         config = self.read_config()
+        if self.single_hop:  # the one EPP serves it
+            pool["epp"] = config["pools"][0]["epp"]
         config["pools"].append(pool)
         self.write_config(config)
+        self.pods = [*self.pods, *pods]
+        if self.single_hop:
+            return name
         template = self.procs[epp_process_name(next(iter(self.epp_ports)), 0)]
         argv = _with_options(
             [str(a) for a in template.popen.args],  # type: ignore[union-attr]
@@ -285,7 +288,6 @@ class LocalGateway:
         wait_until(functools.partial(grpc_serving, port, tls), timeout_s, f"epp for {name}", proc.popen)
         self.epp_ports[name], self.epp_metrics_ports[name] = port, metrics_port
         self.epp_replica_ports[name], self.epp_replica_metrics_ports[name] = [port], [metrics_port]
-        self.pods = [*self.pods, *pods]
         return name
 
     def epp_replica_names(self, pool: str) -> list[str]:

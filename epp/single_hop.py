@@ -126,9 +126,9 @@ class SingleHopProcessor:
 
 
 class SingleHopEpp:
-    """Every pool of the config in one process behind one ext_proc server. Pools are those of
-    the config at start; a reload that adds one is logged (restart to serve it) and requests
-    for it get a 503, while reloads of existing pools apply as in a per-pool EPP."""
+    """Every pool of the config in one process behind one ext_proc server. A reload that adds a
+    pool starts its context (a free metrics port; requests for it get a 503 until it runs),
+    reloads of existing pools apply as in a per-pool EPP."""
 
     def __init__(
         self,
@@ -147,7 +147,9 @@ class SingleHopEpp:
         unknown = set(ports) - {p.name for p in config.pools}
         if unknown:
             raise ValueError(f"--metrics-port names no pool of the config: {', '.join(sorted(unknown))}")
-        shared = SharedRuntime(self.store, self.tracing)
+        shared = self._shared = SharedRuntime(self.store, self.tracing)
+        self._config_path = config_path
+        self._starting: set[str] = set()
         self.apps = {
             pool.name: EppApp(
                 config_path, pool.name, host=host, metrics_port=ports.get(pool.name, 0), shared=shared
@@ -164,11 +166,22 @@ class SingleHopEpp:
         self.port = 0
 
     def _on_config(self, config: EppConfig) -> None:
-        added = {p.name for p in config.pools} - set(self.apps)
-        if added:
-            log.warning(
-                "reloaded config adds pool(s) %s: restart the EPP to serve them", ", ".join(sorted(added))
-            )
+        for name in sorted({p.name for p in config.pools} - set(self.apps) - self._starting):
+            self._starting.add(name)
+            self._tasks.append(asyncio.get_running_loop().create_task(self._add_pool(name)))
+
+    async def _add_pool(self, name: str) -> None:
+        """A pool added by a reload: served once its context runs (scraper, metrics port)."""
+        try:
+            app = EppApp(self._config_path, name, host=self._host, shared=self._shared)
+            await app.start()
+        except Exception:
+            log.exception("pool %s added by a reload could not start; restart the EPP to serve it", name)
+            return
+        finally:
+            self._starting.discard(name)
+        self.apps[name] = app
+        log.info("pool %s added by a reload: served (metrics port %d)", name, app.metrics_port)
 
     @property
     def metrics_ports(self) -> dict[str, int]:

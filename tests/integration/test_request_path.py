@@ -31,7 +31,7 @@ def test_each_mode_runs_its_own_processes(gateway: LocalGateway) -> None:
     running = gateway.envoy_config()
     bootstrap = json.dumps(running)
     if gateway.single_hop:
-        assert set(gateway.procs) == {"fleet", "epp", "envoy"}
+        assert set(gateway.procs) == {"fleet", "epp", "xds", "envoy"}
         assert '"gateway.bbr"' not in bootstrap
     else:
         assert {"bbr", "epp-llama-3-1-8b-instruct", "epp-qwen3-32b"} <= set(gateway.procs)
