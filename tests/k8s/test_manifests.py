@@ -515,7 +515,9 @@ def test_envoy_bootstrap_routes_by_metadata_to_services_that_exist(target: str) 
     # Every public model name of the config reaches the pool route; other names do not.
     routes = {r["name"]: r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
     route = routes["llama-3-8b-pick"]
-    regex = re.compile(route["match"]["headers"][0]["string_match"]["safe_regex"]["regex"])
+    (model_match,) = [h for h in route["match"]["headers"] if h["name"] == "x-gateway-model-name"]
+    regex = re.compile(model_match["string_match"]["safe_regex"]["regex"])
+    assert {"name": ":method", "string_match": {"exact": "POST"}} in route["match"]["headers"]
     for model in parse_config(_gateway_config(objs)).routes():
         assert regex.fullmatch(model), model
     assert not regex.fullmatch("meta-llama/Llama-3X1-8B-Instruct")
