@@ -42,6 +42,11 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._streams: set[asyncio.Event] = set()
         self._nonce = 0
 
+    @property
+    def resources(self) -> dict[str, Resources]:
+        """What Envoy is given now, by type URL."""
+        return self._resources
+
     def on_config(self, config: GatewayConfig) -> None:
         try:
             fresh = snapshot(config, self._topo)
@@ -82,7 +87,10 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         sent: dict[str, str],
         wake: asyncio.Event,
     ) -> None:
-        """Subscriptions, ACKs and NACKs: a type is answered once subscribed, then on changes."""
+        """Subscriptions, ACKs and NACKs: a type is answered when Envoy subscribes to it or
+        changes the names it asks for (SotW: a new name set wants the resources again), then on
+        every change of content."""
+        names: dict[str, list[str]] = {}
         try:
             async for request in requests:
                 if request.HasField("error_detail"):
@@ -92,7 +100,9 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                         sent.get(request.type_url),
                         request.error_detail.message,
                     )
-                if request.type_url not in sent:
+                asked = sorted(request.resource_names)
+                if request.type_url not in sent or names.get(request.type_url) != asked:
+                    names[request.type_url] = asked
                     sent[request.type_url] = ""
                     wake.set()
         finally:
