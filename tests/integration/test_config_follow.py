@@ -182,9 +182,12 @@ async def test_a_pool_added_is_served(gw: LocalGateway) -> None:
 
 
 async def _served_or_starting(client: httpx.AsyncClient, model: str) -> bool:
-    """Served; until then refused (the config has not reached BBR and Envoy yet)."""
+    """Served; until then refused (the config has not reached BBR and Envoy yet) or, in
+    single-hop mode, a 503 while the EPP starts the pool's context."""
     r = await _post(client, model)
-    assert r.status_code in (200, 404), r.text
+    assert r.status_code in (200, 404, 503), r.text
+    if r.status_code == 503:
+        assert r.json()["error"]["code"] == "pool_not_served", r.text
     return r.status_code == 200
 
 
