@@ -19,6 +19,7 @@ import pytest
 
 from devstack.launch import LocalGateway, start_fleet
 from tests.integration.conftest import MODES, chat, local_gateway
+from tests.reliability.conftest import record_figures
 
 LLAMA, QWEN, NEW = "llama-3.1-8b-instruct", "qwen3-32b", "chat-lora"
 # ~7 simulated ms per token (tests/integration/test_inflight.py): at time scale 2 a 400-token
@@ -146,6 +147,7 @@ async def test_an_adapter_added_is_served_within_a_second(gw: LocalGateway) -> N
             assert not stream.done, "the streamed answer should span the change"
         listed = {m["id"] for m in (await client.get("/v1/models")).json()["data"]}
     assert NEW in listed
+    record_figures("config_follow_added", {"two_hop": not gw.single_hop, "seconds": round(took, 3)})
     assert took < WITHIN_S
 
 
@@ -159,6 +161,7 @@ async def test_a_model_removed_is_refused_within_a_second(gw: LocalGateway) -> N
             assert not stream.done, "the streamed answer should span the change"
         listed = {m["id"] for m in (await client.get("/v1/models")).json()["data"]}
     assert "sql-lora" not in listed
+    record_figures("config_follow_removed", {"two_hop": not gw.single_hop, "seconds": round(took, 3)})
     assert took < WITHIN_S
 
 
