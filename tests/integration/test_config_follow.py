@@ -194,6 +194,27 @@ async def _served_or_starting(client: httpx.AsyncClient, model: str) -> bool:
     return r.status_code == 200
 
 
+async def test_a_listener_change_drains_the_old_connections_requests_to_their_end(gw: LocalGateway) -> None:
+    """A listener setting (the header count limit) replaces the listener in place: the stream
+    on the old one finishes, and new connections get the new limit (connections opened before
+    keep the old listener until Envoy's drain closes them)."""
+    many = {f"x-h{i}": "1" for i in range(30)}
+
+    async def new_limit() -> bool:
+        async with gw.client() as fresh:  # a new connection: the listener in force now
+            r = await fresh.post("/v1/chat/completions", json=chat(LLAMA), headers=many)
+        assert r.status_code in (200, 431), r.text
+        return r.status_code == 431
+
+    async with gw.client() as client:
+        async with Stream(client, LLAMA) as stream:
+            _edit(gw, lambda config: config.setdefault("listener", {}).update(maxHeadersCount=20))
+            await _until(new_limit, "the new listener's limit", 10)
+            assert not stream.done, "the streamed answer should span the change"
+    async with gw.client() as fresh:
+        assert (await _post(fresh, LLAMA)).status_code == 200
+
+
 async def test_a_model_envoy_has_no_route_for_is_named(gw: LocalGateway) -> None:
     """The services know a model Envoy's routes do not (the xDS server is down here): Envoy's
     own 404 names it. Last in the module: Envoy keeps its resources but is not fed any more."""
