@@ -354,6 +354,8 @@ def predicted_ttft(
         slot_wait = False
         if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s
+            if _slots_full(s.address, m, residency):
+                pred += load_s  # it evicts a resident adapter, whose next request loads it again
             slot_wait = 0 < m.max_lora <= len(m.running_adapters)
         if slot_wait or not _kv_holds(m, ahead + own + output):
             if slot_wait:  # every slot pinned: wait until one adapter's requests all end
@@ -368,6 +370,16 @@ def predicted_ttft(
     if not best < math.inf:  # every prediction overflowed: nothing to prefer
         return [0.0] * len(candidates)
     return [0.0 if p is None else (best / p if p > 0.0 else 1.0) for p in preds]
+
+
+def _slots_full(address: str, m: Metrics, residency: AdapterResidency | None) -> bool:
+    """Every one of the pod's `max_lora` GPU slots holds an adapter (running, or resident as the
+    EPP models it): loading another evicts one."""
+    if m.max_lora <= 0:
+        return False
+    if len(m.running_adapters) >= m.max_lora:
+        return True
+    return residency is not None and len(residency.adapters(address, m.max_lora)) >= m.max_lora
 
 
 def _class_paces(candidates: Sequence[EndpointState]) -> dict[tuple[int | None, int | None], float]:

@@ -113,7 +113,11 @@ def offer(config_path: Path, services: list[Service], change: Callable[[dict], N
     seen = {s.name: len(s.verdicts()) for s in services}
     config = base_config()
     change(config)
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    # Atomically, as a ConfigMap update lands: a watcher polling mid-write (every 0.2 s) would
+    # otherwise judge a truncated file first.
+    staged = config_path.with_suffix(".staged")
+    staged.write_text(yaml.safe_dump(config, sort_keys=False))
+    staged.replace(config_path)
     wait_for(lambda: all(len(s.verdicts()) > seen[s.name] for s in services), "every service's verdict")
     return [s.verdicts()[-1] for s in services]
 
