@@ -219,10 +219,19 @@ class Engine:
             seq.hashes.append(block_hash(parent, seq.token_ids[i * bs : (i + 1) * bs], extra))
         return seq.hashes
 
-    def cached_prefix_tokens(self, prompt_ids: list[int], adapter: str | None) -> int:
-        """Tokens of this prompt that a new request would find in the prefix cache right now."""
+    def prefix_hashes(self, prompt_ids: list[int], adapter: str | None) -> list[int]:
+        """The block hashes a new request's prefix-cache lookup uses (never its last token):
+        the same on every engine with this block size, so a fleet-wide probe hashes once."""
         probe = Seq(prompt_ids=prompt_ids, max_tokens=1, adapter=adapter, arrival=0.0)
-        hashes = self._hashes(probe, len(prompt_ids) - 1)
+        return self._hashes(probe, len(prompt_ids) - 1)
+
+    def cached_prefix_tokens(
+        self, prompt_ids: list[int], adapter: str | None, hashes: list[int] | None = None
+    ) -> int:
+        """Tokens of this prompt that a new request would find in the prefix cache right now
+        (`hashes`: its `prefix_hashes`, when already computed)."""
+        if hashes is None:
+            hashes = self.prefix_hashes(prompt_ids, adapter)
         return len(self.kv.lookup(hashes)) * self.block_size
 
     # ---- scheduling ------------------------------------------------------------------------
@@ -440,10 +449,15 @@ class Engine:
     def kv_usage(self) -> float:
         return self.kv.usage()
 
-    def predict_ttft(self, prompt_ids: list[int], adapter: str | None) -> float:
-        """Estimated TTFT (simulated s) for a request arriving now; see docs/modelsim.md."""
+    def predict_ttft(
+        self, prompt_ids: list[int], adapter: str | None, cached_tokens: int | None = None
+    ) -> float:
+        """Estimated TTFT (simulated s) for a request arriving now; see docs/modelsim.md.
+        `cached_tokens`: its `cached_prefix_tokens`, when already computed."""
         p = self.profile
-        own = max(1, len(prompt_ids) - self.cached_prefix_tokens(prompt_ids, adapter))
+        if cached_tokens is None:
+            cached_tokens = self.cached_prefix_tokens(prompt_ids, adapter)
+        own = max(1, len(prompt_ids) - cached_tokens)
         ahead = sum(s.num_tokens - s.num_computed for s in self.waiting)
         ahead += sum(s.num_tokens - s.num_computed for s in self.running if s.num_output == 0)
         decodes = sum(1 for s in self.running if s.num_output > 0)

@@ -454,19 +454,23 @@ class Pod:
             return _json(unserved.status, unserved.body(), self.name)
         return _json(200, {"pods": out}, self.name)
 
-    def probe(self, prompt_ids: list[int], adapter: str | None) -> dict[str, Any]:
-        """Exact engine state plus a TTFT prediction for this request (simulated seconds)."""
+    def probe(
+        self, prompt_ids: list[int], adapter: str | None, hashes: list[int] | None = None
+    ) -> dict[str, Any]:
+        """Exact engine state plus a TTFT prediction for this request (simulated seconds);
+        `hashes`: the prompt's `Engine.prefix_hashes`, when the caller has them."""
         e = self.engine
+        cached = e.cached_prefix_tokens(prompt_ids, adapter, hashes)
         return {
             "pod": self.name,
             "waiting": len(e.waiting),
             "running": len(e.running),
             "kv_usage": e.kv_usage(),
             "free_blocks": e.kv.num_free,
-            "cached_prefix_tokens": e.cached_prefix_tokens(prompt_ids, adapter),
+            "cached_prefix_tokens": cached,
             "prompt_tokens": len(prompt_ids),
             "adapter_resident": None if adapter is None else e.lora.resident(adapter),
-            "predicted_ttft_s": e.predict_ttft(prompt_ids, adapter),
+            "predicted_ttft_s": e.predict_ttft(prompt_ids, adapter, cached),
             "sim_time_s": self.clock.now(),
         }
 
