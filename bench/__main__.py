@@ -59,10 +59,11 @@ from bench.summary import (
     write_summary,
 )
 from bench.targets import FLEET_NEEDS, POLICIES, TargetContext, fleet_needs, load_plugins, make_target
+from bench.vtime.cli import VIRTUAL_SUMMARIES, cmd_sim
 from bench.vtime.cli import add_parser as add_sim_parser
-from bench.vtime.cli import cmd_sim
+from bench.vtime.report import DOC as VIRTUAL_DOC
 from bench.vtime.report import add_parser as add_sim_report_parser
-from bench.vtime.report import cmd_sim_report
+from bench.vtime.report import cmd_sim_report, render_doc
 
 
 def _options(pairs: Sequence[str]) -> dict[str, str]:
@@ -395,6 +396,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":
             names = render_report(args.root, args.summaries, args.mode, args.baseline, args.results)
             print(f"rendered {len(names)} scenario(s) under {args.root}: {', '.join(names) or 'none'}")
+            virtual = Path(args.root) / VIRTUAL_SUMMARIES
+            if virtual.exists():  # virtual-time runs (bench sim): their own page, apart from these tables
+                render_doc(args.summaries, virtual, args.mode, Path(args.root) / VIRTUAL_DOC)
+                print(f"rendered the virtual-time tables into {Path(args.root) / VIRTUAL_DOC}")
             return 0
         if args.command == "sim":
             return cmd_sim(args, run_seeds(args))

@@ -2,7 +2,8 @@
 
     python -m bench sim --scenario bench/scenarios/uniform.yaml --policy round-robin \\
         --policy epp-default --policy oracle [--seeds reporting|tuning|N] [--seed N ...] \\
-        [--pods-scale K] [--duration-s S] [--gateway-ms MS] [--as-recorded bench/summaries]
+        [--pods-scale K] [--duration-s S] [--gateway-ms MS] [--as-recorded bench/summaries] \\
+        [--ttft-only] [--first-spike-s S] [--router-seed N]
 
 Summaries go to bench/summaries-virtual/<mode>/<scenario>/<policy>/seed-<n>.json (the schema
 of bench/summary.py, `run.virtual: true`); a scaled run's scenario is named
@@ -97,15 +98,17 @@ def run_one(
     extra: Mapping[str, Any] | None = None,
     keep_itl: bool = True,
     until_first_tokens: bool = False,
+    router_seed: int | None = None,
 ) -> tuple[list[Any], LoopStats, Router]:
-    """One policy on one seeded scenario in virtual time: its results, loop stats and router."""
+    """One policy on one seeded scenario in virtual time: its results, loop stats and router.
+    `router_seed`: the router's random source (ties, scrape jitter); default the trace seed."""
     time_scale = float(scenario.fleet.get("time_scale", 1.0))
     if gateway_ms is None:
         gateway_ms = GATEWAY_MS["epp" if policy.startswith("epp-") else policy]
     clock = VirtualClock()
     events = Events(clock)
     pods = build_pods(scenario.fleet, clock)
-    router = make_router(policy, scenario.seed, scenario, extra)
+    router = make_router(policy, scenario.seed if router_seed is None else router_seed, scenario, extra)
     trace = scenario.trace()
     limit_s = scenario.duration_s * 3 + 60 * time_scale  # bench run's max wall time, simulated
     results, stats = simulate(
@@ -207,7 +210,10 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
                 extra=extra,
                 keep_itl=not args.ttft_only,
                 until_first_tokens=args.ttft_only,
+                router_seed=args.router_seed,
             )
+            if args.router_seed is not None:
+                info["router_seed"] = args.router_seed
             if args.ttft_only:
                 info["ttft_only"] = (
                     "stopped once every request had its first token: no ITL; E2E of early finishers only"
@@ -248,4 +254,5 @@ def add_parser(sub: Any) -> None:
     sim.add_argument(
         "--ttft-only", action="store_true", help="stop once every request has its first token (big runs)"
     )
+    sim.add_argument("--router-seed", type=int, help="the routers' random source (default: the trace seed)")
     sim.add_argument("--first-spike-s", type=float, help="bursty arrivals: move the first spike here")

@@ -57,6 +57,7 @@ class Oracle:
         probes: list[Probe] = []
         by_address: dict[str, SimPod] = {}
         ids_by_tokenizer: dict[int, list[int]] = {}
+        hashes: dict[tuple[int, int, str | None], list[int]] = {}  # one hashing per block size
         kind = "chat" if "messages" in req.body else "completion"
         for pod in self._pods:
             c = pod.pod.config
@@ -68,7 +69,12 @@ class Oracle:
                     ids = ids_by_tokenizer[key] = prompt_ids_of(req.body, kind, pod.pod.tokenizer)
             except ApiError:
                 continue  # not this pod's model: not a candidate (as /sim/probe-fleet skips it)
-            probe = pod.pod.probe(ids, adapter)
+            engine = pod.pod.engine
+            key_h = (key, engine.block_size, adapter)
+            prefix = hashes.get(key_h)
+            if prefix is None:
+                prefix = hashes[key_h] = engine.prefix_hashes(ids, adapter)
+            probe = pod.pod.probe(ids, adapter, prefix)
             probes.append(Probe(pod.address, probe["predicted_ttft_s"], probe["running"]))
             by_address[pod.address] = pod
         best = best_probe(probes, self._rng)
