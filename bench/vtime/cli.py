@@ -38,6 +38,7 @@ VIRTUAL_SUMMARIES = Path("bench/summaries-virtual")
 # docs/benchmarks/costs.md "Gateway overhead" (concurrency 1, 1 KB): Envoy round-robin +1.90,
 # the full gateway (Envoy + BBR + EPP; the oracle sits where the EPP does) +7.12.
 GATEWAY_MS = {"round-robin": 1.90, "oracle": 7.12, "epp": 7.12}
+SCALED_WORKLOAD_KEYS = ("sessions", "groups")  # bench/workloads.py: concurrent units of a trace
 POLICIES = ("round-robin", "oracle", "epp-default", "epp-gie", "epp-predicted", "epp-best")
 
 
@@ -82,9 +83,15 @@ def scaled(
     if factor != 1:
         arrivals = dict(scenario.arrivals)
         arrivals["rate"] = float(arrivals["rate"]) * factor
+        # Live sessions and prompt groups scale with the pods, so each pod sees what it saw.
+        workload = {
+            k: (int(v) * factor if k in SCALED_WORKLOAD_KEYS else v) for k, v in scenario.workload.items()
+        }
         fleet = scaled_fleet(scenario.fleet, factor)
         pods = sum(int(p.get("replicas", 1)) for p in fleet["pods"])
-        out = dataclasses.replace(out, name=f"{scenario.name}@{pods}pods", fleet=fleet, arrivals=arrivals)
+        out = dataclasses.replace(
+            out, name=f"{scenario.name}@{pods}pods", fleet=fleet, arrivals=arrivals, workload=workload
+        )
     if duration_s is not None:
         out = dataclasses.replace(out, duration_s=duration_s)
     return out

@@ -86,6 +86,10 @@ def test_scaling_multiplies_pods_and_rate() -> None:
     big = scaled(SCENARIO, 5, 2.0)
     assert big.name == "vtime-test@10pods" and big.duration_s == 2.0
     assert big.fleet["pods"][0]["replicas"] == 10 and big.arrivals["rate"] == 70.0
+    sessions = dataclasses.replace(
+        SCENARIO, workload={"kind": "sessions", "model": "m", "sessions": 8, "turns": 4}
+    )
+    assert scaled(sessions, 3).workload == {"kind": "sessions", "model": "m", "sessions": 24, "turns": 4}
 
 
 def test_bench_sim_writes_a_virtual_summary(tmp_path: Path) -> None:
