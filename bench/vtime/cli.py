@@ -131,8 +131,8 @@ def run_one(
     return results, stats, router
 
 
-def _decision_cpu(stats: LoopStats) -> dict[str, float | None]:
-    ns = sorted(stats.decision_cpu_ns)
+def _cpu(samples_ns: list[int]) -> dict[str, float | None]:
+    ns = sorted(samples_ns)
     if not ns:
         return {"mean_us": None, "p50_us": None, "p99_us": None}
     return {
@@ -162,7 +162,8 @@ def summarise(
         "simulated_s": stats.simulated_s,
         "engine_steps": stats.steps,
         "decisions": stats.decisions,
-        "decision_cpu": _decision_cpu(stats),
+        "decision_cpu": _cpu(stats.decision_cpu_ns),  # the router's whole decision (EPP: on_request)
+        **({"pick_cpu": _cpu(router.pick_cpu_ns)} if isinstance(router, VirtualEpp) else {}),
         "engines": stats.engines,
         "gateway_ms": ms,
         "pods": len({r.pod for r in results if r.pod}) or None,

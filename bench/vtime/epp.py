@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 import tempfile
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -97,6 +98,7 @@ class VirtualEpp:
         self._scrapes: dict[str, _PodScrapes] = {}
         self._endpoints: dict[str, Endpoint] = {}
         self._pool_of: dict[str, EppApp] = {}
+        self.pick_cpu_ns: list[int] = []  # process time of each WeightedScheduler.pick
 
     # ---- setup ------------------------------------------------------------------------------
     def start(self, events: Events, pods: Sequence[SimPod]) -> None:
@@ -127,6 +129,15 @@ class VirtualEpp:
         app.scheduler.rng = random.Random(self._seed * 1000 + index)
         app.scraper.rng = random.Random(self._seed * 1000 + 500 + index)
         app.pool.routed_hook = self._wake
+        pick = app.scheduler.pick  # the production pick, timed: the CPU a decision's scoring costs
+
+        def timed_pick(request: Any, snapshot: Any) -> Any:
+            started = time.process_time_ns()
+            decision = pick(request, snapshot)
+            self.pick_cpu_ns.append(time.process_time_ns() - started)
+            return decision
+
+        app.scheduler.pick = timed_pick  # type: ignore[method-assign]
 
     def _epp_clock(self) -> float:
         """The EPP's monotonic clock: simulated seconds / time_scale (it lives in wall time)."""

@@ -116,6 +116,7 @@ def test_bench_sim_writes_a_virtual_summary(tmp_path: Path) -> None:
     assert summary["run"]["virtual"] is True and summary["policy"]["config"]["kind"] == "virtual"
     assert summary["policy"]["config"]["profile"]["weights"]["predicted-ttft"] > 0
     assert summary["stats"]["steady"]["ok"] > 0 and summary["run"]["decision_cpu"]["mean_us"] > 0
+    assert 0 < summary["run"]["pick_cpu"]["mean_us"] < summary["run"]["decision_cpu"]["mean_us"]
 
 
 def test_bench_sim_refuses_an_unknown_policy_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
