@@ -20,6 +20,15 @@ from bench.vtime.loop import Events, Routed
 from bench.vtime.pods import SimPod
 from bench.workloads import TraceRequest
 from modelsim.openai_api import ApiError, prompt_ids_of, resolve_model
+from modelsim.tokenizer import ApproxTokenizer, PromptTokenizer
+
+
+def _tokenizer_key(tokenizer: PromptTokenizer) -> object:
+    """Pods whose tokenizers give the same ids share one tokenization: every pod has its own
+    ApproxTokenizer object, and they agree when their vocabularies do."""
+    if isinstance(tokenizer, ApproxTokenizer):
+        return ("approx", tokenizer.vocab_size)
+    return id(tokenizer)
 
 
 class RoundRobin:
@@ -56,14 +65,14 @@ class Oracle:
     def route(self, index: int, req: TraceRequest, body: bytes) -> Routed:
         probes: list[Probe] = []
         by_address: dict[str, SimPod] = {}
-        ids_by_tokenizer: dict[int, list[int]] = {}
-        hashes: dict[tuple[int, int, str | None], list[int]] = {}  # one hashing per block size
+        ids_by_tokenizer: dict[object, list[int]] = {}
+        hashes: dict[tuple[object, int, str | None], list[int]] = {}  # one hashing per block size
         kind = "chat" if "messages" in req.body else "completion"
         for pod in self._pods:
             c = pod.pod.config
             try:
                 _, adapter = resolve_model(req.body, c.model, c.adapters)
-                key = id(pod.pod.tokenizer)
+                key = _tokenizer_key(pod.pod.tokenizer)
                 ids = ids_by_tokenizer.get(key)
                 if ids is None:
                     ids = ids_by_tokenizer[key] = prompt_ids_of(req.body, kind, pod.pod.tokenizer)
