@@ -81,7 +81,7 @@ def scaled(
     if first_spike_s is not None:
         out = dataclasses.replace(out, arrivals={**out.arrivals, "first_spike_s": first_spike_s})
     if factor != 1:
-        arrivals = dict(scenario.arrivals)
+        arrivals = dict(out.arrivals)
         arrivals["rate"] = float(arrivals["rate"]) * factor
         # Live sessions and prompt groups scale with the pods, so each pod sees what it saw.
         workload = {

@@ -86,6 +86,8 @@ def test_scaling_multiplies_pods_and_rate() -> None:
     big = scaled(SCENARIO, 5, 2.0)
     assert big.name == "vtime-test@10pods" and big.duration_s == 2.0
     assert big.fleet["pods"][0]["replicas"] == 10 and big.arrivals["rate"] == 70.0
+    assert scaled(SCENARIO, 2, 1.0, first_spike_s=0.3).arrivals == {"pattern": "poisson", "rate": 28.0,
+                                                                   "first_spike_s": 0.3}  # fmt: skip
     sessions = dataclasses.replace(
         SCENARIO, workload={"kind": "sessions", "model": "m", "sessions": 8, "turns": 4}
     )
