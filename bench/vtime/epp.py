@@ -177,6 +177,7 @@ class VirtualEpp:
             return  # replaced by a wake
         assert self._events is not None
         state.pending += 1  # nothing queued until the page is recorded
+        state.idle = False  # a scrape in flight is not a sleep a routed request could end
         page, sent_at = state.pod.page(), self._epp_clock()
         self._events.at(
             self._events.now + self._age * self._ts, TIMER, lambda: self._record(app, state, page, sent_at)
