@@ -194,8 +194,8 @@ def _bound_verdict(p95: Mapping[str, float | None]) -> str:
 def scale_table(virtual_root: str | Path, mode: str) -> str:
     data = load_summaries(virtual_root, mode, REPORTING_SEEDS)
     rows = [
-        "| scenario | pods | offered req/s | policy | TTFT P50 / P95 ms | errors | decision CPU mean / P99 us "
-        "| of which pick, mean us | wall s (simulated s) |",
+        "| scenario | pods | offered req/s | policy | TTFT P50 / P95 ms | errors | decision CPU P50 / P99 us "
+        "| of which pick, P50 us | wall s (simulated s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for scenario in sorted((s for s in data if "@" in s), key=lambda s: (int(s.split("@")[1][:-4]), s)):
@@ -203,12 +203,12 @@ def scale_table(virtual_root: str | Path, mode: str) -> str:
             for run in data[scenario].get(policy, []):
                 st, info = run["stats"]["steady"], run["run"]
                 cpu = info.get("decision_cpu", {})
-                pick = info.get("pick_cpu", {}).get("mean_us")
+                pick = info.get("pick_cpu", {}).get("p50_us")
                 pods = sum(int(p.get("replicas", 1)) for p in run["scenario"]["fleet"]["pods"])
                 rate = run["scenario"]["arrivals"]["rate"]
                 rows.append(
                     f"| {scenario.split('@')[0]} | {pods:,} | {rate:,.0f} | {policy} | {_ms(st['ttft_p50'])} / "
-                    f"{_ms(st['ttft_p95'])} | {st['errors']} | {cpu.get('mean_us') or 0:,.0f} / "
+                    f"{_ms(st['ttft_p95'])} | {st['errors']} | {cpu.get('p50_us') or 0:,.0f} / "
                     f"{cpu.get('p99_us') or 0:,.0f} | {'' if pick is None else f'{pick:,.0f}'} "
                     f"| {info['wall_s']:,.0f} ({info['simulated_s']:.1f}) |"
                 )
