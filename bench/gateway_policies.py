@@ -269,6 +269,17 @@ def epp_config(
     return extra
 
 
+def profile_record(profile: Any) -> dict[str, Any]:
+    """A resolved profile as a run summary records it (real-time and virtual runs alike)."""
+    return {
+        "name": profile.name,
+        "weights": dict(profile.weights),
+        "picker": profile.picker,
+        "thresholds": profile.thresholds.model_dump(by_alias=True),
+        "priority": profile.priority,
+    }
+
+
 def effective_epp_config(config_path: Path) -> dict[str, Any]:
     """The scheduling configuration the EPP really ran with, read back from the gateway's own
     config file: the default profile resolved over the built-ins (so `epp-default` records the
@@ -281,13 +292,7 @@ def effective_epp_config(config_path: Path) -> dict[str, Any]:
         json.dumps(
             {
                 "default_profile": config.default_profile,
-                "profile": {
-                    "name": profile.name,
-                    "weights": dict(profile.weights),
-                    "picker": profile.picker,
-                    "thresholds": profile.thresholds.model_dump(by_alias=True),
-                    "priority": profile.priority,
-                },
+                "profile": profile_record(profile),
                 "thresholds": config.thresholds.model_dump(by_alias=True),
                 "scrape": config.scrape.model_dump(by_alias=True),
                 "admission": config.admission.model_dump(by_alias=True),

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from bench.gateway_policies import profile_record
 from bench.vtime.loop import TIMER, Events, Routed
 from bench.vtime.pods import SimPod
 from bench.workloads import TraceRequest
@@ -152,13 +153,7 @@ class VirtualEpp:
             "kind": "virtual",
             "epp": "epp.app.EppApp, EppProcessor per request",
             "default_profile": config.default_profile,
-            "profile": {
-                "name": profile.name,
-                "weights": dict(profile.weights),
-                "picker": profile.picker,
-                "thresholds": profile.thresholds.model_dump(by_alias=True),
-                "priority": profile.priority,
-            },
+            "profile": profile_record(profile),
             "scrape": config.scrape.model_dump(by_alias=True),
             "scrape_age_s": self._age,
             "kv_events": False,
