@@ -433,7 +433,8 @@ class Pool:
         sent_at: float | None = None,
         first_tokens: float | None = None,
     ) -> None:
-        """A scrape of the pod: `sent_at` (monotonic) when it was sent, default its parse time;
+        """A scrape of the pod: `sent_at` (the pool's clock) when it was sent, default now (the
+        page is taken as current: every pick so far is on it);
         `first_tokens` the pod's cumulative first-token count (TTFT histogram), when it has one.
         Reconciles the pod's ledger with the page."""
         live = self._live.get(address)
