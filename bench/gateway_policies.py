@@ -31,8 +31,8 @@ Target options (`--target-opt key=value`) for tuning without editing code:
 `scrape_ms=50`, `profile=<built-in name>` (epp-best, epp-gie and epp-predicted only); `replicas=N` (any `epp-*`): N EPP
 replicas sharing state through a private redis-server (`shared_state=1`: the same Redis wiring for
 one replica; `shared_publish_ms=N`: its sharedState.publishIntervalMs); `single_hop=1|0` (any `epp-*`):
-the single-hop mode (one EPP process does BBR's routing and picks the pod), the default with one
-replica (the standalone default shape; two-hop with `replicas` > 1);
+the single-hop mode (each EPP process does BBR's routing and picks the pod), the default (the
+standalone default shape, with one replica or several);
 `request_body=streamed|buffered` (any `epp-*`): `listener.requestBodyMode`.
 """
 
@@ -382,10 +382,9 @@ def gateway_factory(
                 if "shared_publish_ms" in ctx.options:
                     shared["publishIntervalMs"] = int(ctx.options["shared_publish_ms"])
                 extra = {**extra, "sharedState": shared}
-            # The standalone default shape is single-hop (one ext_proc stream per request); several
-            # EPP replicas per pool run two-hop (devstack starts single-hop with one EPP process).
-            default_shape = "1" if replicas == 1 else "0"
-            single_hop = epp_module == "epp" and ctx.options.get("single_hop", default_shape) not in ("0", "")
+            # The standalone default shape is single-hop (one ext_proc stream per request), with
+            # one EPP process or several replicas, each serving every pool.
+            single_hop = epp_module == "epp" and ctx.options.get("single_hop", "1") not in ("0", "")
             if "request_body" in ctx.options:  # streamed | buffered: listener.requestBodyMode
                 extra = {**extra, "listener": {"requestBodyMode": ctx.options["request_body"]}}
             gateway = start_local_gateway(

@@ -291,7 +291,10 @@ class LocalGateway:
         return name
 
     def epp_replica_names(self, pool: str) -> list[str]:
-        return [epp_process_name(pool, i) for i in range(len(self.epp_replica_ports.get(pool, [0])))]
+        count = len(self.epp_replica_ports.get(pool, [0]))
+        if self.single_hop:
+            return [single_hop_process_name(i) for i in range(count)]
+        return [epp_process_name(pool, i) for i in range(count)]
 
     def pods_of(self, model: str) -> list[str]:
         return [p["address"] for p in self.pods if p["model"] == model]
@@ -335,6 +338,11 @@ def _with_options(argv: list[str], values: Mapping[str, str]) -> list[str]:
 
 def epp_process_name(pool: str, replica: int) -> str:
     return f"epp-{pool}" if replica == 0 else f"epp-{pool}-{replica}"
+
+
+def single_hop_process_name(replica: int) -> str:
+    """The single-hop EPP processes: "epp", then "epp-1", "epp-2", ... (each serves every pool)."""
+    return "epp" if replica == 0 else f"epp-{replica}"
 
 
 def gateway_config_for(
@@ -502,15 +510,16 @@ def start_gateway_once(
     `bbr_args` / `epp_args` are appended to those services' command lines and `service_env`
     added to their environment (e.g. a KUBECONFIG for resource watches). `single_hop`: no BBR,
     one EPP process (`epp.single_hop`, named "epp" in `procs`) for every pool, one ext_proc
-    filter in Envoy; `epp_ports` then maps every pool to its port. `epp_replicas` (two-hop):
-    EPP processes per pool, on consecutive ports, all in the pool's Envoy cluster (share their
-    in-flight counts by adding `sharedState` to `config_extra`). `envoy_source`: Envoy fed by
+    filter in Envoy; `epp_ports` then maps every pool to its port. `epp_replicas`: EPP processes
+    per pool (two-hop) or single-hop EPP processes (each serving every pool), on consecutive
+    ports, all in one Envoy cluster (they share their state by adding `sharedState` to
+    `config_extra`). `envoy_source`: Envoy fed by
     the xDS server (`gateway.xds`, process "xds"), so it follows `gateway.yaml` as the
     services do, or "static": the rendered bootstrap, read once.
     """
-    if single_hop and (epp_module != "epp" or bbr_args or epp_replicas != 1):
+    if single_hop and (epp_module != "epp" or bbr_args):
         raise ValueError(
-            "single_hop runs one epp.single_hop process and no BBR: epp_module, bbr_args and epp_replicas do not apply"
+            "single_hop runs epp.single_hop processes and no BBR: epp_module and bbr_args do not apply"
         )
     workdir.mkdir(parents=True, exist_ok=True)
     certs = make_certs(workdir / "certs")
@@ -545,27 +554,36 @@ def start_gateway_once(
         replica_metrics: dict[str, list[int]] = {name: [] for name in pool_names}
         if single_hop:
             bbr_port = bbr_metrics_port = 0
-            epp_ports = dict.fromkeys(pool_names, epp_ports[pool_names[0]])
-            replica_ports = {name: [epp_ports[name]] for name in pool_names}
-            replica_metrics = {name: [metrics_ports[name]] for name in pool_names}
-            procs["epp"] = _spawn(
-                "epp",
-                [
-                    *(python, "-m", "epp.single_hop", "--config", str(config_path)),
-                    *("--port", str(epp_ports[pool_names[0]])),
-                    *(a for name in pool_names for a in ("--metrics-port", f"{name}={metrics_ports[name]}")),
-                    *tls_args,
-                    *epp_args,
-                ],
-                workdir,
-                service_env,
-            )
-            wait_until(
-                functools.partial(grpc_serving, epp_ports[pool_names[0]], tls),
-                timeout_s,
-                "epp",
-                procs["epp"].popen,
-            )
+            first = epp_ports[pool_names[0]]
+            epp_ports = dict.fromkeys(pool_names, first)
+            ports = [first + i for i in range(epp_replicas)]
+            replica_ports = {name: ports for name in pool_names}
+            replica_metrics = {
+                name: [metrics_ports[name], *(free_port() for _ in ports[1:])] for name in pool_names
+            }
+            for i, port in enumerate(ports):
+                proc_name = single_hop_process_name(i)
+                procs[proc_name] = _spawn(
+                    proc_name,
+                    [
+                        *(python, "-m", "epp.single_hop", "--config", str(config_path)),
+                        *("--port", str(port)),
+                        *(
+                            a
+                            for name in pool_names
+                            for a in ("--metrics-port", f"{name}={replica_metrics[name][i]}")
+                        ),
+                        *tls_args,
+                        *epp_args,
+                    ],
+                    workdir,
+                    service_env,
+                )
+            for i, port in enumerate(ports):
+                proc_name = single_hop_process_name(i)
+                wait_until(
+                    functools.partial(grpc_serving, port, tls), timeout_s, proc_name, procs[proc_name].popen
+                )
         else:
             bbr_port, bbr_metrics_port = free_port(), free_port()
             procs["bbr"] = _spawn(

@@ -387,16 +387,19 @@ class Pool:
         # monotonic clock live; a simulated one in the virtual-time benchmark (bench/vtime/).
         self.clock = clock
         # The other EPP replicas' in-flight per pod (requests, tokens), replaced wholesale by
-        # the shared-state loop; empty when replicas do not share state or Redis is down.
-        self._remote: Mapping[str, tuple[int, int]] = {}
+        # the shared-state loop (and raised by their pushed picks between its round trips);
+        # empty when replicas do not share state or Redis is down.
+        self._remote: dict[str, tuple[int, int]] = {}
         # The other replicas' pending prefills the pages do not show yet, per pod, as the
         # monotonic time they are projected to end (from their `busy_since_s`, when received).
-        self._remote_busy_until: Mapping[str, float] = {}
+        self._remote_busy_until: dict[str, float] = {}
         self._remote_busy_known = False  # the peers publish it (else their unseen picks are counted)
         self._unhealthy_after = unhealthy_after
         self.speed_half_life_s = speed_half_life_s  # set again on every config reload
         # Called with the address of every routed request (the scraper wakes an idle pod's loop).
         self.routed_hook: Callable[[str], None] | None = None
+        # Called with (address, predicted prefill s, tokens) of every pick (shared state pushes it).
+        self.pick_hook: Callable[[str, float, int], None] | None = None
         # Called when capacity may have freed: a request finished or a scrape came in (flow control).
         self.capacity_hook: Callable[[], None] | None = None
         self.set_endpoints(endpoints)
@@ -483,6 +486,8 @@ class Pool:
         if live is None:
             return None
         live.routed_since_scrape += 1
+        if self.pick_hook is not None:
+            self.pick_hook(address, prefill_s, tokens)
         return live.ledger.commit(self.clock() if now is None else now, prefill_s, tokens)
 
     def _count_in(self, address: str, tokens: int) -> _Live | None:
@@ -602,7 +607,21 @@ class Pool:
 
     def set_remote_inflight(self, counts: Mapping[str, tuple[int, int]]) -> None:
         """The other replicas' (requests, tokens) per pod; added to this replica's in snapshots."""
-        self._remote = counts
+        self._remote = dict(counts)
+
+    def add_remote_pick(self, address: str, prefill_s: float, tokens: int, now: float | None = None) -> None:
+        """Another replica's pick, pushed as it was made: one more request in flight on the pod
+        and its predicted prefill queued behind the others' (chained, as the ledger chains its
+        own), until the next shared-state round trip replaces the peers' totals."""
+        if address not in self._live:
+            return
+        now = self.clock() if now is None else now
+        requests, held = self._remote.get(address, (0, 0))
+        self._remote[address] = (requests + 1, held + tokens)
+        if prefill_s > 0.0:
+            until = self._remote_busy_until.get(address, now)
+            self._remote_busy_until[address] = (until if until > now else now) + prefill_s
+        self._remote_busy_known = True
 
     def set_remote_busy(self, seconds: Mapping[str, float], now: float | None = None) -> None:
         """The other replicas' projected prefill seconds ahead of each pod that no page shows

@@ -10,6 +10,9 @@ connection (a late reply would answer the wrong call) and the next call connects
 restarted Redis is picked up by the caller's own cadence. EVALSHA first; a Redis that does
 not know the script (restarted, flushed) gets it once with EVAL.
 
+`Subscription` is the same lean connection in subscribe mode: the shared state's pushed picks
+arrive on it as they are published.
+
 The URL is read by redis-py's own parser (`redis://`, `rediss://`, `unix://`, user,
 password, db, `ssl_cert_reqs` / `ssl_ca_certs` for TLS).
 """
@@ -17,10 +20,11 @@ password, db, `ssl_cert_reqs` / `ssl_ca_certs` for TLS).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -42,12 +46,15 @@ def _ssl_context(params: dict[str, Any]) -> ssl.SSLContext:
 
 
 class _Protocol(asyncio.Protocol):
-    """Feeds bytes to hiredis and hands each complete reply to the oldest waiting call."""
+    """Feeds bytes to hiredis and hands each complete reply to the oldest waiting call; a
+    reply no call waits for (a subscribed channel's message) goes to `on_push`."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_push: Callable[[Any], None] | None = None) -> None:
         self.reader = hiredis.Reader(replyError=ResponseError)
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.transport: asyncio.Transport | None = None
+        self.on_push = on_push
+        self.lost = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
@@ -60,6 +67,8 @@ class _Protocol(asyncio.Protocol):
                     future = self.waiting.popleft()
                     if not future.done():
                         future.set_result(reply)
+                elif self.on_push is not None:
+                    self.on_push(reply)
         except hiredis.ProtocolError as exc:
             self._fail(ConnectionError(f"redis protocol error: {exc}"))
 
@@ -68,6 +77,7 @@ class _Protocol(asyncio.Protocol):
         self._fail(ConnectionError(f"redis connection lost: {exc or 'closed by the server'}"))
 
     def _fail(self, exc: Exception) -> None:
+        self.lost.set()
         while self.waiting:
             future = self.waiting.popleft()
             if not future.done():
@@ -133,16 +143,17 @@ class ScriptConnection:
         finally:
             timer.cancel()
 
-    async def _connect(self) -> _Protocol:
+    async def _connect(self, on_push: Callable[[Any], None] | None = None) -> _Protocol:
         self.close()
         loop = asyncio.get_running_loop()
         params = self._params
+        factory = functools.partial(_Protocol, on_push)
         if "path" in params:
-            connecting = loop.create_unix_connection(_Protocol, params["path"])
+            connecting = loop.create_unix_connection(factory, params["path"])
         else:
             tls = _ssl_context(params) if params.get("connection_class") is SSLConnection else None
             connecting = loop.create_connection(
-                _Protocol, params.get("host", "localhost"), params.get("port", 6379), ssl=tls
+                factory, params.get("host", "localhost"), params.get("port", 6379), ssl=tls
             )
         _, protocol = await asyncio.wait_for(connecting, self._timeout)
         try:
@@ -167,3 +178,41 @@ class ScriptConnection:
         if self._protocol is not None:
             self._protocol.close()
             self._protocol = None
+
+
+class Subscription:
+    """One connection subscribed to `channel`: each message's payload goes to `on_message`
+    on the event loop as it arrives (no task, no queue). Same URL handling and timeouts as
+    `ScriptConnection`, whose connect it reuses."""
+
+    def __init__(
+        self, url: str, channel: bytes, timeout_s: float, on_message: Callable[[bytes], None]
+    ) -> None:
+        self._connection = ScriptConnection(url, "", timeout_s)
+        self._channel = channel
+        self._on_message = on_message
+
+    def _push(self, reply: Any) -> None:
+        if (
+            isinstance(reply, list)
+            and len(reply) == 3
+            and reply[0] == b"message"
+            and isinstance(reply[2], bytes)
+        ):
+            self._on_message(reply[2])
+
+    async def run(self) -> None:
+        """Subscribe, then deliver until the connection is lost: raises ConnectionError then
+        (OSError or TimeoutError when Redis cannot be reached), for the caller to retry."""
+        protocol = await self._connection._connect(on_push=self._push)
+        try:
+            reply = await self._connection._send(protocol, encode_command([b"SUBSCRIBE", self._channel]))
+            if isinstance(reply, ResponseError):
+                raise reply
+            await protocol.lost.wait()
+        finally:
+            self._connection.close()
+        raise ConnectionError("redis subscription lost")
+
+    def close(self) -> None:
+        self._connection.close()

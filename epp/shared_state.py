@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
 from epp.pool import Metrics, Pool
-from epp.redis_script import ScriptConnection, encode_command
+from epp.redis_script import ScriptConnection, Subscription, encode_command
 from epp.scheduling.prefix import PrefixIndex
 from gateway.config import SharedStateConfig
 from gateway.supervise import spawn
@@ -62,7 +62,9 @@ log = logging.getLogger(__name__)
 # the last call (msgpack, "" = none), 6 the stream's cap, 7 whether to read the stream (0/1),
 # 8 this replica's counts ("pod requests,tokens" lines, and "busy:pod ms" lines: its pending
 # prefill milliseconds on the pod that no page shows yet; one argument whatever the pod count),
-# 9 this replica's scrapes since the last call (msgpack, "" = none).
+# 9 this replica's scrapes since the last call (msgpack, "" = none), 10 the pool's picks channel,
+# 11 this replica's picks since the last call (msgpack, "" = none): published on the channel
+# once its hash holds them, so a peer that reads the hash after the message counts them once.
 # Returns {{the other live replicas' ids}, {pod, requests, tokens, ...: their counts summed per
 # pod (malformed values skipped)}, {the other replicas' decision blobs after ARGV[4]}, the last
 # stream id read, {their scrape blobs}, {pod, ms, ...: their busy milliseconds summed per pod}}.
@@ -152,6 +154,9 @@ for _, pod in ipairs(busy_order) do
   busy_flat[#busy_flat + 1] = pod
   busy_flat[#busy_flat + 1] = busy[pod]
 end
+if ARGV[11] ~= nil and ARGV[11] ~= '' then
+  redis.call('PUBLISH', ARGV[10], ARGV[11])
+end
 return {peers, flat, blobs, last, scrapes, busy_flat}
 """
 
@@ -164,6 +169,11 @@ MAX_OUTBOX = 5000
 def default_replica_id() -> str:
     """Unique per process (a restarted replica is a new one: its old hash just expires)."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _wake_up(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _text(value: bytes | str) -> str:
@@ -261,6 +271,21 @@ class SharedState:
         self._set_key = f"{tag}:replicas"
         self._hash_prefix = f"{tag}:inflight:"
         self._stream_key = f"{tag}:prefix"
+        self._channel = f"{tag}:picks"
+        # Pushed picks (`pushPicks`): this replica's picks since its last round trip, which
+        # carries them (and wakes at once for them while peers are live); the peers' arrive on
+        # `_subscription` and count until the next round trip replaces their totals.
+        self._picks: list[tuple[str, int, int]] = []
+        self._wake: asyncio.Future[None] | None = None
+        self._pushed = False  # a peer's pick counted since our last round trip
+        self.picks_learned = 0
+        self._subscription: Subscription | None = None
+        self._listen_task: asyncio.Task[None] | None = None
+        if config.push_picks:
+            self._subscription = Subscription(
+                config.redis, self._channel.encode(), config.timeout_ms / 1000, self._on_peer_picks
+            )
+            pool.pick_hook = self._on_pick
         self.peers: list[str] = []  # the other live replicas' ids
         self.remote: dict[str, tuple[int, int]] = {}  # their counts summed per pod
         self._totals: list[Any] | None = None  # the script's reply they were parsed from
@@ -295,6 +320,30 @@ class SharedState:
     def _on_add(self, address: str, hashes: Sequence[int]) -> None:
         self._outbox.append((address, hashes))
 
+    def _on_pick(self, address: str, prefill_s: float, tokens: int) -> None:
+        """A pick of this replica (Pool.pick_hook): published with the next round trip, which
+        starts at once while there are peers to tell."""
+        if not self.peers:
+            return
+        self._picks.append((address, int(prefill_s * 1000.0 + 0.5), tokens))
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _on_peer_picks(self, payload: bytes) -> None:
+        """Another replica's picks, as it made them: counted now (Pool.add_remote_pick)."""
+        try:
+            sender, picks = msgpack.unpackb(payload)
+            if sender == self.replica_id:
+                return
+            for address, ms, tokens in picks:
+                if isinstance(address, str) and address in self.pool:
+                    self.pool.add_remote_pick(address, max(0, int(ms)) / 1000.0, max(0, int(tokens)))
+                    self.picks_learned += 1
+                    self._pushed = True
+        except (ValueError, TypeError, msgpack.UnpackException):  # not ours: skip the message
+            self.bad_entries += 1
+
     def publish_scrape(self, address: str, metrics: Metrics, sent_at: float) -> None:
         """Queue this replica's scrape of a pod for the next round trip (the newest per pod)."""
         if self.on_scrape is not None:
@@ -319,8 +368,14 @@ class SharedState:
         lines += [f"busy:{pod} {ms}" for pod, ms in list((busy or {}).items())[:MAX_PODS_PER_CALL]]
         counts = "\n".join(lines)
         reading = b"1" if self.prefix_index is not None or self.on_scrape is not None else b"0"
+        picks = b""
+        if self._picks:
+            picks = msgpack.packb([me, self._picks])
+            self._picks = []  # lost if the call fails: the next round trip's counts carry them
+        self._pushed = False
         args = [b"%d" % config.ttl_ms, me.encode(), self._hash_prefix.encode(), self._last_id.encode()]
         args += (decisions, b"%d" % config.prefix_stream_max_len, reading, counts.encode(), scrapes)
+        args += (self._channel.encode(), picks)
         keys = [k.encode() for k in (self._set_key, self._hash_prefix + me, self._stream_key)]
         try:  # bounded by timeoutMs
             peers, totals, blobs, last_id, scrape_blobs, busy_flat = await self._redis.evalsha(keys, args)
@@ -402,24 +457,65 @@ class SharedState:
             local, busy = self.pool.local_inflight(), self.pool.local_busy_ms()
             now = loop.time()
             changed = (
-                local != published or busy != published_busy or bool(self._outbox) or bool(self._scrapes)
+                local != published
+                or busy != published_busy
+                or bool(self._outbox)
+                or bool(self._scrapes)
+                or bool(self._picks)
+                or self._pushed
             )
             if (changed and ok) or now - last >= (idle if ok else retry):
                 ok = await self._round_trip(local, busy)
                 published, published_busy, last = local, busy, now
-            await asyncio.sleep(interval)
+            if self._picks and ok:
+                continue  # picks made during the round trip: publish them now
+            await self._sleep(loop, interval)
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
+        """`seconds`, or less when this replica picks (its picks wake the loop)."""
+        self._wake = wake = loop.create_future()
+        timer = loop.call_later(seconds, _wake_up, wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._wake = None
+
+    async def listen(self) -> None:
+        """Count the peers' picks as they are published; reconnect after a lost connection."""
+        subscription = self._subscription
+        if subscription is None:
+            return
+        retry = max(self.config.idle_interval_ms / 1000, self.config.ttl_ms / 2000)
+        failures = 0
+        while True:
+            try:
+                await subscription.run()
+            except (RedisError, OSError, TimeoutError) as exc:
+                failures += 1
+                if failures in (1, 10, 100) or failures % 1000 == 0:
+                    log.warning(
+                        "shared state: picks channel unavailable (%s: %s); retrying", type(exc).__name__, exc
+                    )
+            await asyncio.sleep(retry)
 
     def start(self) -> None:
         self._task = spawn("shared-state", f"shared state {self._set_key}", self.run)
+        if self._subscription is not None:
+            self._listen_task = spawn("shared-state", f"shared state picks {self._set_key}", self.listen)
 
     async def stop(self) -> None:
         """Stop publishing and remove our share now (not after the TTL)."""
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._listen_task):
+            if task is None:
+                continue
+            task.cancel()
             try:
-                await self._task
+                await task
             except asyncio.CancelledError:
                 pass
+        if self._subscription is not None:
+            self._subscription.close()
         delete = encode_command([b"DEL", (self._hash_prefix + self.replica_id).encode()])
         try:
             await self._redis.request(delete)  # bounded by timeoutMs
@@ -434,6 +530,7 @@ class SharedState:
             "errors": self.errors,
             "prefix_decisions_learned": self.learned,
             "scrapes_learned": self.scrapes_learned,
+            "picks_learned": self.picks_learned,
             "peers": list(self.peers),
             "remote_inflight": {pod: list(c) for pod, c in self.remote.items()},
         }

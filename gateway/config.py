@@ -182,6 +182,10 @@ class SharedStateConfig(_Model):
     # each replica scrapes a pod only every N intervals, and its own reading alone was N
     # intervals old (docs/benchmarks/costs.md, "More than one EPP process").
     share_scrapes: bool = Field(default=True, alias="shareScrapes")
+    # Push each pick to the other replicas as it is made (a Redis channel, published by the
+    # round trip that also stores it), so a replica deciding a burst's next request counts
+    # the picks its peers made a moment ago instead of up to `publishIntervalMs` later.
+    push_picks: bool = Field(default=True, alias="pushPicks")
 
     @model_validator(mode="after")
     def _ttl_covers_publishing(self) -> SharedStateConfig:

@@ -404,16 +404,23 @@ def _single_hop_entry(route: dict[str, Any], *, buffered: bool, response_headers
     }
 
 
-def _single_hop_check(config: GatewayConfig, topo: Topology) -> tuple[str, int]:
-    """The one EPP's address; single-hop cannot fail open per pool (one stream before the pool
-    is known), so a FailOpen pool needs the two-hop shape."""
+def _single_hop_check(config: GatewayConfig, topo: Topology) -> tuple[str, int, int]:
+    """The single-hop EPP's address and replica count (every pool names the same count: each
+    replica serves every pool); single-hop cannot fail open per pool (one stream before the
+    pool is known), so a FailOpen pool needs the two-hop shape."""
     targets = set(topo.epps.values())
     if len(targets) != 1 or set(topo.epps) != {pool.name for pool in config.pools}:
         raise ValueError("single-hop: every pool must map to the same EPP in Topology.epps")
+    counts = {pool.epp.replicas for pool in config.pools}
+    if len(counts) != 1:
+        raise ValueError(
+            "single-hop: every pool's epp.replicas must be the same (each replica serves every pool)"
+        )
     failopen = [pool.name for pool in config.pools if pool.failure_mode == "FailOpen"]
     if failopen:
         raise ValueError(f"single-hop mode cannot fail open (pools {', '.join(failopen)}): use two-hop")
-    return next(iter(targets))
+    host, port = next(iter(targets))
+    return host, port, counts.pop()
 
 
 def _retry_policy() -> dict[str, Any]:
@@ -730,7 +737,8 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
 
 def _ext_proc_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
     if topo.single_hop:
-        return [ext_proc_cluster(SINGLE_HOP_CLUSTER, *_single_hop_check(config, topo), topo.extproc_tls)]
+        host, port, count = _single_hop_check(config, topo)
+        return [ext_proc_cluster(SINGLE_HOP_CLUSTER, host, port, topo.extproc_tls, replicas=count)]
     if topo.bbr is None:
         raise ValueError("two-hop mode needs BBR's address (Topology.bbr)")
     replicas = {pool.name: pool.epp.replicas for pool in config.pools}

@@ -1,5 +1,6 @@
 """Two active-active EPP replicas of one pool behind the real Envoy, sharing in-flight counts
-through a real redis-server (epp/shared_state.py).
+through a real redis-server (epp/shared_state.py), in both shapes: two-hop (BBR, then the
+pool's replicas) and single-hop (replicas that each route and pick for every pool).
 
 Envoy balances the ext_proc streams over both replicas; each replica publishes its own
 per-pod in-flight counts and reads the other's, so both see every request in flight. A
@@ -21,6 +22,7 @@ import pytest
 
 from devstack.launch import LocalGateway, start_local_gateway
 from devstack.redis_server import RedisServer, start_redis
+from gateway.envoy_config import SINGLE_HOP_CLUSTER
 from tests.integration.conftest import chat
 from tests.reliability.gateway_helpers import metric_value
 
@@ -41,11 +43,22 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def gw(redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    shared = {"redis": redis.url, "publishIntervalMs": 20, "ttlMs": TTL_MS}
+@pytest.fixture(scope="module", params=["two-hop", "single-hop"])
+def gw(
+    redis: RedisServer, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalGateway]:
+    shared = {
+        "redis": redis.url,
+        "publishIntervalMs": 20,
+        "ttlMs": TTL_MS,
+        "keyPrefix": f"igw:{request.param}",
+    }
     gw = start_local_gateway(
-        tmp_path_factory.mktemp("replicas"), fleet=FLEET, config_extra={"sharedState": shared}, epp_replicas=2
+        tmp_path_factory.mktemp("replicas"),
+        fleet=FLEET,
+        config_extra={"sharedState": shared},
+        epp_replicas=2,
+        single_hop=request.param == "single-hop",
     )
     try:
         yield gw
@@ -223,5 +236,6 @@ async def _dead_out_of_rotation(gw: LocalGateway) -> bool:
     dead_port = gw.epp_replica_ports[POOL][1]
     async with httpx.AsyncClient(timeout=2) as admin:
         text = (await admin.get(f"http://127.0.0.1:{gw.admin_port}/clusters")).text
-    prefix = f"epp-{POOL}::127.0.0.1:{dead_port}::health_flags::"
+    cluster = SINGLE_HOP_CLUSTER if gw.single_hop else f"epp-{POOL}"
+    prefix = f"{cluster}::127.0.0.1:{dead_port}::health_flags::"
     return any(line.startswith(prefix) and "failed" in line for line in text.splitlines())

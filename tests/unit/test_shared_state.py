@@ -362,3 +362,44 @@ async def test_a_replica_prices_the_others_unseen_picks_by_their_predicted_prefi
     assert pool_b.snapshot().by_address()[POD_A].busy_s == 0.0
     await a.stop()
     await b.stop()
+
+
+async def test_a_pick_reaches_the_other_replica_as_it_is_made_and_counts_once(redis: RedisServer) -> None:
+    """`pushPicks`: a replica's pick wakes its round trip, which publishes it; the peer counts
+    it on arrival (before any round trip of its own) and its next round trip, which reads the
+    picker's hash, replaces it rather than adding it twice."""
+    pool_a, a = _replica(redis.url, "t10", ttl_ms=60_000)
+    pool_b, b = _replica(redis.url, "t10", ttl_ms=60_000)
+    b.replica_id = "t10-other"
+    for pool in (pool_a, pool_b):
+        pool.record_metrics(POD_A, Metrics(waiting=0, running=0, kv_usage=0.0))
+    assert await b.sync_once() and await a.sync_once() and a.peers == ["t10-other"]
+    listening = asyncio.create_task(b.listen())
+    client = Redis.from_url(redis.url)
+    deadline = time.monotonic() + 10
+    while (await client.pubsub_numsub("t10:{p}:picks"))[0][1] < 1:
+        assert time.monotonic() < deadline, "the peer never subscribed"
+        await asyncio.sleep(0.02)
+    a.start()
+    try:
+        pool_a.on_routed(POD_A, 4000, prefill_s=2.0)
+        while b.picks_learned < 1:
+            assert time.monotonic() < deadline, "the pick was never pushed"
+            await asyncio.sleep(0.01)
+        seen = pool_b.snapshot().by_address()[POD_A]
+        assert seen.inflight_requests == 1 and seen.inflight_tokens == 4000
+        assert 1.5 < seen.busy_s <= 2.0 and seen.foreign_waiting == 0
+        assert await b.sync_once()  # the authoritative totals: the same pick, once
+        assert pool_b.snapshot().by_address()[POD_A].inflight_requests == 1
+    finally:
+        listening.cancel()
+        await client.aclose()
+        await a.stop()
+        await b.stop()
+
+
+def test_without_push_picks_no_pick_is_hooked(redis: RedisServer) -> None:
+    pool = Pool([Endpoint(POD_A, frozenset({"m"}))])
+    config = SharedStateConfig.model_validate({"redis": redis.url, "pushPicks": False})
+    SharedState(pool, "p", config, CollectorRegistry())
+    assert pool.pick_hook is None
