@@ -10,13 +10,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType, ClusterLbPolicy
+from envoy_data_plane.envoy.config.route.v3 import (
+    Route,
+    RouteAction,
+    RouteConfiguration,
+    RouteMatch,
+    VirtualHost,
+)
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ProcessingModeBodySendMode,
+    ProcessingModeHeaderSendMode,
+)
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    HttpConnectionManagerCodecType,
+    HttpFilter,
+)
+
 from gateway.envoy_blocks import (
-    TYPES,
     bootstrap,
-    ext_proc_filter,
+    ext_processor,
+    http_filter,
     https_listener,
     router_filter,
-    static_lb_endpoints,
+    seconds,
+    static_load_assignment,
 )
 from gateway.envoy_config import ext_proc_cluster, pool_processing_mode
 
@@ -54,48 +73,36 @@ def render_baseline_bootstrap(
         raise ValueError(f"response_body_mode must be NONE or STREAMED, got {response_body_mode!r}")
     if response_trailer_mode not in ("SEND", "SKIP"):
         raise ValueError(f"response_trailer_mode must be SEND or SKIP, got {response_trailer_mode!r}")
-    filters: list[dict[str, Any]] = []
-    clusters: list[dict[str, Any]] = []
+    filters: list[HttpFilter] = []
+    clusters: list[Cluster] = []
     if ext_proc is not None:
         mode = pool_processing_mode(response_headers=True, buffered=buffered_request_body)
-        mode["response_body_mode"] = response_body_mode
-        mode["response_trailer_mode"] = response_trailer_mode
-        filters.append(ext_proc_filter("bench.ext_proc", "ext_proc", 10.0, mode))
+        mode.response_body_mode = ProcessingModeBodySendMode[response_body_mode]
+        mode.response_trailer_mode = ProcessingModeHeaderSendMode[response_trailer_mode]
+        filters.append(http_filter("bench.ext_proc", ext_processor("ext_proc", 10.0, mode)))
         clusters.append(ext_proc_cluster("ext_proc", *ext_proc, None))
     clusters.append(
-        {
-            "name": "pods",
-            "type": "STATIC",
-            "lb_policy": lb_policy,
-            "connect_timeout": "2s",
-            "load_assignment": {"cluster_name": "pods", "endpoints": static_lb_endpoints(pods)},
-        }
+        Cluster(
+            name="pods",
+            type=ClusterDiscoveryType.STATIC,
+            lb_policy=ClusterLbPolicy[lb_policy],
+            connect_timeout=seconds(2),
+            load_assignment=static_load_assignment("pods", pods),
+        )
     )
-    hcm = {
-        "@type": TYPES["hcm"],
-        "stat_prefix": "baseline",
-        "codec_type": "AUTO",
-        "stream_idle_timeout": "300s",
-        "request_timeout": "0s",
-        "route_config": {
-            "name": "baseline",
-            "virtual_hosts": [
-                {
-                    "name": "all",
-                    "domains": ["*"],
-                    "routes": [
-                        {
-                            "match": {"prefix": "/"},
-                            "route": {"cluster": "pods", "timeout": "0s", "idle_timeout": "300s"},
-                        }
-                    ],
-                }
-            ],
-        },
-        "http_filters": [
-            *filters,
-            router_filter(),
-        ],
-    }
+    route = Route(
+        match=RouteMatch(prefix="/"),
+        route=RouteAction(cluster="pods", timeout=seconds(0), idle_timeout=seconds(300)),
+    )
+    hcm = HttpConnectionManager(
+        stat_prefix="baseline",
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        stream_idle_timeout=seconds(300),
+        request_timeout=seconds(0),
+        route_config=RouteConfiguration(
+            name="baseline", virtual_hosts=[VirtualHost(name="all", domains=["*"], routes=[route])]
+        ),
+        http_filters=[*filters, router_filter()],
+    )
     listener = https_listener(listen_host, listen_port, server_cert, server_key, 4 * 1024 * 1024, hcm)
     return bootstrap(admin_port, [listener], clusters)

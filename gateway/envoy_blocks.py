@@ -1,71 +1,126 @@
 """Building blocks every Envoy renderer shares (the gateway's, gateway/envoy_config.py, the
 global tier's, globalrouter/envoy_config.py, and the benchmarks' baseline, bench/baseline_envoy.py):
-type URLs, addresses, host:port parsing, gRPC clusters, ext_proc and router filters, the HTTPS
-listener, JSON direct responses, and the bootstrap envelope validated against the real protos.
+addresses, host:port parsing, gRPC clusters, ext_proc and router filters, the HTTPS listener,
+JSON direct responses, and the bootstrap envelope validated against the real protos.
 
 Why one module: the renderers differ in topology (pools behind ext_proc vs member clusters
 behind a router), not in how a listener, a socket or a validated bootstrap looks.
+
+Every block is one of envoy-data-plane's typed messages (`envoy_data_plane.envoy...`,
+dataclasses generated from Envoy's protos): a misspelt field fails where it is written (the
+constructor raises, mypy reports it), `typed_config`s are packed messages with their own type
+URL, and the same objects are both the bootstrap (`plain`: proto-JSON, snake_case, defaults
+omitted) and the xDS resources (their wire bytes, gateway/xds_resources.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+import betterproto2
+from envoy_data_plane.envoy.config.bootstrap.v3 import Admin, Bootstrap, BootstrapStaticResources
+from envoy_data_plane.envoy.config.cluster.v3 import Cluster, ClusterDiscoveryType
+from envoy_data_plane.envoy.config.core.v3 import (
+    Address,
+    DataSource,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    HeaderValue,
+    HeaderValueOption,
+    Http2ProtocolOptions,
+    SocketAddress,
+    TransportSocket,
+)
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.config.listener.v3 import Filter, FilterChain, Listener
+from envoy_data_plane.envoy.config.route.v3 import DirectResponseAction, Route, RouteMatch
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExternalProcessor,
+    ProcessingMode,
+    ProcessingModeBodySendMode,
+    ProcessingModeHeaderSendMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.router.v3 import Router
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    HttpFilter,
+)
+from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+    CommonTlsContext,
+    DownstreamTlsContext,
+    TlsCertificate,
+)
+from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+    HttpProtocolOptions,
+    HttpProtocolOptionsExplicitHttpConfig,
+)
+from envoy_data_plane.google.protobuf import Any as AnyMessage
 from google.protobuf import json_format
 
-_T = "type.googleapis.com/envoy."
-TYPES = {
-    "hcm": _T + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-    "ext_proc": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
-    "ext_proc_route": _T + "extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
-    "filter_config": _T + "config.route.v3.FilterConfig",
-    "router": _T + "extensions.filters.http.router.v3.Router",
-    "header_mutation": _T + "extensions.filters.http.header_mutation.v3.HeaderMutation",
-    "tls_down": _T + "extensions.transport_sockets.tls.v3.DownstreamTlsContext",
-    "tls_up": _T + "extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-    "http_opts": _T + "extensions.upstreams.http.v3.HttpProtocolOptions",
-    "cel": _T + "extensions.access_loggers.filters.cel.v3.ExpressionFilter",
-    "jwt_authn": _T + "extensions.filters.http.jwt_authn.v3.JwtAuthentication",
-    "override_host": _T + "extensions.load_balancing_policies.override_host.v3.OverrideHost",
-    "least_request": _T + "extensions.load_balancing_policies.least_request.v3.LeastRequest",
-    "previous_hosts": _T + "extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
-    "prev_prio": _T + "extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
-}
+BodyMode = ProcessingModeBodySendMode  # NONE, STREAMED, BUFFERED, FULL_DUPLEX_STREAMED, ...
+TLS_SOCKET = "envoy.transport_sockets.tls"
+
+
+def pack(message: betterproto2.Message) -> AnyMessage:
+    """A `typed_config`: the message with its type URL (`type.googleapis.com/envoy...`)."""
+    return AnyMessage.pack(message)
+
+
+def plain(message: betterproto2.Message) -> dict[str, Any]:
+    """Proto-JSON with Envoy's field names (the .proto's field order, default values left out),
+    each `typed_config`'s `@type` first, where a reader looks for it."""
+    return _type_first(message.to_dict(casing=betterproto2.Casing.SNAKE))
+
+
+def _type_first(value: Any) -> Any:
+    if isinstance(value, dict):
+        ordered = sorted(value.items(), key=lambda item: item[0] != "@type")  # stable sort
+        return {k: _type_first(v) for k, v in ordered}
+    if isinstance(value, list):
+        return [_type_first(v) for v in value]
+    return value
+
+
+def seconds(value: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=value)
 
 
 def processing_mode(
     *,
     request_headers: bool,
-    request_body: str,
+    request_body: BodyMode,
     request_trailers: bool,
     response_headers: bool,
-    response_body: str,
+    response_body: BodyMode,
     response_trailers: bool,
-) -> dict[str, str]:
+) -> ProcessingMode:
     """An ext_proc ProcessingMode: which parts of the HTTP stream the service sees."""
 
-    def send(on: bool) -> str:
-        return "SEND" if on else "SKIP"
+    def send(on: bool) -> ProcessingModeHeaderSendMode:
+        return ProcessingModeHeaderSendMode.SEND if on else ProcessingModeHeaderSendMode.SKIP
 
-    return {
-        "request_header_mode": send(request_headers),
-        "request_body_mode": request_body,
-        "request_trailer_mode": send(request_trailers),
-        "response_header_mode": send(response_headers),
-        "response_body_mode": response_body,
-        "response_trailer_mode": send(response_trailers),
-    }
-
-
-def socket(host: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": host, "port_value": port}}
+    return ProcessingMode(
+        request_header_mode=send(request_headers),
+        request_body_mode=request_body,
+        request_trailer_mode=send(request_trailers),
+        response_header_mode=send(response_headers),
+        response_body_mode=response_body,
+        response_trailer_mode=send(response_trailers),
+    )
 
 
-def duration(seconds: float) -> str:
-    return f"{seconds:.3f}s"
+def socket(host: str, port: int) -> Address:
+    return Address(socket_address=SocketAddress(address=host, port_value=port))
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -84,74 +139,94 @@ def host_port_argument(value: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def static_lb_endpoints(addresses: list[str]) -> list[dict[str, Any]]:
+def load_assignment(name: str, endpoints: Iterable[tuple[str, int]]) -> ClusterLoadAssignment:
+    """One locality of endpoints."""
+    lb_endpoints = [LbEndpoint(endpoint=Endpoint(address=socket(h, p))) for h, p in endpoints]
+    return ClusterLoadAssignment(
+        cluster_name=name, endpoints=[LocalityLbEndpoints(lb_endpoints=lb_endpoints)]
+    )
+
+
+def static_load_assignment(name: str, addresses: list[str]) -> ClusterLoadAssignment:
     """One locality of `ip:port` endpoints."""
-    return [{"lb_endpoints": [{"endpoint": {"address": socket(*split_host_port(a))}} for a in addresses]}]
+    return load_assignment(name, (split_host_port(a) for a in addresses))
 
 
 def grpc_cluster(
-    name: str, endpoints: list[tuple[str, int]], *, cluster_type: str = "STATIC", connect_timeout: str = "1s"
-) -> dict[str, Any]:
-    """A cluster of gRPC (HTTP/2) services, e.g. ext_proc servers; callers add TLS, breakers, checks."""
-    return {
-        "name": name,
-        "type": cluster_type,
-        "connect_timeout": connect_timeout,
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(h, p)}} for h, p in endpoints]}],
-        },
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": TYPES["http_opts"],
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-    }
-
-
-def ext_proc_filter(
     name: str,
+    endpoints: list[tuple[str, int]],
+    *,
+    cluster_type: ClusterDiscoveryType = ClusterDiscoveryType.STATIC,
+    connect_timeout_s: float = 1.0,
+) -> Cluster:
+    """A cluster of gRPC (HTTP/2) services, e.g. ext_proc servers; callers add TLS, breakers, checks."""
+    http2 = HttpProtocolOptions(
+        explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
+            http2_protocol_options=Http2ProtocolOptions()
+        )
+    )
+    return Cluster(
+        name=name,
+        type=cluster_type,
+        connect_timeout=seconds(connect_timeout_s),
+        load_assignment=load_assignment(name, endpoints),
+        typed_extension_protocol_options={
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": pack(http2)
+        },
+    )
+
+
+def ext_processor(
     cluster: str,
     timeout_s: float,
-    mode: dict[str, str],
+    mode: ProcessingMode,
     *,
     failure_mode_allow: bool = False,
-    grpc_service: dict[str, Any] | None = None,
-    **options: Any,
-) -> dict[str, Any]:
-    """An ext_proc HTTP filter calling `cluster`; `options` are further ExternalProcessor fields.
-
-    `grpc_service` adds fields to the gRPC service (e.g. initial_metadata)."""
-    return {
-        "name": name,
-        "typed_config": {
-            "@type": TYPES["ext_proc"],
-            "grpc_service": {
-                "envoy_grpc": {"cluster_name": cluster},
-                "timeout": duration(timeout_s),
-                **(grpc_service or {}),
-            },
-            "failure_mode_allow": failure_mode_allow,
-            "processing_mode": mode,
-            "message_timeout": duration(timeout_s),
-            **options,
-        },
-    }
+    initial_metadata: list[HeaderValue] | None = None,
+) -> ExternalProcessor:
+    """An ext_proc filter's configuration calling `cluster`; callers set further fields."""
+    return ExternalProcessor(
+        grpc_service=GrpcService(
+            envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster),
+            timeout=seconds(timeout_s),
+            initial_metadata=initial_metadata or [],
+        ),
+        failure_mode_allow=failure_mode_allow,
+        processing_mode=mode,
+        message_timeout=seconds(timeout_s),
+    )
 
 
-def router_filter() -> dict[str, Any]:
+def http_filter(name: str, config: betterproto2.Message, *, disabled: bool = False) -> HttpFilter:
+    return HttpFilter(name=name, typed_config=pack(config), disabled=disabled)
+
+
+def router_filter() -> HttpFilter:
     """The terminal HTTP filter of every chain."""
-    return {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}}
+    return http_filter("envoy.filters.http.router", Router())
 
 
-def json_error_response(status: int, message: str, error_type: str, code: str) -> dict[str, Any]:
-    """A route action answering with an OpenAI-style JSON error from Envoy itself."""
+def header(key: str, value: str) -> HeaderValueOption:
+    return HeaderValueOption(header=HeaderValue(key=key, value=value))
+
+
+def json_error_route(
+    name: str, match: RouteMatch, status: int, message: str, error_type: str, code: str
+) -> Route:
+    """A route answering with an OpenAI-style JSON error from Envoy itself."""
     body = json.dumps({"error": {"message": message, "type": error_type, "code": code}})
-    return {
-        "direct_response": {"status": status, "body": {"inline_string": body}},
-        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
-    }
+    return Route(
+        name=name,
+        match=match,
+        direct_response=DirectResponseAction(status=status, body=DataSource(inline_string=body)),
+        response_headers_to_add=[header("content-type", "application/json")],
+    )
+
+
+def tls_certificate(cert: Path, key: Path) -> TlsCertificate:
+    return TlsCertificate(
+        certificate_chain=DataSource(filename=str(cert)), private_key=DataSource(filename=str(key))
+    )
 
 
 def https_listener(
@@ -160,35 +235,26 @@ def https_listener(
     server_cert: Path | None,
     server_key: Path | None,
     buffer_bytes: int,
-    hcm: dict[str, Any],
-) -> dict[str, Any]:
+    hcm: HttpConnectionManager,
+) -> Listener:
     """The TLS listener (h2 + http/1.1 by ALPN) in front of an HTTP connection manager; plain
     HTTP when no certificate is given (TLS terminated in front of Envoy)."""
-    chain: dict[str, Any] = {
-        "filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]
-    }
+    chain = FilterChain(
+        filters=[Filter(name="envoy.filters.network.http_connection_manager", typed_config=pack(hcm))]
+    )
     if server_cert is not None and server_key is not None:
-        chain["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": TYPES["tls_down"],
-                "common_tls_context": {
-                    "alpn_protocols": ["h2", "http/1.1"],
-                    "tls_certificates": [
-                        {
-                            "certificate_chain": {"filename": str(server_cert)},
-                            "private_key": {"filename": str(server_key)},
-                        }
-                    ],
-                },
-            },
-        }
-    return {
-        "name": "https" if "transport_socket" in chain else "http",
-        "address": socket(host, port),
-        "per_connection_buffer_limit_bytes": buffer_bytes,
-        "filter_chains": [chain],
-    }
+        tls = DownstreamTlsContext(
+            common_tls_context=CommonTlsContext(
+                alpn_protocols=["h2", "http/1.1"], tls_certificates=[tls_certificate(server_cert, server_key)]
+            )
+        )
+        chain.transport_socket = TransportSocket(name=TLS_SOCKET, typed_config=pack(tls))
+    return Listener(
+        name="https" if chain.transport_socket is not None else "http",
+        address=socket(host, port),
+        per_connection_buffer_limit_bytes=buffer_bytes,
+        filter_chains=[chain],
+    )
 
 
 class ListenerTopology(Protocol):
@@ -206,7 +272,7 @@ class ListenerTopology(Protocol):
     def connection_buffer_bytes(self) -> int: ...
 
 
-def topology_listener(topo: ListenerTopology, hcm: dict[str, Any]) -> dict[str, Any]:
+def topology_listener(topo: ListenerTopology, hcm: HttpConnectionManager) -> Listener:
     return https_listener(
         topo.listen_host,
         topo.listen_port,
@@ -217,14 +283,24 @@ def topology_listener(topo: ListenerTopology, hcm: dict[str, Any]) -> dict[str, 
     )
 
 
-def bootstrap(
-    admin_port: int, listeners: list[dict[str, Any]], clusters: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """The static bootstrap (admin on loopback only), validated before anyone writes it."""
-    out = {
-        "admin": {"address": socket("127.0.0.1", admin_port)},
-        "static_resources": {"listeners": listeners, "clusters": clusters},
-    }
+def admin(port: int) -> Admin:
+    """The admin interface, on loopback only."""
+    return Admin(address=socket("127.0.0.1", port))
+
+
+def bootstrap(admin_port: int, listeners: list[Listener], clusters: list[Cluster]) -> dict[str, Any]:
+    """The static bootstrap, validated before anyone writes it."""
+    return validated(
+        Bootstrap(
+            admin=admin(admin_port),
+            static_resources=BootstrapStaticResources(listeners=listeners, clusters=clusters),
+        )
+    )
+
+
+def validated(message: Bootstrap) -> dict[str, Any]:
+    """The bootstrap as written (`plain`), checked by the real protos (`validate_bootstrap`)."""
+    out = plain(message)
     validate_bootstrap(out)
     return out
 
@@ -238,7 +314,7 @@ def validate_bootstrap(bootstrap: dict[str, Any]) -> None:
 
 
 def register_types() -> None:
-    """Register every typed_config type of TYPES with the descriptor pool (for `ParseDict`)."""
+    """Register every typed_config type the renderers use with the descriptor pool (for `ParseDict`)."""
     from envoy.config.route.v3 import route_components_pb2  # noqa: F401
     from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2  # noqa: F401
     from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2  # noqa: F401

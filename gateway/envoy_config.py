@@ -1,11 +1,13 @@
 """Render the Envoy bootstrap from the gateway configuration.
 
-Why plain dicts validated against xds-protos rather than envoy-data-plane's typed classes:
-the bootstrap reads like the Envoy documentation (so operators can diff it against what they
-know), and `json_format.ParseDict` into the real `Bootstrap` message rejects any misspelt
-field or wrong type at render time, with the very descriptors Envoy is built from. The
-integration tests then run `envoy --mode validate` on the result. One source of truth
-(the gateway config) feeds both the services and this file.
+Built from envoy-data-plane's typed messages (gateway/envoy_blocks.py): a misspelt field or a
+wrong type fails where the message is constructed (and under mypy), not when Envoy loads the
+file. The result is serialised as proto-JSON (`envoy_blocks.plain`: Envoy's field names, proto
+field order, default values left out), then parsed by `json_format.ParseDict` into the real
+`Bootstrap` of xds-protos, the descriptors Envoy is built from; the integration tests run
+`envoy --mode validate` on the result. The xDS server (gateway/xds_resources.py) sends the
+very same messages as its resources. One source of truth (the gateway config) feeds the
+services, this file and the xDS resources.
 
 Request path per pool (see README):
   strip client x-gateway-* headers -> BBR ext_proc (sets x-gateway-model-name) ->
@@ -27,7 +29,7 @@ its tests run the very cluster kind Kubernetes deployments use.
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -35,18 +37,102 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envoy_data_plane.envoy.config.accesslog.v3 import AccessLogFilter, ExtensionFilter
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    CircuitBreakers,
+    CircuitBreakersThresholds,
+    Cluster,
+    ClusterDiscoveryType,
+    ClusterDnsLookupFamily,
+    ClusterLbPolicy,
+    ClusterOriginalDstLbConfig,
+    LoadBalancingPolicy,
+    LoadBalancingPolicyPolicy,
+    OutlierDetection,
+)
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutation as RequestMutation
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutationRules
+from envoy_data_plane.envoy.config.core.v3 import (
+    DataSource,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    HealthCheck,
+    HealthCheckGrpcHealthCheck,
+    HttpProtocolOptions,
+    SubstitutionFormatString,
+    TransportSocket,
+    TypedExtensionConfig,
+)
+from envoy_data_plane.envoy.config.listener.v3 import Listener
+from envoy_data_plane.envoy.config.route.v3 import (
+    DirectResponseAction,
+    HeaderMatcher,
+    RetryPolicy,
+    RetryPolicyRetryHostPredicate,
+    Route,
+    RouteAction,
+    RouteConfiguration,
+    RouteMatch,
+    VirtualHost,
+)
+from envoy_data_plane.envoy.extensions.access_loggers.filters.cel.v3 import ExpressionFilter
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExtProcOverrides,
+    ExtProcPerRoute,
+    MetadataOptions,
+    MetadataOptionsMetadataNamespaces,
+    ProcessingMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.header_mutation.v3 import HeaderMutation, Mutations
+from envoy_data_plane.envoy.extensions.filters.http.jwt_authn.v3 import (
+    JwtAuthentication,
+    JwtClaimToHeader,
+    JwtProvider,
+    JwtRequirement,
+    RequirementRule,
+)
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    HttpConnectionManagerCodecType,
+    HttpFilter,
+    LocalReplyConfig,
+    ResponseMapper,
+)
+from envoy_data_plane.envoy.extensions.load_balancing_policies.least_request.v3 import LeastRequest
+from envoy_data_plane.envoy.extensions.load_balancing_policies.override_host.v3 import (
+    OverrideHost,
+    OverrideHostOverrideHostSource,
+)
+from envoy_data_plane.envoy.extensions.retry.host.previous_hosts.v3 import PreviousHostsPredicate
+from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+    CertificateValidationContext,
+    CommonTlsContext,
+    SubjectAltNameMatcher,
+    SubjectAltNameMatcherSanType,
+    UpstreamTlsContext,
+)
+from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
+from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPathSegment
+from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
+from envoy_data_plane.google.protobuf import Struct
+
 from extproc.headers import CLAIM_HEADER, DESTINATION_HEADER, MODEL_HEADER, TENANT_CLAIM_HEADER
 from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig, is_ip, replica_addresses
 from gateway.envoy_blocks import (
-    TYPES,
+    TLS_SOCKET,
+    BodyMode,
     bootstrap,
-    duration,
-    ext_proc_filter,
+    ext_processor,
     grpc_cluster,
-    json_error_response,
+    header,
+    http_filter,
+    json_error_route,
+    pack,
     processing_mode,
     router_filter,
-    static_lb_endpoints,
+    seconds,
+    static_load_assignment,
+    tls_certificate,
     topology_listener,
 )
 
@@ -96,69 +182,68 @@ class Topology:
 # Several EPP replicas behind one cluster: a dead replica leaves the rotation at its first
 # failed health check (gRPC health, service "") or refused connection, so new ext_proc streams
 # go to the live ones; streams it held fail (their requests get the pool's failure mode).
-_REPLICA_HEALTH_CHECK = {
-    "timeout": "1s",
-    "interval": "1s",
-    "no_traffic_interval": "1s",
-    "unhealthy_threshold": 1,
-    "healthy_threshold": 1,
-    "grpc_health_check": {},
-}
-_REPLICA_OUTLIER_DETECTION = {
-    "split_external_local_origin_errors": True,
-    "consecutive_local_origin_failure": 1,
-    "interval": "1s",
-    "base_ejection_time": "5s",
-    "max_ejection_percent": 100,
-}
+def _replica_health_check() -> HealthCheck:
+    return HealthCheck(
+        timeout=seconds(1),
+        interval=seconds(1),
+        no_traffic_interval=seconds(1),
+        unhealthy_threshold=1,
+        healthy_threshold=1,
+        grpc_health_check=HealthCheckGrpcHealthCheck(),
+    )
+
+
+def _replica_outlier_detection() -> OutlierDetection:
+    return OutlierDetection(
+        split_external_local_origin_errors=True,
+        consecutive_local_origin_failure=1,
+        interval=seconds(1),
+        base_ejection_time=seconds(5),
+        max_ejection_percent=100,
+    )
 
 
 def ext_proc_cluster(
     name: str, host: str, port: int, tls: ExtProcTls | None, *, replicas: int = 1
-) -> dict[str, Any]:
+) -> Cluster:
     """An ext_proc service: a fixed IP locally, a Service DNS name in Kubernetes. `replicas`
     > 1: that many endpoints on consecutive ports (IP) or whatever the name resolves to (a
     headless Service), health-checked so that losing one moves new streams to the others."""
     ip = is_ip(host)
     endpoints = replica_addresses(host, port, replicas)
-    cluster = grpc_cluster(name, endpoints, cluster_type="STATIC" if ip else "STRICT_DNS")
+    kind = ClusterDiscoveryType.STATIC if ip else ClusterDiscoveryType.STRICT_DNS
+    cluster = grpc_cluster(name, endpoints, cluster_type=kind)
     if replicas > 1:
-        cluster["health_checks"] = [copy.deepcopy(_REPLICA_HEALTH_CHECK)]
-        cluster["outlier_detection"] = copy.deepcopy(_REPLICA_OUTLIER_DETECTION)
+        cluster.health_checks = [_replica_health_check()]
+        cluster.outlier_detection = _replica_outlier_detection()
     # Each in-flight request holds one EPP stream until its response ends (see
     # `pool_processing_mode`), so Envoy's default of 1,024 requests per cluster would cap a pool
     # at 1,024 concurrent requests (measured with the limit at 2: the 3rd stream got a 503).
-    cluster["circuit_breakers"] = copy.deepcopy(_POOL_CIRCUIT_BREAKERS)  # a copy: no YAML anchors
+    cluster.circuit_breakers = _circuit_breakers()
     if not ip:
-        cluster["dns_lookup_family"] = "V4_PREFERRED"
+        cluster.dns_lookup_family = ClusterDnsLookupFamily.V4_PREFERRED
     if tls is not None:
         # The service must present a certificate for the very name (or IP) Envoy dials.
-        san = {"san_type": "IP_ADDRESS" if ip else "DNS", "matcher": {"exact": host}}
-        cluster["transport_socket"] = {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": TYPES["tls_up"],
-                "sni": "localhost" if ip else host,
-                "common_tls_context": {
-                    "tls_certificates": [
-                        {
-                            "certificate_chain": {"filename": str(tls.client_cert)},
-                            "private_key": {"filename": str(tls.client_key)},
-                        }
-                    ],
-                    "validation_context": {
-                        "trusted_ca": {"filename": str(tls.ca)},
-                        "match_typed_subject_alt_names": [san],
-                    },
-                },
-            },
-        }
+        san = SubjectAltNameMatcher(
+            san_type=SubjectAltNameMatcherSanType.IP_ADDRESS if ip else SubjectAltNameMatcherSanType.DNS,
+            matcher=StringMatcher(exact=host),
+        )
+        context = UpstreamTlsContext(
+            sni="localhost" if ip else host,
+            common_tls_context=CommonTlsContext(
+                tls_certificates=[tls_certificate(tls.client_cert, tls.client_key)],
+                validation_context=CertificateValidationContext(
+                    trusted_ca=DataSource(filename=str(tls.ca)), match_typed_subject_alt_names=[san]
+                ),
+            ),
+        )
+        cluster.transport_socket = TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
     return cluster
 
 
 def pool_processing_mode(
     *, response_headers: bool, buffered: bool = False, response_trailers: bool | None = None
-) -> dict[str, str]:
+) -> ProcessingMode:
     """FULL_DUPLEX_STREAMED (`listener.requestBodyMode: streamed`) or BUFFERED
     (`requestBodyMode: buffered`, and where FailOpen must work, since Envoy ignores
     `failure_mode_allow` for streamed bodies). Buffered bodies are bounded by the listener's
@@ -179,43 +264,37 @@ def pool_processing_mode(
     """
     return processing_mode(
         request_headers=True,
-        request_body="BUFFERED" if buffered else "FULL_DUPLEX_STREAMED",
+        request_body=BodyMode.BUFFERED if buffered else BodyMode.FULL_DUPLEX_STREAMED,
         request_trailers=not buffered,
         response_headers=response_headers,
-        response_body="NONE",
+        response_body=BodyMode.NONE,
         response_trailers=response_headers if response_trailers is None else response_trailers,
     )
 
 
 def _ext_proc_filter(
-    name: str, cluster: str, topo: Topology, *, response_headers: bool, disabled: bool, buffered: bool
-) -> dict[str, Any]:
-    out = ext_proc_filter(
-        name,
+    name: str, cluster: str, topo: Topology, *, response_headers: bool, buffered: bool
+) -> HttpFilter:
+    config = ext_processor(
         cluster,
         topo.ext_proc_timeout_s,
         pool_processing_mode(response_headers=response_headers, buffered=buffered),
-        status_on_error={"code": "ServiceUnavailable"},
-        allow_mode_override=False,
-        mutation_rules={"allow_all_routing": True},
     )
+    config.status_on_error = HttpStatus(code=StatusCode.ServiceUnavailable)
+    config.allow_mode_override = False
+    config.mutation_rules = HeaderMutationRules(allow_all_routing=True)
     if name == EPP_FILTER:
-        out["typed_config"]["metadata_options"] = {"receiving_namespaces": {"untyped": ["envoy.lb"]}}
+        config.metadata_options = MetadataOptions(
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=["envoy.lb"])
+        )
         # The endpoint that actually served (a retry may have moved it along the ranked list),
         # sent with the response headers: the EPP moves the in-flight slot there.
-        out["typed_config"]["response_attributes"] = ["upstream.address"]
-    out["disabled"] = disabled
-    return out
+        config.response_attributes = ["upstream.address"]
+    return http_filter(name, config)
 
 
-def _json_error_route(
-    name: str, status: int, message: str, code: str, match: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "match": match,
-        **json_error_response(status, message, "invalid_request_error", code),
-    }
+def _invalid_request(name: str, status: int, message: str, code: str, match: RouteMatch) -> Route:
+    return json_error_route(name, match, status, message, "invalid_request_error", code)
 
 
 def _models_list(config: GatewayConfig) -> str:
@@ -234,14 +313,14 @@ def _pool_paths(config: GatewayConfig) -> list[str] | None:
     return [p for p in config.listener.paths if p != MODELS_PATH]
 
 
-def _path_match(paths: list[str] | None) -> dict[str, Any]:
+def _path_match(paths: list[str] | None) -> RouteMatch:
     """Any path, or exactly the given ones (Envoy matches the path without its query string)."""
     if paths is None:
-        return {"prefix": "/"}
-    return {"safe_regex": {"regex": "|".join(_regex_escape(p) for p in paths)}}
+        return RouteMatch(prefix="/")
+    return RouteMatch(safe_regex=RegexMatcher(regex="|".join(_regex_escape(p) for p in paths)))
 
 
-def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+def _served_routes(config: GatewayConfig, topo: Topology) -> list[Route]:
     """Everything after `/v1/models`: the pools, then Envoy's own JSON errors.
 
     With the allow-list (the default) a path outside it, or a method other than POST on an
@@ -250,52 +329,56 @@ def _served_routes(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]
     """
     paths = _pool_paths(config)
     if paths is None:  # allowAllPaths: any path and method goes to the pools
-        anything = {"prefix": "/"}
-        return [*_pool_routes(config, topo, anything), *_no_route(anything)]
-    routes: list[dict[str, Any]] = []
+        return [*_pool_routes(config, topo, _path_match(None)), *_no_route(_path_match(None))]
+    routes: list[Route] = []
     if paths:
-        post = _with_headers(_path_match(paths), _POST)
-        routes += _pool_routes(config, topo, post)
-        routes += _no_route(post)
+        routes += _pool_routes(config, topo, _with_headers(_path_match(paths), _method("POST")))
+        routes += _no_route(_with_headers(_path_match(paths), _method("POST")))
         routes.append(
             _without_bbr(_method_not_allowed("method-not-allowed", _path_match(paths), "POST"), topo)
         )
-    not_served = _json_error_route(
+    not_served = _invalid_request(
         "path-not-served",
         404,
         f"this gateway serves only these paths: {', '.join(config.listener.paths)}",
         "not_found",
-        {"prefix": "/"},
+        RouteMatch(prefix="/"),
     )
     return [*routes, _without_bbr(not_served, topo)]
 
 
-_POST = {"name": ":method", "string_match": {"exact": "POST"}}
+def _method(name: str) -> HeaderMatcher:
+    return HeaderMatcher(name=":method", string_match=StringMatcher(exact=name))
 
 
-def _with_headers(match: dict[str, Any], *headers: dict[str, Any]) -> dict[str, Any]:
+def _present(name: str) -> HeaderMatcher:
+    return HeaderMatcher(name=name, present_match=True)
+
+
+def _with_headers(match: RouteMatch, *headers: HeaderMatcher) -> RouteMatch:
     """`match` narrowed by more header matchers (all must hold)."""
-    return {**match, "headers": [*match.get("headers", []), *headers]}
+    return dataclasses.replace(match, headers=[*match.headers, *headers])
 
 
-def _without_bbr(route: dict[str, Any], topo: Topology) -> dict[str, Any]:
+def _disabled() -> ExtProcPerRoute:
+    return ExtProcPerRoute(disabled=True)
+
+
+def _without_bbr(route: Route, topo: Topology) -> Route:
     """A route Envoy answers from the request line alone: BBR need not read the body."""
     if not topo.single_hop:
-        route.setdefault("typed_per_filter_config", {})[BBR_FILTER] = {
-            "@type": TYPES["ext_proc_route"],
-            "disabled": True,
-        }
+        route.typed_per_filter_config[BBR_FILTER] = pack(_disabled())
     return route
 
 
-def _method_not_allowed(name: str, match: dict[str, Any], allowed: str) -> dict[str, Any]:
+def _method_not_allowed(name: str, match: RouteMatch, allowed: str) -> Route:
     """A served path with another method: a JSON 405 naming the one it takes (`allow`, RFC 9110)."""
-    route = _json_error_route(name, 405, f"this path takes {allowed} only", "method_not_allowed", match)
-    route["response_headers_to_add"].append({"header": {"key": "allow", "value": allowed}})
+    route = _invalid_request(name, 405, f"this path takes {allowed} only", "method_not_allowed", match)
+    route.response_headers_to_add.append(header("allow", allowed))
     return route
 
 
-def _no_route(match: dict[str, Any]) -> list[dict[str, Any]]:
+def _no_route(match: RouteMatch) -> list[Route]:
     """After BBR (or the single-hop EPP) routed, no pool route took the request.
 
     With a model header, the model is one Envoy's routes do not know (yet: the services
@@ -308,75 +391,76 @@ def _no_route(match: dict[str, Any]) -> list[dict[str, Any]]:
         "type": "not_found_error",
         "code": "model_not_found",
     }
-    unknown_model = {
-        "name": "no-route-model",
-        "match": _with_headers(match, {"name": MODEL_HEADER, "present_match": True}),
-        "direct_response": {
-            "status": 404,
-            "body_format": {"json_format": {"error": error}, "content_type": "application/json"},
-        },
-    }
+    unknown_model = Route(
+        name="no-route-model",
+        match=_with_headers(match, _present(MODEL_HEADER)),
+        direct_response=DirectResponseAction(status=404, body_format=_json_body(error)),
+    )
     no_model = "no route: send an OpenAI-compatible JSON request with a 'model' field"
-    return [unknown_model, _json_error_route("no-route", 404, no_model, "route_not_found", match)]
+    return [unknown_model, _invalid_request("no-route", 404, no_model, "route_not_found", match)]
 
 
-def _pool_routes(config: GatewayConfig, topo: Topology, path: dict[str, Any]) -> list[dict[str, Any]]:
+def _json_body(error: dict[str, str]) -> SubstitutionFormatString:
+    """An `{"error": ...}` JSON body with Envoy's substitutions (%REQ(...)%, ...) in its strings."""
+    return SubstitutionFormatString(
+        json_format=Struct.from_dict({"error": error}), content_type="application/json"
+    )
+
+
+def _pool_routes(config: GatewayConfig, topo: Topology, path: RouteMatch) -> list[Route]:
     """Two routes per pool (one in single-hop), matching `path` (paths and method) and the model."""
-    routes: list[dict[str, Any]] = []
+    routes: list[Route] = []
     for pool in config.pools:
         names = [m.name for m in pool.models] + [a for m in pool.models for a in m.adapters]
-        model_match = {
-            "name": MODEL_HEADER,
-            "string_match": {"safe_regex": {"regex": "|".join(_regex_escape(n) for n in names)}},
-        }
+        model_match = HeaderMatcher(
+            name=MODEL_HEADER,
+            string_match=StringMatcher(
+                safe_regex=RegexMatcher(regex="|".join(_regex_escape(n) for n in names))
+            ),
+        )
         # 1) After the EPP chose: route by `envoy.lb` metadata to the chosen pod.
+        picked = RouteAction(cluster=f"pool-{pool.name}", timeout=seconds(0), idle_timeout=seconds(300))
+        if _override_host(pool, topo):
+            picked.retry_policy = _retry_policy()
         routes.append(
-            {
-                "name": f"{pool.name}-picked",
-                "match": _with_headers(
-                    path, model_match, {"name": DESTINATION_HEADER, "present_match": True}
-                ),
-                "route": {
-                    "cluster": f"pool-{pool.name}",
-                    "timeout": "0s",
-                    "idle_timeout": "300s",
-                    **({"retry_policy": _retry_policy()} if _override_host(pool, topo) else {}),
-                },
-                "request_headers_to_remove": [
+            Route(
+                name=f"{pool.name}-picked",
+                match=_with_headers(path, model_match, _present(DESTINATION_HEADER)),
+                route=picked,
+                request_headers_to_remove=[
                     CLAIM_HEADER,
                     TENANT_CLAIM_HEADER,
                 ],  # the pod needs no client identity
-            }
+            )
         )
         if topo.single_hop:  # the one EPP already chose, on the entry route (`_single_hop_entry`)
             continue
         # 2) Before the EPP chose: run this pool's EPP. If it fails open, the fallback cluster serves.
-        epp_override: dict[str, Any] = {
-            "@type": TYPES["ext_proc_route"],
-            "overrides": {
-                "grpc_service": {
-                    "envoy_grpc": {"cluster_name": f"epp-{pool.name}"},
-                    "timeout": duration(topo.ext_proc_timeout_s),
-                },
-                "failure_mode_allow": pool.failure_mode == "FailOpen",
+        epp_override = ExtProcPerRoute(
+            overrides=ExtProcOverrides(
+                grpc_service=GrpcService(
+                    envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=f"epp-{pool.name}"),
+                    timeout=seconds(topo.ext_proc_timeout_s),
+                ),
+                failure_mode_allow=pool.failure_mode == "FailOpen",
                 # Response headers + trailers: the EPP holds the request's in-flight slot until
                 # the response ends; only pool routes ask for them.
-                "processing_mode": pool_processing_mode(
+                processing_mode=pool_processing_mode(
                     response_headers=config.epp_reads_response_headers(pool),
                     response_trailers=True,
                     buffered=config.buffers_request_bodies(pool),
                 ),
-            },
-        }
+            )
+        )
         fallback = f"fallback-{pool.name}" if pool.failure_mode == "FailOpen" else f"pool-{pool.name}"
         routes.append(
-            {
-                "name": f"{pool.name}-pick",
-                "match": _with_headers(path, model_match),
-                "route": {"cluster": fallback, "timeout": "0s", "idle_timeout": "300s"},
-                "request_headers_to_remove": [CLAIM_HEADER, TENANT_CLAIM_HEADER],
-                "typed_per_filter_config": {EPP_FILTER: epp_override},
-            }
+            Route(
+                name=f"{pool.name}-pick",
+                match=_with_headers(path, model_match),
+                route=RouteAction(cluster=fallback, timeout=seconds(0), idle_timeout=seconds(300)),
+                request_headers_to_remove=[CLAIM_HEADER, TENANT_CLAIM_HEADER],
+                typed_per_filter_config={EPP_FILTER: pack(epp_override)},
+            )
         )
     return routes
 
@@ -384,7 +468,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology, path: dict[str, Any]) ->
 SINGLE_HOP_CLUSTER = "epp"
 
 
-def _single_hop_entry(route: dict[str, Any], *, buffered: bool, response_headers: bool) -> None:
+def _single_hop_entry(route: Route, *, buffered: bool, response_headers: bool) -> None:
     """Single-hop: the routes a request can match before the EPP answers, i.e. where the one EPP
     filter reads its per-route settings (Envoy reads them once, before the EPP's reply clears
     the route cache). That is `no-route` (no model header yet; when the EPP lets a request
@@ -392,15 +476,9 @@ def _single_hop_entry(route: dict[str, Any], *, buffered: bool, response_headers
     `-picked` routes, which a client forging the routing headers matches until they are
     stripped. They ask for response trailers (and headers where a feature reads them), as a pool
     route does in two-hop mode, so the EPP holds the in-flight slot until the response ends."""
-    route["typed_per_filter_config"] = {
-        EPP_FILTER: {
-            "@type": TYPES["ext_proc_route"],
-            "overrides": {
-                "processing_mode": pool_processing_mode(
-                    response_headers=response_headers, response_trailers=True, buffered=buffered
-                )
-            },
-        }
+    mode = pool_processing_mode(response_headers=response_headers, response_trailers=True, buffered=buffered)
+    route.typed_per_filter_config = {
+        EPP_FILTER: pack(ExtProcPerRoute(overrides=ExtProcOverrides(processing_mode=mode)))
     }
 
 
@@ -423,56 +501,52 @@ def _single_hop_check(config: GatewayConfig, topo: Topology) -> tuple[str, int, 
     return host, port, counts.pop()
 
 
-def _retry_policy() -> dict[str, Any]:
+def _retry_policy() -> RetryPolicy:
     """Only failures before the pod saw the request: a generation is never run twice."""
-    return {
-        "retry_on": RETRY_ON,
-        "num_retries": RETRIES,
-        "retry_host_predicate": [
-            {
-                "name": "envoy.retry_host_predicates.previous_hosts",
-                "typed_config": {"@type": TYPES["previous_hosts"]},
-            }
+    return RetryPolicy(
+        retry_on=RETRY_ON,
+        num_retries=RETRIES,
+        retry_host_predicate=[
+            RetryPolicyRetryHostPredicate(
+                name="envoy.retry_host_predicates.previous_hosts", typed_config=pack(PreviousHostsPredicate())
+            )
         ],
-        "host_selection_retry_max_attempts": 3,
-    }
+        host_selection_retry_max_attempts=3,
+    )
 
 
 def _regex_escape(name: str) -> str:
     return re.escape(name)
 
 
-def _override_host_policy() -> dict[str, Any]:
+def _lb_policy(name: str, config: OverrideHost | LeastRequest) -> LoadBalancingPolicy:
+    return LoadBalancingPolicy(
+        policies=[
+            LoadBalancingPolicyPolicy(
+                typed_extension_config=TypedExtensionConfig(name=name, typed_config=pack(config))
+            )
+        ]
+    )
+
+
+def _destination_key() -> MetadataKey:
+    """Where the EPP's choice is: `envoy.lb` dynamic metadata, never a request header."""
+    return MetadataKey(key="envoy.lb", path=[MetadataKeyPathSegment(key=DESTINATION_HEADER)])
+
+
+def _override_host_policy() -> LoadBalancingPolicy:
     """Pick the host named by the EPP's metadata; retries walk its ranked list.
 
     The fallback (least-request over the members) only serves when the listed hosts are all
     used up or none is a member: still never a host outside the pool.
     """
-    return {
-        "policies": [
-            {
-                "typed_extension_config": {
-                    "name": "envoy.load_balancing_policies.override_host",
-                    "typed_config": {
-                        "@type": TYPES["override_host"],
-                        "override_host_sources": [
-                            {"metadata": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]}}
-                        ],
-                        "fallback_policy": {
-                            "policies": [
-                                {
-                                    "typed_extension_config": {
-                                        "name": "envoy.load_balancing_policies.least_request",
-                                        "typed_config": {"@type": TYPES["least_request"]},
-                                    }
-                                }
-                            ]
-                        },
-                    },
-                }
-            }
-        ]
-    }
+    return _lb_policy(
+        "envoy.load_balancing_policies.override_host",
+        OverrideHost(
+            override_host_sources=[OverrideHostOverrideHostSource(metadata=_destination_key())],
+            fallback_policy=_lb_policy("envoy.load_balancing_policies.least_request", LeastRequest()),
+        ),
+    )
 
 
 def uses_override_host(pool: PoolConfig) -> bool:
@@ -491,72 +565,58 @@ def _override_host(pool: PoolConfig, topo: Topology) -> bool:
     return False
 
 
-# Envoy's default circuit breakers allow 3 concurrent retries and 1,024 requests per cluster.
-# A pod refusing connections under concurrent load needs more than 3 retries at once (measured:
-# the 4th got a 503 instead of the fallback pod), and LLM streams are long-lived, so a pool
-# easily holds more than 1,024 at once; the EPP's admission is the real limit.
-_POOL_CIRCUIT_BREAKERS: dict[str, Any] = {
-    "thresholds": [
-        {
-            "max_connections": 100_000,
-            "max_pending_requests": 100_000,
-            "max_requests": 100_000,
-            "max_retries": 1_000,
-        }
-    ]
-}
+def _circuit_breakers() -> CircuitBreakers:
+    """Envoy's default circuit breakers allow 3 concurrent retries and 1,024 requests per cluster.
+    A pod refusing connections under concurrent load needs more than 3 retries at once (measured:
+    the 4th got a 503 instead of the fallback pod), and LLM streams are long-lived, so a pool
+    easily holds more than 1,024 at once; the EPP's admission is the real limit."""
+    return CircuitBreakers(
+        thresholds=[
+            CircuitBreakersThresholds(
+                max_connections=100_000, max_pending_requests=100_000, max_requests=100_000, max_retries=1_000
+            )
+        ]
+    )
 
 
-def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
-    clusters: list[dict[str, Any]] = []
+def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[Cluster]:
+    clusters: list[Cluster] = []
     unknown = topo.original_dst_pools - {pool.name for pool in config.pools}
     if unknown:
         raise ValueError(f"original_dst_pools: no such pool: {', '.join(sorted(unknown))}")
     for pool in config.pools:
+        name = f"pool-{pool.name}"
         if _override_host(pool, topo):
-            clusters.append(
-                {
-                    "name": f"pool-{pool.name}",
-                    "type": "STATIC",
-                    "connect_timeout": "2s",
-                    "load_assignment": {
-                        "cluster_name": f"pool-{pool.name}",
-                        "endpoints": static_lb_endpoints([ep.address for ep in pool.endpoints]),
-                    },
-                    "load_balancing_policy": _override_host_policy(),
-                    "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
-                    "circuit_breakers": _POOL_CIRCUIT_BREAKERS,
-                }
+            cluster = Cluster(
+                name=name,
+                type=ClusterDiscoveryType.STATIC,
+                load_assignment=static_load_assignment(name, [ep.address for ep in pool.endpoints]),
+                load_balancing_policy=_override_host_policy(),
             )
         else:
-            clusters.append(
-                {
-                    "name": f"pool-{pool.name}",
-                    "type": "ORIGINAL_DST",
-                    "lb_policy": "CLUSTER_PROVIDED",
-                    "connect_timeout": "2s",
-                    "cleanup_interval": "60s",
-                    "original_dst_lb_config": {
-                        "use_http_header": False,
-                        "metadata_key": {"key": "envoy.lb", "path": [{"key": DESTINATION_HEADER}]},
-                    },
-                    "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
-                    "circuit_breakers": _POOL_CIRCUIT_BREAKERS,
-                }
+            cluster = Cluster(
+                name=name,
+                type=ClusterDiscoveryType.ORIGINAL_DST,
+                lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
+                cleanup_interval=seconds(60),
+                original_dst_lb_config=ClusterOriginalDstLbConfig(
+                    use_http_header=False, metadata_key=_destination_key()
+                ),
             )
+        cluster.connect_timeout = seconds(2)
+        cluster.per_connection_buffer_limit_bytes = topo.connection_buffer_bytes
+        cluster.circuit_breakers = _circuit_breakers()
+        clusters.append(cluster)
         if pool.failure_mode == "FailOpen":
             endpoints = topo.fallback_endpoints.get(pool.name) or [ep.address for ep in pool.endpoints]
             clusters.append(
-                {
-                    "name": f"fallback-{pool.name}",
-                    "type": "STATIC",
-                    "lb_policy": "LEAST_REQUEST",
-                    "connect_timeout": "2s",
-                    "load_assignment": {
-                        "cluster_name": f"fallback-{pool.name}",
-                        "endpoints": static_lb_endpoints(endpoints),
-                    },
-                }
+                Cluster(
+                    name=f"fallback-{pool.name}",
+                    type=ClusterDiscoveryType.STATIC,
+                    lb_policy=ClusterLbPolicy.LEAST_REQUEST,
+                    connect_timeout=seconds(2),
+                    load_assignment=static_load_assignment(f"fallback-{pool.name}", endpoints),
+                )
             )
     return clusters
 
@@ -570,22 +630,18 @@ _LOCAL_ERRORS: dict[int, tuple[str, str, str]] = {
 }
 
 
-def _mapper(expression: str, error_type: str, code: str, message: str) -> dict[str, Any]:
-    return {
-        "filter": {
-            "extension_filter": {
-                "name": "envoy.access_loggers.extension_filters.cel",
-                "typed_config": {"@type": TYPES["cel"], "expression": expression},
-            }
-        },
-        "body_format_override": {
-            "json_format": {"error": {"message": message, "type": error_type, "code": code}},
-            "content_type": "application/json",
-        },
-    }
+def _mapper(expression: str, error_type: str, code: str, message: str) -> ResponseMapper:
+    cel = ExtensionFilter(
+        name="envoy.access_loggers.extension_filters.cel",
+        typed_config=pack(ExpressionFilter(expression=expression)),
+    )
+    return ResponseMapper(
+        filter=AccessLogFilter(extension_filter=cel),
+        body_format_override=_json_body({"message": message, "type": error_type, "code": code}),
+    )
 
 
-def _local_reply_config() -> dict[str, Any]:
+def _local_reply_config() -> LocalReplyConfig:
     """Shape Envoy's own error replies (ext_proc down, upstream reset, no route, auth, limits)
     as OpenAI JSON.
 
@@ -610,10 +666,10 @@ def _local_reply_config() -> dict[str, Any]:
             "the gateway could not complete the request (%RESPONSE_CODE_DETAILS%) %LOCAL_REPLY_BODY%",
         )
     )
-    return {"mappers": mappers}
+    return LocalReplyConfig(mappers=mappers)
 
 
-def _jwt_filter(config: GatewayConfig) -> list[dict[str, Any]]:
+def _jwt_filter(config: GatewayConfig) -> list[HttpFilter]:
     """Verify `Authorization: Bearer <JWT>` against the configured JWKS before anything else runs.
 
     The token is not forwarded upstream: model servers never see client credentials.
@@ -621,55 +677,50 @@ def _jwt_filter(config: GatewayConfig) -> list[dict[str, Any]]:
     jwt = config.listener.jwt
     if jwt is None:
         return []
-    provider: dict[str, Any] = {
-        "issuer": jwt.issuer,
-        "local_jwks": {"inline_string": jwt.jwks},
-        "forward": False,
-    }
-    if jwt.audiences:
-        provider["audiences"] = list(jwt.audiences)
+    provider = JwtProvider(
+        issuer=jwt.issuer,
+        audiences=list(jwt.audiences),
+        local_jwks=DataSource(inline_string=jwt.jwks),
+        forward=False,
+    )
     claim = config.listener.trust.jwt_claim
     if claim is not None:  # the EPP trusts the request when this equals the configured value
-        provider["claim_to_headers"] = [{"header_name": CLAIM_HEADER, "claim_name": claim.name}]
+        provider.claim_to_headers.append(JwtClaimToHeader(header_name=CLAIM_HEADER, claim_name=claim.name))
     tenant_claim = config.flow_control.tenant_claim
     if tenant_claim is not None:  # the EPP's fair-share tenant (epp/flow_control.py)
-        provider.setdefault("claim_to_headers", []).append(
-            {"header_name": TENANT_CLAIM_HEADER, "claim_name": tenant_claim}
+        provider.claim_to_headers.append(
+            JwtClaimToHeader(header_name=TENANT_CLAIM_HEADER, claim_name=tenant_claim)
         )
-    return [
-        {
-            "name": "envoy.filters.http.jwt_authn",
-            "typed_config": {
-                "@type": TYPES["jwt_authn"],
-                "providers": {"gateway": provider},
-                "rules": [{"match": {"prefix": "/"}, "requires": {"provider_name": "gateway"}}],
-            },
-        }
-    ]
+    authn = JwtAuthentication(
+        providers={"gateway": provider},
+        rules=[
+            RequirementRule(match=RouteMatch(prefix="/"), requires=JwtRequirement(provider_name="gateway"))
+        ],
+    )
+    return [http_filter("envoy.filters.http.jwt_authn", authn)]
 
 
-def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
-    routes: list[dict[str, Any]] = []
+def _routes(config: GatewayConfig, topo: Topology) -> list[Route]:
+    routes: list[Route] = []
     if config.listener.allow_all_paths or MODELS_PATH in config.listener.paths:
         routes.append(
-            {
-                "name": "models-list",
-                "match": {
-                    "path": MODELS_PATH,
-                    "headers": [{"name": ":method", "string_match": {"exact": "GET"}}],
-                },
-                "direct_response": {"status": 200, "body": {"inline_string": _models_list(config)}},
-                "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
-            }
+            Route(
+                name="models-list",
+                match=RouteMatch(path=MODELS_PATH, headers=[_method("GET")]),
+                direct_response=DirectResponseAction(
+                    status=200, body=DataSource(inline_string=_models_list(config))
+                ),
+                response_headers_to_add=[header("content-type", "application/json")],
+            )
         )
         if not config.listener.allow_all_paths:
             routes.append(
-                _without_bbr(_method_not_allowed("models-method", {"path": MODELS_PATH}, "GET"), topo)
+                _without_bbr(_method_not_allowed("models-method", RouteMatch(path=MODELS_PATH), "GET"), topo)
             )
     routes.extend(_served_routes(config, topo))
     if topo.single_hop:
         for route in routes:
-            if route["name"].startswith("no-route") or route["name"].endswith("-picked"):
+            if route.name.startswith("no-route") or route.name.endswith("-picked"):
                 # Single-hop has no FailOpen pools (`_single_hop_check`): the listener's mode.
                 _single_hop_entry(
                     route,
@@ -681,61 +732,64 @@ def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
     # for an ext_proc round trip while the codec closes the connection, and the client would get
     # an empty reply instead of the JSON 431.
     for route in routes:
-        if "direct_response" in route and EPP_FILTER not in route.get("typed_per_filter_config", {}):
-            route.setdefault("typed_per_filter_config", {})[EPP_FILTER] = {
-                "@type": TYPES["ext_proc_route"],
-                "disabled": True,
-            }
-    hcm = {
-        "@type": TYPES["hcm"],
-        "stat_prefix": "gateway",
-        "codec_type": "AUTO",
-        "stream_idle_timeout": "300s",
-        "request_timeout": "0s",
-        "use_remote_address": True,
+        if route.direct_response is not None and EPP_FILTER not in route.typed_per_filter_config:
+            route.typed_per_filter_config[EPP_FILTER] = pack(_disabled())
+    return routes
+
+
+def _strip_routing_headers() -> HttpFilter:
+    """Client-sent routing and identity headers never reach the routing filters or a pod."""
+    removed = (
+        DESTINATION_HEADER,
+        MODEL_HEADER,
+        "x-gateway-base-model-name",
+        CLAIM_HEADER,
+        TENANT_CLAIM_HEADER,
+    )
+    mutations = Mutations(request_mutations=[RequestMutation(remove=h) for h in removed])
+    return http_filter("gateway.strip_routing_headers", HeaderMutation(mutations=mutations))
+
+
+def render_resources(config: GatewayConfig, topo: Topology) -> tuple[list[Listener], list[Cluster]]:
+    """The listener (its route table inline) and the clusters: the static bootstrap's resources,
+    and what the xDS server sends."""
+    hcm = HttpConnectionManager(
+        stat_prefix="gateway",
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        stream_idle_timeout=seconds(300),
+        request_timeout=seconds(0),
+        use_remote_address=True,
         # One spelling per path before the allow-list matches: `/v1/x/../../sleep` is `/sleep`.
-        "normalize_path": True,
-        "merge_slashes": True,
-        "max_request_headers_kb": config.listener.max_request_headers_kb,
-        "common_http_protocol_options": {"max_headers_count": config.listener.max_headers_count},
-        "route_config": {
-            "name": "gateway",
-            "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
-        },
-        "http_filters": [
-            {
-                "name": "gateway.strip_routing_headers",
-                "typed_config": {
-                    "@type": TYPES["header_mutation"],
-                    "mutations": {
-                        "request_mutations": [
-                            {"remove": h}
-                            for h in (
-                                DESTINATION_HEADER,
-                                MODEL_HEADER,
-                                "x-gateway-base-model-name",
-                                CLAIM_HEADER,
-                                TENANT_CLAIM_HEADER,
-                            )
-                        ]
-                    },
-                },
-            },
+        normalize_path=True,
+        merge_slashes=True,
+        max_request_headers_kb=config.listener.max_request_headers_kb,
+        common_http_protocol_options=HttpProtocolOptions(max_headers_count=config.listener.max_headers_count),
+        route_config=RouteConfiguration(
+            name="gateway",
+            virtual_hosts=[VirtualHost(name="all", domains=["*"], routes=_routes(config, topo))],
+        ),
+        http_filters=[
+            _strip_routing_headers(),
             *_jwt_filter(config),
             *_routing_filters(config, topo),
             router_filter(),
         ],
-        "local_reply_config": _local_reply_config(),
-    }
+        local_reply_config=_local_reply_config(),
+    )
     clusters = [*_ext_proc_clusters(config, topo), *_pool_clusters(config, topo)]
     listener = topology_listener(topo, hcm)
     if config.listener.max_buffered_body_bytes is not None:
         # Envoy's buffering filters answer 413 past this (shaped as JSON by `_local_reply_config`).
-        listener["per_connection_buffer_limit_bytes"] = config.listener.max_buffered_body_bytes
-    return bootstrap(topo.admin_port, [listener], clusters)
+        listener.per_connection_buffer_limit_bytes = config.listener.max_buffered_body_bytes
+    return [listener], clusters
 
 
-def _ext_proc_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+def render_bootstrap(config: GatewayConfig, topo: Topology) -> dict[str, Any]:
+    """The static bootstrap, as Envoy reads it (validated against the real protos)."""
+    return bootstrap(topo.admin_port, *render_resources(config, topo))
+
+
+def _ext_proc_clusters(config: GatewayConfig, topo: Topology) -> list[Cluster]:
     if topo.single_hop:
         host, port, count = _single_hop_check(config, topo)
         return [ext_proc_cluster(SINGLE_HOP_CLUSTER, host, port, topo.extproc_tls, replicas=count)]
@@ -751,7 +805,7 @@ def _ext_proc_clusters(config: GatewayConfig, topo: Topology) -> list[dict[str, 
     ]
 
 
-def _routing_filters(config: GatewayConfig, topo: Topology) -> list[dict[str, Any]]:
+def _routing_filters(config: GatewayConfig, topo: Topology) -> list[HttpFilter]:
     """Two-hop: BBR then the pool's EPP; single-hop: the one EPP, which does both. BBR and the
     single-hop EPP see every request, so they buffer bodies in `requestBodyMode: buffered`."""
     buffered = config.listener.request_body_mode == "buffered"
@@ -759,28 +813,16 @@ def _routing_filters(config: GatewayConfig, topo: Topology) -> list[dict[str, An
         # Off the entry route (Envoy's own replies, direct responses) it must not hold the
         # response: the default skips response headers, `_single_hop_entry` asks for them.
         return [
-            _ext_proc_filter(
-                EPP_FILTER,
-                SINGLE_HOP_CLUSTER,
-                topo,
-                response_headers=False,
-                disabled=False,
-                buffered=buffered,
-            )
+            _ext_proc_filter(EPP_FILTER, SINGLE_HOP_CLUSTER, topo, response_headers=False, buffered=buffered)
         ]
     return [
-        _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, disabled=False, buffered=buffered),
+        _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, buffered=buffered),
         # Each pool route points this filter at its own EPP (ExtProcPerRoute). The per-route config is read when the filter runs, i.e. after
         # BBR has cleared the route cache, so it follows the model header.
         # Outside pool routes (e.g. Envoy's own reply to a malformed request, which has no
         # route) the EPP must not hold the response: the default skips response headers.
         _ext_proc_filter(
-            EPP_FILTER,
-            f"epp-{config.pools[0].name}",
-            topo,
-            response_headers=False,
-            disabled=False,
-            buffered=buffered,
+            EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=False, buffered=buffered
         ),
     ]
 

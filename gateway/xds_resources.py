@@ -1,5 +1,6 @@
 """What the xDS server (gateway/xds.py) sends Envoy: the very configuration the static bootstrap
-renderer makes (gateway/envoy_config.py), cut into xDS resources.
+renderer makes (gateway/envoy_config.py), cut into xDS resources: the same envoy-data-plane
+messages, sent as their wire bytes in the protobuf `Any`s grpcio's ADS service needs.
 
 Why the same renderer: one source of truth for both shapes, so a static bootstrap and a running
 Envoy fed over xDS serve the same routes, clusters and filters. The listener's inline route
@@ -18,16 +19,37 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import any_pb2, json_format
-from google.protobuf.message import Message
+import betterproto2
+from envoy_data_plane.envoy.config.bootstrap.v3 import (
+    Bootstrap,
+    BootstrapDynamicResources,
+    BootstrapStaticResources,
+)
+from envoy_data_plane.envoy.config.core.v3 import (
+    AggregatedConfigSource,
+    ApiConfigSource,
+    ApiConfigSourceApiType,
+    ApiVersion,
+    ConfigSource,
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    Node,
+)
+from envoy_data_plane.envoy.config.route.v3 import RouteConfiguration
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    Rds,
+)
+from google.protobuf import any_pb2
 
 from gateway.config import GatewayConfig
-from gateway.envoy_blocks import register_types, socket, validate_bootstrap
-from gateway.envoy_config import ExtProcTls, Topology, ext_proc_cluster, render_bootstrap
+from gateway.envoy_blocks import admin, pack, validated
+from gateway.envoy_config import ExtProcTls, Topology, ext_proc_cluster, render_resources
 
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -35,8 +57,11 @@ ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 # The ADS order: clusters before the listeners and routes that name them.
 TYPE_ORDER = (CLUSTER, LISTENER, ROUTE)
 XDS_CLUSTER = "xds"
-NODE = {"id": "inference-gateway", "cluster": "inference-gateway"}
-_ADS = {"ads": {}, "resource_api_version": "V3"}
+NODE_ID = "inference-gateway"  # the node id and cluster Envoy names itself by
+
+
+def _ads() -> ConfigSource:
+    return ConfigSource(ads=AggregatedConfigSource(), resource_api_version=ApiVersion.V3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,67 +87,52 @@ def topology_for(config: GatewayConfig, topo: Topology) -> Topology:
 def snapshot(config: GatewayConfig, topo: Topology) -> dict[str, Resources]:
     """Every resource type Envoy subscribes to, rendered from `config` (ValueError when the
     topology cannot serve it, e.g. a FailOpen pool in single-hop mode)."""
-    static = render_bootstrap(config, topology_for(config, topo))["static_resources"]
-    routes: list[dict[str, Any]] = []
-    for listener in static["listeners"]:
-        for chain in listener["filter_chains"]:
-            for net_filter in chain["filters"]:
-                hcm = net_filter["typed_config"]
-                table = hcm.pop("route_config")
-                hcm["rds"] = {"route_config_name": table["name"], "config_source": _ADS}
-                routes.append(table)
+    listeners, clusters = render_resources(config, topology_for(config, topo))
+    routes: list[RouteConfiguration] = []
+    for listener in listeners:
+        for chain in listener.filter_chains:
+            for net_filter in chain.filters:
+                assert net_filter.typed_config is not None
+                hcm = net_filter.typed_config.unpack()
+                assert isinstance(hcm, HttpConnectionManager) and hcm.route_config is not None
+                routes.append(hcm.route_config)
+                hcm.route_config = None
+                hcm.rds = Rds(route_config_name=routes[-1].name, config_source=_ads())
+                net_filter.typed_config = pack(hcm)
     return {
-        CLUSTER: _pack(CLUSTER, static["clusters"]),
-        LISTENER: _pack(LISTENER, static["listeners"]),
+        CLUSTER: _pack(CLUSTER, clusters),
+        LISTENER: _pack(LISTENER, listeners),
         ROUTE: _pack(ROUTE, routes),
     }
 
 
-def _pack(type_url: str, items: list[dict[str, Any]]) -> Resources:
-    message_type = _message_types()[type_url]
-    packed = []
-    for item in items:
-        msg = json_format.ParseDict(item, message_type())
-        out = any_pb2.Any()
-        out.Pack(msg)
-        packed.append(out)
-    digest = hashlib.sha256(b"".join(p.SerializeToString(deterministic=True) for p in packed))
-    return Resources(digest.hexdigest()[:16], tuple(packed))
-
-
-def _message_types() -> dict[str, type[Message]]:
-    from envoy.config.cluster.v3 import cluster_pb2
-    from envoy.config.listener.v3 import listener_pb2
-    from envoy.config.route.v3 import route_pb2
-
-    register_types()
-    return {
-        CLUSTER: cluster_pb2.Cluster,
-        LISTENER: listener_pb2.Listener,
-        ROUTE: route_pb2.RouteConfiguration,
-    }
+def _pack(type_url: str, items: Sequence[betterproto2.Message]) -> Resources:
+    """The typed messages as the protobuf `Any`s grpcio sends (their wire bytes, as they are)."""
+    wire = [bytes(item) for item in items]
+    packed = tuple(any_pb2.Any(type_url=type_url, value=value) for value in wire)
+    return Resources(hashlib.sha256(b"".join(wire)).hexdigest()[:16], packed)
 
 
 def xds_bootstrap(admin_port: int, xds: tuple[str, int], tls: ExtProcTls | None) -> dict[str, Any]:
     """Envoy's bootstrap when the xDS server feeds it: admin, the xDS cluster, nothing else.
     Envoy is ready (`/ready`) once the first listeners, clusters and routes arrived."""
-    out = {
-        "node": NODE,
-        "admin": {"address": socket("127.0.0.1", admin_port)},
-        "dynamic_resources": {
-            "ads_config": {
-                "api_type": "GRPC",
-                "transport_api_version": "V3",
-                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
-                "set_node_on_first_message_only": True,
-            },
-            "lds_config": _ADS,
-            "cds_config": _ADS,
-        },
-        "static_resources": {"clusters": [ext_proc_cluster(XDS_CLUSTER, *xds, tls)]},
-    }
-    validate_bootstrap(out)
-    return out
+    return validated(
+        Bootstrap(
+            node=Node(id=NODE_ID, cluster=NODE_ID),
+            admin=admin(admin_port),
+            dynamic_resources=BootstrapDynamicResources(
+                ads_config=ApiConfigSource(
+                    api_type=ApiConfigSourceApiType.GRPC,
+                    transport_api_version=ApiVersion.V3,
+                    grpc_services=[GrpcService(envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=XDS_CLUSTER))],
+                    set_node_on_first_message_only=True,
+                ),
+                lds_config=_ads(),
+                cds_config=_ads(),
+            ),
+            static_resources=BootstrapStaticResources(clusters=[ext_proc_cluster(XDS_CLUSTER, *xds, tls)]),
+        )
+    )
 
 
 def topology_to_json(topo: Topology) -> str:

@@ -13,7 +13,8 @@ other member with the `previous_priorities` retry policy, so a request to a dead
 on a live one instead of failing. The route stamps `x-global-upstream` (the address reached)
 on the response, which tells the observer that the pick failed and ejects the member.
 
-Validated like gateway/envoy_config.py: `json_format.ParseDict` into the real Bootstrap.
+Built like gateway/envoy_config.py: envoy-data-plane's typed messages, validated by
+`json_format.ParseDict` into the real Bootstrap.
 
     python -m globalrouter.envoy_config --config router.yaml --listen-port 8443 --admin-port 9901 \
         --router 127.0.0.1:9100 [--router ...] --server-cert c.pem --server-key k.pem \
@@ -29,15 +30,76 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    Cluster,
+    ClusterDiscoveryType,
+    ClusterLbPolicy,
+    ClusterTransportSocketMatch,
+)
+from envoy_data_plane.envoy.config.common.mutation_rules.v3 import HeaderMutation as RequestMutation
+from envoy_data_plane.envoy.config.core.v3 import (
+    DataSource,
+    HeaderValue,
+    HeaderValueOption,
+    HeaderValueOptionHeaderAppendAction,
+    HealthCheck,
+    HealthCheckGrpcHealthCheck,
+    Metadata,
+    TransportSocket,
+)
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.config.route.v3 import (
+    HeaderMatcher,
+    RetryPolicy,
+    RetryPolicyRetryBackOff,
+    RetryPolicyRetryPriority,
+    Route,
+    RouteAction,
+    RouteConfiguration,
+    RouteMatch,
+    VirtualHost,
+)
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExtProcOverrides,
+    ExtProcPerRoute,
+    MetadataOptions,
+    MetadataOptionsMetadataNamespaces,
+    ProcessingMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.header_mutation.v3 import HeaderMutation, Mutations
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    HttpConnectionManagerCodecType,
+    HttpFilter,
+)
+from envoy_data_plane.envoy.extensions.retry.priority.previous_priorities.v3 import PreviousPrioritiesConfig
+from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+    CertificateValidationContext,
+    CommonTlsContext,
+    UpstreamTlsContext,
+)
+from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
+from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
+from envoy_data_plane.google.protobuf import Struct
+
 from gateway.envoy_blocks import (
-    TYPES,
+    TLS_SOCKET,
+    BodyMode,
     bootstrap,
-    ext_proc_filter,
+    ext_processor,
     grpc_cluster,
     host_port_argument,
-    json_error_response,
+    http_filter,
+    json_error_route,
+    pack,
     processing_mode,
     router_filter,
+    seconds,
     socket,
     topology_listener,
 )
@@ -70,56 +132,55 @@ class GlobalTopology:
     connection_buffer_bytes: int = 4 * 1024 * 1024
 
 
-def _member_route(name: str, retries: int, *, metered: bool) -> dict[str, Any]:
-    headers: list[dict[str, Any]] = [{"name": CLUSTER_HEADER, "string_match": {"exact": name}}]
+def _overwrite(key: str, value: str) -> HeaderValueOption:
+    return HeaderValueOption(
+        header=HeaderValue(key=key, value=value),
+        append_action=HeaderValueOptionHeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
+def _member_route(name: str, retries: int, *, metered: bool) -> Route:
+    headers = [HeaderMatcher(name=CLUSTER_HEADER, string_match=StringMatcher(exact=name))]
     if metered:
-        headers.append({"name": METER_HEADER, "present_match": True})
-    route: dict[str, Any] = {
-        "name": f"member-{name}" + ("-metered" if metered else ""),
-        "match": {"prefix": "/", "headers": headers},
-        "route": {"cluster": f"member-{name}", "timeout": "0s", "idle_timeout": "300s"},
-        "response_headers_to_add": [
-            {"header": {"key": MEMBER_HEADER, "value": name}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
-            {
-                "header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
-                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
-            },
+        headers.append(HeaderMatcher(name=METER_HEADER, present_match=True))
+    action = RouteAction(cluster=f"member-{name}", timeout=seconds(0), idle_timeout=seconds(300))
+    route = Route(
+        name=f"member-{name}" + ("-metered" if metered else ""),
+        match=RouteMatch(prefix="/", headers=headers),
+        route=action,
+        response_headers_to_add=[
+            _overwrite(MEMBER_HEADER, name),
+            _overwrite(UPSTREAM_HEADER, "%UPSTREAM_REMOTE_ADDRESS%"),
         ],
-    }
+    )
     if metered:  # read by the observer after the router filter chose this route
-        route["typed_per_filter_config"] = {
-            OBSERVER_FILTER: {
-                "@type": TYPES["ext_proc_route"],
-                "overrides": {"processing_mode": _observer_mode(response_body="STREAMED")},
-            }
-        }
+        overrides = ExtProcOverrides(processing_mode=_observer_mode(response_body=BodyMode.STREAMED))
+        route.typed_per_filter_config = {OBSERVER_FILTER: pack(ExtProcPerRoute(overrides=overrides))}
     if retries:
-        route["route"]["retry_policy"] = {
-            # Only failures before the member saw the request: never run a generation twice.
-            "retry_on": "connect-failure,refused-stream,reset-before-request",
-            "num_retries": retries,
-            "per_try_timeout": "0s",
-            "retry_priority": {
-                "name": "envoy.retry_priorities.previous_priorities",
-                "typed_config": {"@type": TYPES["prev_prio"], "update_frequency": 1},
-            },
-            "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.05s"},
-        }
+        action.retry_policy = RetryPolicy(
+            retry_on="connect-failure,refused-stream,reset-before-request",
+            num_retries=retries,
+            per_try_timeout=seconds(0),
+            retry_priority=RetryPolicyRetryPriority(
+                name="envoy.retry_priorities.previous_priorities",
+                typed_config=pack(PreviousPrioritiesConfig(update_frequency=1)),
+            ),
+            retry_back_off=RetryPolicyRetryBackOff(base_interval=seconds(0.005), max_interval=seconds(0.05)),
+        )
     return route
 
 
-def _upstream_tls(ca: Path, sni: str) -> dict[str, Any]:
-    return {
-        "name": "envoy.transport_sockets.tls",
-        "typed_config": {
-            "@type": TYPES["tls_up"],
-            "sni": sni,
-            "common_tls_context": {"validation_context": {"trusted_ca": {"filename": str(ca)}}},
-        },
-    }
+def _upstream_tls(ca: Path, sni: str) -> TransportSocket:
+    context = UpstreamTlsContext(
+        sni=sni,
+        common_tls_context=CommonTlsContext(
+            validation_context=CertificateValidationContext(trusted_ca=DataSource(filename=str(ca)))
+        ),
+    )
+    return TransportSocket(name=TLS_SOCKET, typed_config=pack(context))
 
 
-def _member_cluster(config: RouterConfig, index: int, topo: GlobalTopology) -> dict[str, Any]:
+def _member_cluster(config: RouterConfig, index: int, topo: GlobalTopology) -> Cluster:
     """The member at priority 0, every other member at a lower priority (for retries only).
 
     Each endpoint is matched to its own member's CA (`transport_socket_matches`): self-signed
@@ -128,88 +189,86 @@ def _member_cluster(config: RouterConfig, index: int, topo: GlobalTopology) -> d
     member = config.members[index]
     ordered = [member] + [m for i, m in enumerate(config.members) if i != index]
     localities = [
-        {
-            "priority": prio,
-            "lb_endpoints": [
-                {
-                    "endpoint": {"address": socket(*m.host_port)},
-                    "metadata": {"filter_metadata": {"envoy.transport_socket_match": {"member": m.name}}},
-                }
+        LocalityLbEndpoints(
+            priority=prio,
+            lb_endpoints=[
+                LbEndpoint(
+                    endpoint=Endpoint(address=socket(*m.host_port)),
+                    metadata=Metadata(
+                        filter_metadata={"envoy.transport_socket_match": Struct.from_dict({"member": m.name})}
+                    ),
+                )
             ],
-        }
+        )
         for prio, m in enumerate(ordered)
     ]
-    return {
-        "name": f"member-{member.name}",
-        "type": "STATIC",
-        "connect_timeout": "0.5s",
-        "per_connection_buffer_limit_bytes": topo.connection_buffer_bytes,
-        "load_assignment": {"cluster_name": f"member-{member.name}", "endpoints": localities},
-        "transport_socket": _upstream_tls(topo.upstream_ca, topo.upstream_sni),
-        "transport_socket_matches": [
-            {
-                "name": f"ca-{name}",
-                "match": {"member": name},
-                "transport_socket": _upstream_tls(ca, topo.upstream_sni),
-            }
+    return Cluster(
+        name=f"member-{member.name}",
+        type=ClusterDiscoveryType.STATIC,
+        connect_timeout=seconds(0.5),
+        per_connection_buffer_limit_bytes=topo.connection_buffer_bytes,
+        load_assignment=ClusterLoadAssignment(cluster_name=f"member-{member.name}", endpoints=localities),
+        transport_socket=_upstream_tls(topo.upstream_ca, topo.upstream_sni),
+        transport_socket_matches=[
+            ClusterTransportSocketMatch(
+                name=f"ca-{name}",
+                match=Struct.from_dict({"member": name}),
+                transport_socket=_upstream_tls(ca, topo.upstream_sni),
+            )
             for name, ca in sorted(topo.member_cas.items())
         ],
-    }
+    )
 
 
-def _router_cluster(topo: GlobalTopology) -> dict[str, Any]:
+def _router_cluster(topo: GlobalTopology) -> Cluster:
     cluster = grpc_cluster("global-router", list(topo.routers))
-    cluster["lb_policy"] = "ROUND_ROBIN"
-    # A dead or draining replica (gRPC health NOT_SERVING) stops getting new streams.
-    cluster["health_checks"] = [
-        {
-            "timeout": "0.5s",
-            "interval": "1s",
-            "unhealthy_threshold": 2,
-            "healthy_threshold": 1,
-            "grpc_health_check": {},
-        }
+    cluster.lb_policy = ClusterLbPolicy.ROUND_ROBIN
+    cluster.health_checks = [
+        HealthCheck(
+            timeout=seconds(0.5),
+            interval=seconds(1),
+            unhealthy_threshold=2,
+            healthy_threshold=1,
+            grpc_health_check=HealthCheckGrpcHealthCheck(),
+        )
     ]
     return cluster
 
 
-def _router_filter(topo: GlobalTopology) -> dict[str, Any]:
+def _router_filter(topo: GlobalTopology) -> HttpFilter:
     """Requests only (the observer filter watches responses); fails closed."""
-    return ext_proc_filter(
-        ROUTER_FILTER,
-        "global-router",
-        topo.ext_proc_timeout_s,
-        processing_mode(
-            request_headers=True,
-            request_body="FULL_DUPLEX_STREAMED",
-            request_trailers=True,
-            response_headers=False,
-            response_body="NONE",
-            response_trailers=False,
-        ),
-        metadata_options={"receiving_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
-        status_on_error={"code": "ServiceUnavailable"},
+    mode = processing_mode(
+        request_headers=True, request_body=BodyMode.FULL_DUPLEX_STREAMED, request_trailers=True,
+        response_headers=False, response_body=BodyMode.NONE, response_trailers=False,
+    )  # fmt: skip
+    config = ext_processor("global-router", topo.ext_proc_timeout_s, mode)
+    config.metadata_options = MetadataOptions(
+        receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=[ROUTE_NAMESPACE])
     )
+    config.status_on_error = HttpStatus(code=StatusCode.ServiceUnavailable)
+    return http_filter(ROUTER_FILTER, config)
 
 
-def _observer_mode(*, response_body: str) -> dict[str, str]:
+def _observer_mode(*, response_body: BodyMode) -> ProcessingMode:
     return processing_mode(
-        request_headers=False, request_body="NONE", request_trailers=False,
+        request_headers=False, request_body=BodyMode.NONE, request_trailers=False,
         response_headers=True, response_body=response_body, response_trailers=False,
     )  # fmt: skip
 
 
-def _observer_filter(topo: GlobalTopology) -> dict[str, Any]:
+def _observer_filter(topo: GlobalTopology) -> HttpFilter:
     """Responses only; fails open (a lost observation must not fail a reply)."""
-    return ext_proc_filter(
-        OBSERVER_FILTER,
+    config = ext_processor(
         "global-router",
         topo.ext_proc_timeout_s,
-        _observer_mode(response_body="NONE"),
+        _observer_mode(response_body=BodyMode.NONE),
         failure_mode_allow=True,
-        grpc_service={"initial_metadata": [{"key": ROLE_METADATA, "value": "observer"}]},
-        metadata_options={"forwarding_namespaces": {"untyped": [ROUTE_NAMESPACE]}},
+        initial_metadata=[HeaderValue(key=ROLE_METADATA, value="observer")],
     )
+    config.metadata_options = MetadataOptions(
+        forwarding_namespaces=MetadataOptionsMetadataNamespaces(untyped=[ROUTE_NAMESPACE])
+    )
+    return http_filter(OBSERVER_FILTER, config)
 
 
 def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, Any]:
@@ -219,40 +278,34 @@ def render_bootstrap(config: RouterConfig, topo: GlobalTopology) -> dict[str, An
     routes = [_member_route(m.name, retries, metered=True) for m in config.members]
     routes += [_member_route(m.name, retries, metered=False) for m in config.members]
     routes.append(
-        {
-            "name": "no-member",
-            "match": {"prefix": "/"},
-            **json_error_response(
-                503, "the global router chose no member cluster", "server_error", "no_cluster_selected"
-            ),
-        }
+        json_error_route(
+            "no-member",
+            RouteMatch(prefix="/"),
+            503,
+            "the global router chose no member cluster",
+            "server_error",
+            "no_cluster_selected",
+        )
     )
-    hcm = {
-        "@type": TYPES["hcm"],
-        "stat_prefix": "global",
-        "codec_type": "AUTO",
-        "stream_idle_timeout": "300s",
-        "request_timeout": "0s",
-        "use_remote_address": True,
-        "route_config": {
-            "name": "global",
-            "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
-        },
-        "http_filters": [
-            {
-                "name": "global.strip_routing_headers",
-                "typed_config": {
-                    "@type": TYPES["header_mutation"],
-                    "mutations": {
-                        "request_mutations": [{"remove": CLUSTER_HEADER}, {"remove": METER_HEADER}]
-                    },
-                },
-            },
+    strip = Mutations(
+        request_mutations=[RequestMutation(remove=CLUSTER_HEADER), RequestMutation(remove=METER_HEADER)]
+    )
+    hcm = HttpConnectionManager(
+        stat_prefix="global",
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        stream_idle_timeout=seconds(300),
+        request_timeout=seconds(0),
+        use_remote_address=True,
+        route_config=RouteConfiguration(
+            name="global", virtual_hosts=[VirtualHost(name="all", domains=["*"], routes=routes)]
+        ),
+        http_filters=[
+            http_filter("global.strip_routing_headers", HeaderMutation(mutations=strip)),
             _router_filter(topo),
             _observer_filter(topo),
             router_filter(),
         ],
-    }
+    )
     listener = topology_listener(topo, hcm)
     clusters = [_router_cluster(topo)] + [
         _member_cluster(config, i, topo) for i in range(len(config.members))

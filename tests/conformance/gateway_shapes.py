@@ -47,11 +47,88 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from envoy.extensions.filters.http.header_to_metadata.v3 import header_to_metadata_pb2  # noqa: F401
+from envoy_data_plane.envoy.config.cluster.v3 import (
+    CircuitBreakers,
+    CircuitBreakersThresholds,
+    Cluster,
+    ClusterDiscoveryType,
+    ClusterLbPolicy,
+    ClusterLbSubsetConfig,
+    ClusterLbSubsetConfigLbSubsetFallbackPolicy,
+    ClusterLbSubsetConfigLbSubsetSelector,
+    ClusterOriginalDstLbConfig,
+)
+from envoy_data_plane.envoy.config.core.v3 import (
+    GrpcService,
+    GrpcServiceEnvoyGrpc,
+    Http1ProtocolOptions,
+    Http2ProtocolOptions,
+    Metadata,
+    TransportSocket,
+)
+from envoy_data_plane.envoy.config.endpoint.v3 import (
+    ClusterLoadAssignment,
+    Endpoint,
+    LbEndpoint,
+    LocalityLbEndpoints,
+)
+from envoy_data_plane.envoy.config.route.v3 import (
+    Route,
+    RouteAction,
+    RouteConfiguration,
+    RouteMatch,
+    VirtualHost,
+    WeightedCluster,
+    WeightedClusterClusterWeight,
+)
+from envoy_data_plane.envoy.extensions.filters.http.ext_proc.v3 import (
+    ExternalProcessor,
+    ExtProcOverrides,
+    ExtProcPerRoute,
+    MetadataOptions,
+    MetadataOptionsMetadataNamespaces,
+    ProcessingMode,
+)
+from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+    Config as HeaderToMetadata,
+)
+from envoy_data_plane.envoy.extensions.filters.http.header_to_metadata.v3 import (
+    ConfigKeyValuePair,
+    ConfigRule,
+    ConfigValueType,
+)
+from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v3 import (
+    HttpConnectionManager,
+    HttpConnectionManagerCodecType,
+    HttpFilter,
+)
+from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
+    CertificateValidationContext,
+    CommonTlsContext,
+    UpstreamTlsContext,
+)
+from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
+    HttpProtocolOptions,
+    HttpProtocolOptionsExplicitHttpConfig,
+)
+from envoy_data_plane.google.protobuf import Any as AnyMessage
+from envoy_data_plane.google.protobuf import Struct
 
-from gateway.envoy_blocks import TYPES, bootstrap, https_listener, processing_mode, socket, split_host_port
+from gateway.envoy_blocks import (
+    TLS_SOCKET,
+    BodyMode,
+    bootstrap,
+    http_filter,
+    https_listener,
+    pack,
+    processing_mode,
+    router_filter,
+    seconds,
+    socket,
+    split_host_port,
+)
 
 DESTINATION = "x-gateway-destination-endpoint"
-HEADER_TO_METADATA = "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config"
 Shape = Literal["envoy-gateway", "kgateway"]
 SHAPES: tuple[Shape, ...] = ("envoy-gateway", "kgateway")
 
@@ -93,71 +170,71 @@ def render(shape: Shape, gw: Gateway) -> dict[str, Any]:
 # -- shared pieces -------------------------------------------------------------------------
 
 
-def _full_duplex_mode() -> dict[str, str]:
+def _full_duplex_mode() -> ProcessingMode:
     return processing_mode(
         request_headers=True,
-        request_body="FULL_DUPLEX_STREAMED",
+        request_body=BodyMode.FULL_DUPLEX_STREAMED,
         request_trailers=True,
         response_headers=True,
-        response_body="FULL_DUPLEX_STREAMED",
+        response_body=BodyMode.FULL_DUPLEX_STREAMED,
         response_trailers=True,
     )
 
 
-def _http_version(version: Literal[1, 2]) -> dict[str, Any]:
-    key = "http_protocol_options" if version == 1 else "http2_protocol_options"
+def _http_version(version: Literal[1, 2]) -> dict[str, AnyMessage]:
+    if version == 1:
+        explicit = HttpProtocolOptionsExplicitHttpConfig(http_protocol_options=Http1ProtocolOptions())
+    else:
+        explicit = HttpProtocolOptionsExplicitHttpConfig(http2_protocol_options=Http2ProtocolOptions())
     return {
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": TYPES["http_opts"],
-            "explicit_http_config": {key: {}},
-        }
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": pack(
+            HttpProtocolOptions(explicit_http_config=explicit)
+        )
     }
 
 
-def _epp_cluster(name: str, host: str, port: int) -> dict[str, Any]:
+def _epp_cluster(name: str, host: str, port: int) -> Cluster:
     """Both: the EPP behind TLS that does not verify the certificate, HTTP/2, least request."""
-    return {
-        "name": name,
-        "type": "STATIC",  # STRICT_DNS on the EPP Service's name in a cluster
-        "connect_timeout": "10s",
-        "lb_policy": "LEAST_REQUEST",
-        "load_assignment": {
-            "cluster_name": name,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": socket(host, port)}}]}],
-        },
-        "transport_socket": {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {"@type": TYPES["tls_up"], "common_tls_context": {"validation_context": {}}},
-        },
-        "typed_extension_protocol_options": _http_version(2),
-    }
+    tls = UpstreamTlsContext(
+        common_tls_context=CommonTlsContext(validation_context=CertificateValidationContext())
+    )
+    return Cluster(
+        name=name,
+        type=ClusterDiscoveryType.STATIC,  # STRICT_DNS on the EPP Service's name in a cluster
+        connect_timeout=seconds(10),
+        lb_policy=ClusterLbPolicy.LEAST_REQUEST,
+        load_assignment=ClusterLoadAssignment(
+            cluster_name=name,
+            endpoints=[
+                LocalityLbEndpoints(lb_endpoints=[LbEndpoint(endpoint=Endpoint(address=socket(host, port)))])
+            ],
+        ),
+        transport_socket=TransportSocket(name=TLS_SOCKET, typed_config=pack(tls)),
+        typed_extension_protocol_options=_http_version(2),
+    )
 
 
-def _authority(pool: InferencePoolBackend) -> str:
-    return f"{pool.name}-epp.{pool.namespace}.svc:9002"
+def _epp_grpc(cluster: str, pool: InferencePoolBackend, timeout_s: float | None = None) -> GrpcService:
+    return GrpcService(
+        envoy_grpc=GrpcServiceEnvoyGrpc(
+            cluster_name=cluster, authority=f"{pool.name}-epp.{pool.namespace}.svc:9002"
+        ),
+        timeout=None if timeout_s is None else seconds(timeout_s),
+    )
 
 
-def _route_match(rule: Rule) -> dict[str, Any]:
-    return {"match": {"prefix": rule.path_prefix}}
+def _hcm(name: str, routes: list[Route], filters: list[HttpFilter]) -> HttpConnectionManager:
+    return HttpConnectionManager(
+        stat_prefix=name,
+        codec_type=HttpConnectionManagerCodecType.AUTO,
+        route_config=RouteConfiguration(
+            name=name, virtual_hosts=[VirtualHost(name=name, domains=["*"], routes=routes)]
+        ),
+        http_filters=[*filters, router_filter()],
+    )
 
 
-def _hcm(name: str, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "@type": TYPES["hcm"],
-        "stat_prefix": name,
-        "codec_type": "AUTO",
-        "route_config": {
-            "name": name,
-            "virtual_hosts": [{"name": name, "domains": ["*"], "routes": routes}],
-        },
-        "http_filters": [
-            *filters,
-            {"name": "envoy.filters.http.router", "typed_config": {"@type": TYPES["router"]}},
-        ],
-    }
-
-
-def _finish(gw: Gateway, name: str, hcm: dict[str, Any], clusters: list[dict[str, Any]]) -> dict[str, Any]:
+def _finish(gw: Gateway, name: str, hcm: HttpConnectionManager, clusters: list[Cluster]) -> dict[str, Any]:
     listener = https_listener("127.0.0.1", gw.listen_port, None, None, 4 * 1024 * 1024, hcm)
     return bootstrap(gw.admin_port, [listener], clusters)
 
@@ -174,26 +251,18 @@ def _eg_epp_cluster_name(pool: InferencePoolBackend) -> str:
 
 
 def _envoy_gateway(gw: Gateway) -> dict[str, Any]:
-    filters, clusters, routes = [], [], []
+    filters: list[HttpFilter] = []
+    clusters: list[Cluster] = []
+    routes: list[Route] = []
     for pool in gw.pools.values():
-        filters.append(
-            {
-                "name": _eg_filter_name(pool),
-                "typed_config": {
-                    "@type": TYPES["ext_proc"],
-                    "grpc_service": {
-                        "envoy_grpc": {
-                            "cluster_name": _eg_epp_cluster_name(pool),
-                            "authority": _authority(pool),
-                        }
-                    },
-                    "processing_mode": _full_duplex_mode(),
-                    "allow_mode_override": False,
-                    "message_timeout": "300s",
-                    "failure_mode_allow": False,  # the translator ignores the pool's failureMode
-                },
-            }
+        config = ExternalProcessor(
+            grpc_service=_epp_grpc(_eg_epp_cluster_name(pool), pool),
+            processing_mode=_full_duplex_mode(),
+            allow_mode_override=False,
+            message_timeout=seconds(300),
+            failure_mode_allow=False,  # the translator ignores the pool's failureMode
         )
+        filters.append(http_filter(_eg_filter_name(pool), config))
         clusters.append(_epp_cluster(_eg_epp_cluster_name(pool), *pool.epp))
     for index, rule in enumerate(gw.rules):
         if len(rule.backends) != 1:
@@ -204,31 +273,29 @@ def _envoy_gateway(gw: Gateway) -> dict[str, Any]:
         pool = gw.pools[rule.backends[0][0]]
         cluster = f"httproute/default/route/rule/{index}"
         clusters.append(
-            {
-                "name": cluster,
-                "type": "ORIGINAL_DST",
-                "lb_policy": "CLUSTER_PROVIDED",
-                "connect_timeout": "10s",
-                "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION},
-                "typed_extension_protocol_options": _http_version(1),
-            }
+            Cluster(
+                name=cluster,
+                type=ClusterDiscoveryType.ORIGINAL_DST,
+                lb_policy=ClusterLbPolicy.CLUSTER_PROVIDED,
+                connect_timeout=seconds(10),
+                original_dst_lb_config=ClusterOriginalDstLbConfig(
+                    use_http_header=True, http_header_name=DESTINATION
+                ),
+                typed_extension_protocol_options=_http_version(1),
+            )
         )
-        disabled = {
-            _eg_filter_name(other): {"@type": TYPES["ext_proc_route"], "disabled": True}
-            for other in gw.pools.values()
-            if other.name != pool.name
-        }
         routes.append(
-            {
-                **_route_match(rule),
-                "route": {
-                    "cluster": cluster,
-                    "prefix_rewrite": "/",
-                    "auto_host_rewrite": False,
-                    "timeout": "0s",
+            Route(
+                match=RouteMatch(prefix=rule.path_prefix),
+                route=RouteAction(
+                    cluster=cluster, prefix_rewrite="/", auto_host_rewrite=False, timeout=seconds(0)
+                ),
+                typed_per_filter_config={
+                    _eg_filter_name(other): pack(ExtProcPerRoute(disabled=True))
+                    for other in gw.pools.values()
+                    if other.name != pool.name
                 },
-                **({"typed_per_filter_config": disabled} if disabled else {}),
-            }
+            )
         )
     return _finish(gw, "envoy-gateway", _hcm("envoy-gateway", routes, filters), clusters)
 
@@ -246,114 +313,106 @@ def _kg_pool_cluster_name(pool: InferencePoolBackend) -> str:
     return f"endpoint-picker_{pool.name}_{pool.namespace}"
 
 
-def _kg_pool_cluster(pool: InferencePoolBackend) -> dict[str, Any]:
+def _kg_pool_cluster(pool: InferencePoolBackend) -> Cluster:
     name = _kg_pool_cluster_name(pool)
     hosts = [
-        {
-            "endpoint": {"address": socket(*split_host_port(address))},
-            "load_balancing_weight": 1,
-            "metadata": {"filter_metadata": {"envoy.lb": {DESTINATION: address}}},
-        }
+        LbEndpoint(
+            endpoint=Endpoint(address=socket(*split_host_port(address))),
+            load_balancing_weight=1,
+            metadata=Metadata(filter_metadata={"envoy.lb": Struct.from_dict({DESTINATION: address})}),
+        )
         for address in pool.endpoints
     ]
-    return {
-        "name": name,
-        "type": "STATIC",
-        "lb_policy": "ROUND_ROBIN",
-        "connect_timeout": "5s",
-        "lb_subset_config": {
-            "subset_selectors": [{"keys": [DESTINATION]}],
-            "fallback_policy": "ANY_ENDPOINT",
-        },
-        "ignore_health_on_host_removal": True,
-        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": hosts}]},
-        "circuit_breakers": {
-            "thresholds": [{"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}]
-        },
-        "typed_extension_protocol_options": _http_version(1),
-    }
+    return Cluster(
+        name=name,
+        type=ClusterDiscoveryType.STATIC,
+        lb_policy=ClusterLbPolicy.ROUND_ROBIN,
+        connect_timeout=seconds(5),
+        lb_subset_config=ClusterLbSubsetConfig(
+            subset_selectors=[ClusterLbSubsetConfigLbSubsetSelector(keys=[DESTINATION])],
+            fallback_policy=ClusterLbSubsetConfigLbSubsetFallbackPolicy.ANY_ENDPOINT,
+        ),
+        ignore_health_on_host_removal=True,
+        load_assignment=ClusterLoadAssignment(
+            cluster_name=name, endpoints=[LocalityLbEndpoints(lb_endpoints=hosts)]
+        ),
+        circuit_breakers=CircuitBreakers(
+            thresholds=[
+                CircuitBreakersThresholds(
+                    max_connections=40000, max_pending_requests=40000, max_requests=40000
+                )
+            ]
+        ),
+        typed_extension_protocol_options=_http_version(1),
+    )
 
 
-def _kg_backend_settings(pool: InferencePoolBackend) -> dict[str, Any]:
-    """What kgateway's ApplyForBackend adds for one InferencePool backend."""
-    override = {
-        "@type": TYPES["ext_proc_route"],
-        "overrides": {
-            "failure_mode_allow": pool.fail_open,
-            "grpc_service": {
-                "timeout": "10s",
-                "envoy_grpc": {"cluster_name": _kg_epp_cluster_name(pool), "authority": _authority(pool)},
-            },
-        },
-    }
-    hint = {"envoy.lb.subset_hint": {f"{DESTINATION}-subset": list(pool.endpoints)}}
-    return {"metadata_match": {"filter_metadata": hint}, "typed_per_filter_config": {_KG_FILTER: override}}
+def _kg_subset_hint(pool: InferencePoolBackend) -> Metadata:
+    """What kgateway's ApplyForBackend matches for one InferencePool backend."""
+    hint = Struct.from_dict({f"{DESTINATION}-subset": list(pool.endpoints)})
+    return Metadata(filter_metadata={"envoy.lb.subset_hint": hint})
+
+
+def _kg_override(pool: InferencePoolBackend) -> dict[str, AnyMessage]:
+    """The per-route ext_proc settings ApplyForBackend adds for one InferencePool backend."""
+    override = ExtProcOverrides(
+        failure_mode_allow=pool.fail_open,
+        grpc_service=_epp_grpc(_kg_epp_cluster_name(pool), pool, timeout_s=10),
+    )
+    return {_KG_FILTER: pack(ExtProcPerRoute(overrides=override))}
 
 
 def _kgateway(gw: Gateway) -> dict[str, Any]:
     placeholder = InferencePoolBackend(
         "placeholder-pool", (), ("127.0.0.1", 9002), namespace="placeholder-namespace"
     )
+    picker = ExternalProcessor(
+        grpc_service=_epp_grpc(_kg_epp_cluster_name(placeholder), placeholder),
+        processing_mode=_full_duplex_mode(),
+        message_timeout=seconds(5),
+        failure_mode_allow=False,
+        metadata_options=MetadataOptions(
+            forwarding_namespaces=MetadataOptionsMetadataNamespaces(untyped=["envoy.lb.subset_hint"]),
+            receiving_namespaces=MetadataOptionsMetadataNamespaces(untyped=["envoy.lb"]),
+        ),
+    )
+    header_to_metadata = HeaderToMetadata(
+        request_rules=[
+            ConfigRule(
+                header=DESTINATION,
+                on_header_present=ConfigKeyValuePair(
+                    metadata_namespace="envoy.lb", key=DESTINATION, type=ConfigValueType.STRING
+                ),
+                remove=False,
+            )
+        ]
+    )
     filters = [
-        {
-            "name": _KG_FILTER,
-            "typed_config": {
-                "@type": TYPES["ext_proc"],
-                "grpc_service": {
-                    "envoy_grpc": {
-                        "cluster_name": _kg_epp_cluster_name(placeholder),
-                        "authority": _authority(placeholder),
-                    }
-                },
-                "processing_mode": _full_duplex_mode(),
-                "message_timeout": "5s",
-                "failure_mode_allow": False,
-                "metadata_options": {
-                    "forwarding_namespaces": {"untyped": ["envoy.lb.subset_hint"]},
-                    "receiving_namespaces": {"untyped": ["envoy.lb"]},
-                },
-            },
-        },
-        {
-            "name": "envoy.filters.http.header_to_metadata",
-            "typed_config": {
-                "@type": HEADER_TO_METADATA,
-                "request_rules": [
-                    {
-                        "header": DESTINATION,
-                        "on_header_present": {
-                            "metadata_namespace": "envoy.lb",
-                            "key": DESTINATION,
-                            "type": "STRING",
-                        },
-                        "remove": False,
-                    }
-                ],
-            },
-        },
+        http_filter(_KG_FILTER, picker),
+        http_filter("envoy.filters.http.header_to_metadata", header_to_metadata),
     ]
     clusters = [_kg_pool_cluster(p) for p in gw.pools.values()]
     clusters += [_epp_cluster(_kg_epp_cluster_name(p), *p.epp) for p in gw.pools.values()]
     routes = []
     for rule in gw.rules:
-        action: dict[str, Any] = {"prefix_rewrite": "/", "timeout": "0s"}
-        extra: dict[str, Any] = {}
+        action = RouteAction(prefix_rewrite="/", timeout=seconds(0))
+        route = Route(match=RouteMatch(prefix=rule.path_prefix), route=action)
         if len(rule.backends) == 1:
             pool = gw.pools[rule.backends[0][0]]
-            settings = _kg_backend_settings(pool)
-            action["cluster"] = _kg_pool_cluster_name(pool)
-            action["metadata_match"] = settings["metadata_match"]
-            extra["typed_per_filter_config"] = settings["typed_per_filter_config"]
+            action.cluster = _kg_pool_cluster_name(pool)
+            action.metadata_match = _kg_subset_hint(pool)
+            route.typed_per_filter_config = _kg_override(pool)
         else:
-            action["weighted_clusters"] = {
-                "clusters": [
-                    {
-                        "name": _kg_pool_cluster_name(gw.pools[name]),
-                        "weight": weight,
-                        **_kg_backend_settings(gw.pools[name]),
-                    }
+            action.weighted_clusters = WeightedCluster(
+                clusters=[
+                    WeightedClusterClusterWeight(
+                        name=_kg_pool_cluster_name(gw.pools[name]),
+                        weight=weight,
+                        metadata_match=_kg_subset_hint(gw.pools[name]),
+                        typed_per_filter_config=_kg_override(gw.pools[name]),
+                    )
                     for name, weight in rule.backends
                 ]
-            }
-        routes.append({**_route_match(rule), "route": action, **extra})
+            )
+        routes.append(route)
     return _finish(gw, "kgateway", _hcm("kgateway", routes, filters), clusters)

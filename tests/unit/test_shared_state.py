@@ -56,17 +56,12 @@ def test_bad_replica_settings_are_refused_by_name(data: dict[str, Any], message:
 
 def test_the_epp_cluster_lists_every_replica_and_health_checks_them() -> None:
     cluster = ext_proc_cluster("epp-p", "127.0.0.1", 9002, None, replicas=2)
-    hosts = [
-        e["endpoint"]["address"]["socket_address"]
-        for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    ]
-    assert [h["port_value"] for h in hosts] == [9002, 9003]
-    assert cluster["health_checks"][0]["grpc_health_check"] == {}
-    assert "outlier_detection" in cluster
+    hosts = [e.endpoint.address.socket_address for e in cluster.load_assignment.endpoints[0].lb_endpoints]
+    assert [h.port_value for h in hosts] == [9002, 9003]
+    assert cluster.health_checks[0].grpc_health_check is not None
+    assert cluster.outlier_detection is not None
     single = ext_proc_cluster("epp-p", "127.0.0.1", 9002, None)
-    assert (
-        "health_checks" not in single and len(single["load_assignment"]["endpoints"][0]["lb_endpoints"]) == 1
-    )
+    assert not single.health_checks and len(single.load_assignment.endpoints[0].lb_endpoints) == 1
 
 
 def test_a_pool_adds_the_other_replicas_counts_to_its_own() -> None:

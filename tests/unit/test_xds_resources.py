@@ -8,13 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2
+from google.protobuf import json_format
 
 from gateway.config import parse_config
-from gateway.envoy_config import ExtProcTls, Topology
+from gateway.envoy_blocks import register_types
+from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap
 from gateway.xds_resources import (
     CLUSTER,
     LISTENER,
@@ -75,6 +78,30 @@ def test_the_route_table_is_served_over_rds_and_named_by_the_listener() -> None:
     assert {"llama-pick", "llama-picked", "no-route-model", "method-not-allowed"} <= names
     clusters = {c.name for c in _unpack(snap[CLUSTER], cluster_pb2.Cluster)}
     assert clusters == {"bbr", "epp-llama", "pool-llama"}
+
+
+@pytest.mark.parametrize("single_hop", [False, True])
+def test_the_resources_are_the_static_bootstraps_messages(single_hop: bool) -> None:
+    """The typed messages' wire bytes (what xDS sends) read back by the real protos equal the
+    static bootstrap's JSON read by them: one rendering, two encodings, no drift."""
+    topo = dataclasses.replace(TOPO, bbr=None, single_hop=True) if single_hop else TOPO
+    register_types()
+    static = json_format.ParseDict(render_bootstrap(parse_config(CONFIG), topo), bootstrap_pb2.Bootstrap())
+    snap = snapshot(parse_config(CONFIG), topo)
+    assert _unpack(snap[CLUSTER], cluster_pb2.Cluster) == list(static.static_resources.clusters)
+    (listener,) = _unpack(snap[LISTENER], listener_pb2.Listener)
+    hcm = http_connection_manager_pb2.HttpConnectionManager()
+    listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    hcm.ClearField("rds")
+    hcm.route_config.CopyFrom(_unpack(snap[ROUTE], route_pb2.RouteConfiguration)[0])
+    listener.filter_chains[0].filters[0].typed_config.Pack(hcm)
+    expected = static.static_resources.listeners[0]
+    inline = http_connection_manager_pb2.HttpConnectionManager()
+    expected.filter_chains[0].filters[0].typed_config.Unpack(inline)
+    assert hcm == inline
+    listener.filter_chains[0].filters[0].ClearField("typed_config")
+    expected.filter_chains[0].filters[0].ClearField("typed_config")
+    assert listener == expected
 
 
 def test_a_model_added_changes_the_routes_alone() -> None:
