@@ -63,6 +63,9 @@ AFFINITY: dict[str, Any] = {
     "sessionAffinity": {"header": "x-session-id"},
 }
 
+# The same EPP configurations for `python -m bench sim --policy-module bench.flow_policies`.
+VIRTUAL_POLICIES = {"epp-flow-off": _priorities(False), "epp-flow-on": _priorities(True)}
+
 register_policy(
     "epp-flow-off", gateway_factory("epp-flow-off", profile=None, config_extra=_priorities(False))
 )
