@@ -175,3 +175,18 @@ def test_under_overload_only_sheddable_traffic_is_refused() -> None:
     # Sheddable requests waited out their band's 1 s in the queue (the deadline resumes them).
     assert router.flow_outcomes()["sheddable"]["timeout"] > 0
     assert any(r.error == "flow_control_timeout" and r.e2e_s >= 1.0 for r in refused)
+
+
+def test_bench_sim_refuses_a_missing_policy_module_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "sim",
+        "--scenario",
+        "bench/scenarios/uniform.yaml",
+        "--policy-module",
+        "bench.nope",
+        "--policy",
+        "x",
+    ]
+    assert bench_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("--policy-module:") and "bench.nope" in err and "\n" not in err
