@@ -139,9 +139,15 @@ class _Entry:
 class FlowController:
     """One per EPP process (one pool). `signal()` is the pool's capacity hook."""
 
-    def __init__(self, registry: CollectorRegistry, config: FlowControlConfig | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        config: FlowControlConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.metrics = FlowMetrics(registry)
         self.config = config or FlowControlConfig()
+        self.clock = clock  # queueing times and deadlines (the pool's clock; virtual in bench/vtime)
         self.queue = self._new_queue(self.config)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -167,8 +173,8 @@ class FlowController:
 
     def signal(self) -> None:
         """Capacity may have freed (a request finished, a scrape arrived): try the queue's head."""
-        if self._wake is not None and len(self.queue):
-            self._wake.set()
+        if len(self.queue):
+            self._wake_dispatcher()
 
     async def wait(self, ticket: Ticket, attempt: Callable[[], T | None]) -> Result[T]:
         """Queue until `attempt()` (called by the dispatcher, in queue order) returns a value.
@@ -176,26 +182,23 @@ class FlowController:
         `attempt` returns None while the pool is still saturated; otherwise it has routed the
         request (and owns the in-flight slot: its caller releases it on stream close).
         """
-        self._ensure_dispatcher()
-        loop = asyncio.get_running_loop()
-        now = time.monotonic()
+        now = self.clock()
         label = self.metrics.label(ticket.tenant)
-        entry = _Entry(attempt, loop.create_future())
+        entry = _Entry(attempt, self._new_future())
         item = Waiting(ticket.band, ticket.tenant, now, now + ticket.max_wait_s, payload=entry)
         if not self.queue.push(item):
             self.metrics.outcomes.labels(ticket.band, label, Outcome.OVERFLOW.value).inc()
             return Result(Outcome.OVERFLOW)
         self.metrics.queued.labels(ticket.band, label).inc()
-        assert self._wake is not None
-        self._wake.set()  # there may be headroom right now: the dispatcher decides who goes
+        self._wake_dispatcher()  # there may be headroom right now: the dispatcher decides who goes
         outcome = Outcome.CANCELLED
         try:
-            await asyncio.wait((entry.future,), timeout=ticket.max_wait_s)
+            await self._until_done(entry.future, ticket.max_wait_s)
             if entry.future.done():
                 outcome = Outcome.DISPATCHED
-                return Result(outcome, entry.future.result(), time.monotonic() - now)  # type: ignore[arg-type]
+                return Result(outcome, entry.future.result(), self.clock() - now)  # type: ignore[arg-type]
             outcome = Outcome.TIMEOUT
-            return Result(outcome, waited_s=time.monotonic() - now)
+            return Result(outcome, waited_s=self.clock() - now)
         finally:
             # Runs on timeout and on cancellation (the client left) as well: nothing stays queued.
             if self.queue.remove(item):
@@ -203,8 +206,24 @@ class FlowController:
             elif outcome is Outcome.CANCELLED and entry.future.done() and not entry.future.cancelled():
                 outcome = Outcome.DISPATCHED  # routed just before the cancel: the caller releases it
             self.metrics.queued.labels(ticket.band, label).dec()
-            self.metrics.wait.labels(ticket.band, label).observe(time.monotonic() - now)
+            self.metrics.wait.labels(ticket.band, label).observe(self.clock() - now)
             self.metrics.outcomes.labels(ticket.band, label, outcome.value).inc()
+
+    # The three seams of the asyncio plumbing (bench/vtime/flow.py runs the queue on a virtual
+    # clock through them): a waiter's future, the dispatcher's wake-up, the wait itself.
+    def _new_future(self) -> asyncio.Future[object]:
+        """A future of the running loop; its dispatcher task serves the queue."""
+        self._ensure_dispatcher()
+        return asyncio.get_running_loop().create_future()
+
+    def _wake_dispatcher(self) -> None:
+        """Have `dispatch()` run soon (the dispatcher task, once started, on the next loop turn)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _until_done(self, future: asyncio.Future[object], timeout_s: float) -> None:
+        """Return when `future` is done or after `timeout_s`, whichever comes first."""
+        await asyncio.wait((future,), timeout=timeout_s)
 
     def _ensure_dispatcher(self) -> None:
         if self._task is None or self._task.done():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Params(BaseModel):
@@ -35,13 +35,23 @@ class SaturationParams(_Params):
     """The `unsaturated` filter: a pod is saturated at this queue or this KV-cache use."""
 
     queue_saturated: float = Field(default=5.0, gt=0, le=1e6, alias="queue")
-    kv_saturated: float = Field(default=0.8, gt=0, le=1, alias="kvCache")
+    # Up to 1 with `page`; with `committed` up to 4 (an overcommit: a running request holds on
+    # average about half its expected output, so 1.0 held the pods at about half their KV).
+    kv_saturated: float = Field(default=0.8, gt=0, le=4, alias="kvCache")
     # What `kvCache` is compared with. `page`: the scraped KV use plus what this EPP routed since
     # the page. `committed`: at least every in-flight request's prompt + expected output over the
     # pod's KV capacity (the ledger's and the other replicas' requests), so a pod whose running
     # sequences will grow into a full cache reads saturated before vLLM has to preempt them;
     # what flow control should gate on (docs/scheduling.md, "Flow control").
     kv_measure: Literal["page", "committed"] = Field(default="page", alias="kvMeasure")
+
+    @model_validator(mode="after")
+    def _overcommit_needs_committed(self) -> SaturationParams:
+        if self.kv_saturated > 1 and self.kv_measure != "committed":
+            raise ValueError(
+                "kvCache above 1 needs kvMeasure: committed in the same block (the page's KV use never exceeds 1)"
+            )
+        return self
 
 
 class PrefixParams(_Params):

@@ -3,7 +3,7 @@
     python -m bench sim --scenario bench/scenarios/uniform.yaml --policy round-robin \\
         --policy epp-default --policy oracle [--seeds reporting|tuning|N] [--seed N ...] \\
         [--pods-scale K] [--duration-s S] [--gateway-ms MS] [--as-recorded bench/summaries] \\
-        [--ttft-only] [--first-spike-s S] [--router-seed N]
+        [--ttft-only] [--first-spike-s S] [--router-seed N] [--policy-module M]
 
 Summaries go to bench/summaries-virtual/<mode>/<scenario>/<policy>/seed-<n>.json (the schema
 of bench/summary.py, `run.virtual: true`); a scaled run's scenario is named
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import statistics
 import sys
@@ -42,8 +43,21 @@ SCALED_WORKLOAD_KEYS = ("sessions", "groups")  # bench/workloads.py: concurrent 
 POLICIES = ("round-robin", "oracle", "epp-default", "epp-gie", "epp-predicted", "epp-best")
 
 
-def epp_extra(policy: str) -> dict[str, Any]:
+def load_policy_modules(names: list[str]) -> dict[str, dict[str, Any]]:
+    """The EPP policies the `--policy-module`s define for virtual time: each module's
+    `VIRTUAL_POLICIES`, name -> the gateway config keys its real-time target adds to the
+    default profile's (bench/flow_policies.py). ImportError for a module that is not there."""
+    policies: dict[str, dict[str, Any]] = {}
+    for name in names:
+        module = importlib.import_module(name)
+        policies.update({k: dict(v) for k, v in getattr(module, "VIRTUAL_POLICIES", {}).items()})
+    return policies
+
+
+def epp_extra(policy: str, modules: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """The EPP configuration keys the real-time target of `policy` writes."""
+    if modules and policy in modules:  # gateway_factory(profile=None, config_extra=...)
+        return {**epp_config({}, None), **modules[policy]}
     if policy == "epp-default":
         return epp_config({}, None)
     if policy == "epp-best":
@@ -164,6 +178,7 @@ def summarise(
         "decisions": stats.decisions,
         "decision_cpu": _cpu(stats.decision_cpu_ns),  # the router's whole decision (EPP: on_request)
         **({"pick_cpu": _cpu(router.pick_cpu_ns)} if isinstance(router, VirtualEpp) else {}),
+        **({"flow_control": router.flow_outcomes()} if isinstance(router, VirtualEpp) else {}),
         "engines": stats.engines,
         "gateway_ms": ms,
         "pods": len({r.pod for r in results if r.pod}) or None,
@@ -183,9 +198,15 @@ def summarise(
 
 def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
     """`seeds`: bench.__main__.run_seeds(args), the one rule for --seed / --seeds."""
+    try:
+        modules = load_policy_modules(args.policy_module)
+    except ImportError as exc:
+        print(f"--policy-module: {exc}", file=sys.stderr)
+        return 2
     for policy in args.policy:
-        if policy not in POLICIES:
-            print(f"unknown virtual-time policy {policy!r}; known: {', '.join(POLICIES)}", file=sys.stderr)
+        if policy not in POLICIES and policy not in modules:
+            known = ", ".join([*POLICIES, *modules])
+            print(f"unknown virtual-time policy {policy!r}; known: {known}", file=sys.stderr)
             return 2
     if args.pods_scale < 1:
         print("--pods-scale must be an integer >= 1", file=sys.stderr)
@@ -202,7 +223,7 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
     for seed in seeds:
         seeded = scenario.with_seed(seed)
         for policy in args.policy:
-            extra = None
+            extra = epp_extra(policy, modules) if policy in modules else None
             info: dict[str, Any] = {}
             if args.as_recorded and policy.startswith("epp-"):
                 recorded = summary_path(args.as_recorded, args.mode, base.name, policy, seed)
@@ -246,7 +267,12 @@ def _ms(value: float | None) -> str:
 def add_parser(sub: Any) -> None:
     sim = sub.add_parser("sim", help="run scenarios in virtual time (the EPP's code, simulated engines)")
     sim.add_argument("--scenario", required=True)
-    sim.add_argument("--policy", action="append", required=True, help=f"repeatable: {', '.join(POLICIES)}")
+    sim.add_argument(
+        "--policy", action="append", required=True, help=f"repeatable: {', '.join(POLICIES)} or a module's"
+    )
+    sim.add_argument(
+        "--policy-module", action="append", default=[], help="module whose VIRTUAL_POLICIES adds EPP policies"
+    )
     sim.add_argument("--mode", choices=MODES, default="quick")
     sim.add_argument("--seeds", help="reporting (default), tuning, or N = the first N reporting seeds")
     sim.add_argument("--seed", type=int, action="append", default=[], help="explicit trace seed; repeatable")

@@ -14,8 +14,11 @@ with no event loop running, so it starts no scrape task, server or watcher. Then
   a pod in an idle sleep scrapes it at once (the live `routed_hook` wake);
 - each request runs through a fresh `EppProcessor` as Envoy drives it: `on_request` (parse,
   pick with the profile's scorers, admission, `on_routed`) at landing, `on_response_headers`
-  when the pod answers, `on_close` when its stream ends. A decision that would wait (the
-  flow-control queue, a tokenizer off the loop) raises: the loop has no event loop to wait on.
+  when the pod answers, `on_close` when its stream ends;
+- a decision that waits in the flow-control queue is parked on the pool's `VirtualFlow`
+  (bench/vtime/flow.py: the production controller, resumed when its dispatcher routes the
+  request or at its deadline) and answers the loop then. Any other wait (a tokenizer off the
+  loop) raises: the loop has no event loop to wait on.
 
 KV events are not fed (the real-time `epp-default` runs had none either).
 """
@@ -25,13 +28,14 @@ from __future__ import annotations
 import random
 import tempfile
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 from bench.gateway_policies import profile_record
+from bench.vtime.flow import Park, VirtualFlow
 from bench.vtime.loop import TIMER, Events, Routed
 from bench.vtime.pods import SimPod
 from bench.workloads import TraceRequest
@@ -43,19 +47,23 @@ from epp.processor import EppProcessor
 from epp.scrape import SpeedTracker
 from extproc.errors import ErrorResponse
 from extproc.headers import DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
+from extproc.stream import RequestRoute
 
 T = TypeVar("T")
 DEFAULT_SCRAPE_AGE_S = 0.002  # a page's age when recorded: HTTP round trip plus parse, wall seconds
 
 
-def run_now(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that must not suspend (the EPP's decision without I/O) to its result."""
+def run_now(coro: Coroutine[Any, Any, T]) -> T | Park:
+    """Run the EPP's decision to its result, or to the flow-control wait it parks at (then the
+    coroutine is left suspended there). Any other suspension is not simulable."""
     try:
-        coro.send(None)
+        yielded = coro.send(None)
     except StopIteration as stop:
         return stop.value
+    if isinstance(yielded, Park):
+        return yielded
     coro.close()
-    raise RuntimeError("the EPP's decision waited (flow-control queue or tokenizer): not simulable")
+    raise RuntimeError("the EPP's decision waited on something but its flow-control queue: not simulable")
 
 
 class _PodScrapes:
@@ -130,6 +138,10 @@ class VirtualEpp:
         app.scheduler.rng = random.Random(self._seed * 1000 + index)
         app.scraper.rng = random.Random(self._seed * 1000 + 500 + index)
         app.pool.routed_hook = self._wake
+        assert self._events is not None
+        flow = VirtualFlow(app.store.current().flow_control, self._events, self._ts)
+        app.flow = app.ctx.flow = flow
+        app.pool.capacity_hook = flow.signal
         pick = app.scheduler.pick  # the production pick, timed: the CPU a decision's scoring costs
 
         def timed_pick(request: Any, snapshot: Any) -> Any:
@@ -157,6 +169,7 @@ class VirtualEpp:
             "scrape": config.scrape.model_dump(by_alias=True),
             "scrape_age_s": self._age,
             "kv_events": False,
+            "flow_control": config.flow_control.model_dump(by_alias=True),
         }
 
     # ---- scrapes ----------------------------------------------------------------------------
@@ -205,8 +218,22 @@ class VirtualEpp:
             **req.headers,
             MODEL_HEADER: model,
         }
-        processor = EppProcessor(self._apps[pool].ctx)
-        outcome = run_now(processor.on_request(headers, body))
+        app = self._apps[pool]
+        processor = EppProcessor(app.ctx)
+        decision = processor.on_request(headers, body)
+        outcome = run_now(decision)
+        if isinstance(outcome, Park):
+            flow = app.flow
+            assert isinstance(flow, VirtualFlow)
+
+            def later(answer: Callable[[Routed], None]) -> None:
+                flow.park(decision, outcome, lambda final: answer(self._answer(processor, final)))
+
+            return Routed(None, later=later)
+        return self._answer(processor, outcome)
+
+    def _answer(self, processor: EppProcessor, outcome: RequestRoute | ErrorResponse) -> Routed:
+        """The EPP's answer as the loop takes it: a refusal's status, or the pod and callbacks."""
         if isinstance(outcome, ErrorResponse):
             return Routed(None, outcome.status, outcome.code)
         address = outcome.set_headers[DESTINATION_HEADER].split(",", 1)[0]
@@ -215,3 +242,15 @@ class VirtualEpp:
             processor.on_response_headers({":status": str(status), SERVED_HEADER: address})
 
         return Routed(self._by_address[address], on_response=on_response, on_close=processor.on_close)
+
+    def flow_outcomes(self) -> dict[str, dict[str, int]]:
+        """Requests that left each pool's flow-control queue, per band and outcome (its metrics)."""
+        counts: dict[str, dict[str, int]] = {}
+        for app in self._apps.values():
+            for metric in app.flow.metrics.outcomes.collect():
+                for sample in metric.samples:
+                    if sample.name.endswith("_total") and sample.value:
+                        band = counts.setdefault(sample.labels["band"], {})
+                        outcome = sample.labels["outcome"]
+                        band[outcome] = band.get(outcome, 0) + int(sample.value)
+        return counts

@@ -3,7 +3,8 @@
 Events run in time order; at equal times steps end first, then timers (the EPP's scrapes),
 then arrivals, then FIFO. Nothing sleeps and nothing reads the wall clock except the CPU
 meters. A request lands `gateway_s` after its trace time (the gateway's own latency, in
-simulated seconds); the router decides at landing, the pod's engine queues it at once, and its
+simulated seconds); the router decides at landing (or, when it holds the request in its own
+queue, later: `Routed.later`), the pod's engine queues it at once, and its
 TTFT and end-to-end time count from the trace time, as the load generator measures them.
 """
 
@@ -66,6 +67,9 @@ class Routed:
     error: str | None = None
     on_response: Callable[[int], None] | None = None
     on_close: Callable[[bool], None] | None = None
+    # Set when the decision waits (the EPP's flow-control queue): called at once with the
+    # continuation that takes the final answer, which it runs when the router decides.
+    later: Callable[[Callable[[Routed], None]], None] | None = None
 
 
 class Router(Protocol):
@@ -187,6 +191,13 @@ def simulate(
         routed = router.route(index, req, body)
         stats.decision_cpu_ns.append(time.process_time_ns() - started)
         stats.decisions += 1
+        if routed.later is not None:
+            routed.later(lambda final: place(r, req, final))
+        else:
+            place(r, req, routed)
+
+    def place(r: RequestResult, req: TraceRequest, routed: Routed) -> None:
+        """The router's answer: refused (its status, as the load generator records it) or sent."""
         pod = routed.pod
         if pod is None:
             r.status, r.error = routed.status, routed.error or "refused"

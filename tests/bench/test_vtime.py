@@ -12,7 +12,7 @@ import pytest
 
 from bench.__main__ import main as bench_main
 from bench.scenario import Scenario
-from bench.vtime.cli import run_one, scaled
+from bench.vtime.cli import epp_extra, load_policy_modules, run_one, scaled
 from epp.scheduling import registry
 
 SCENARIO = Scenario(
@@ -125,3 +125,68 @@ def test_bench_sim_refuses_an_unknown_policy_in_one_line(capsys: pytest.CaptureF
     assert bench_main(["sim", "--scenario", "bench/scenarios/uniform.yaml", "--policy", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown virtual-time policy 'nope'" in err and "\n" not in err
+
+
+# Flow control: two A10Gs offered several times what they serve, so the EPP's queue fills at once.
+OVERLOAD = Scenario(
+    name="vtime-flow",
+    description="two A10Gs, priority-tenants traffic at several times their capacity",
+    seed=1,
+    fleet={"pods": [{"name": "a10g", "model": "m", "profile": "a10g-llama3.1-8b", "replicas": 2}]},
+    workload={"kind": "priority_tenants", "model": "m", "critical_fraction": 0.2, "sheddable_fraction": 0.3},
+    arrivals={"pattern": "poisson", "rate": 80.0},
+    duration_s=2.0,
+    loadgen={},
+    mode="quick",
+)
+
+
+def _flow_run(policy: str, scenario: Scenario = OVERLOAD) -> tuple[list[Any], Any]:
+    modules = load_policy_modules(["bench.flow_policies"])
+    results, _, router = run_one(scenario, policy, gateway_ms=0.0, extra=epp_extra(policy, modules))
+    return results, router
+
+
+def _rows(results: list[Any]) -> list[tuple[Any, ...]]:
+    return [(r.index, r.tag, r.pod, r.status, r.error, r.ttft_s, r.e2e_s) for r in results]
+
+
+def test_flow_control_runs_the_same_twice() -> None:
+    first, _ = _flow_run("epp-flow-on")
+    assert _rows(first) == _rows(_flow_run("epp-flow-on")[0])
+    assert _rows(first) != _rows(_flow_run("epp-flow-off")[0])
+    assert all(r.status in (200, 429) for r in first)  # every request answered: none left waiting
+
+
+def test_a_queued_request_resumes_when_the_pool_has_room() -> None:
+    results, router = _flow_run("epp-flow-on")
+    outcomes = router.flow_outcomes()
+    # Critical and standard requests waited in the EPP's queue and were routed from it later.
+    assert outcomes["critical"]["dispatched"] > 0 and outcomes["standard"]["dispatched"] > 0
+    served = [r for r in results if r.status == 200]
+    assert sum(outcomes[band].get("dispatched", 0) for band in outcomes) < len(served)
+    assert all(r.ttft_s is not None and r.pod for r in served)
+
+
+def test_under_overload_only_sheddable_traffic_is_refused() -> None:
+    results, router = _flow_run("epp-flow-on")
+    refused = [r for r in results if r.status == 429]
+    assert refused and all(r.tag.startswith("sheddable/") for r in refused)
+    # Sheddable requests waited out their band's 1 s in the queue (the deadline resumes them).
+    assert router.flow_outcomes()["sheddable"]["timeout"] > 0
+    assert any(r.error == "flow_control_timeout" and r.e2e_s >= 1.0 for r in refused)
+
+
+def test_bench_sim_refuses_a_missing_policy_module_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "sim",
+        "--scenario",
+        "bench/scenarios/uniform.yaml",
+        "--policy-module",
+        "bench.nope",
+        "--policy",
+        "x",
+    ]
+    assert bench_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("--policy-module:") and "bench.nope" in err and "\n" not in err

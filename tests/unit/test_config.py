@@ -36,7 +36,8 @@ def rejected_total() -> float:
         ),
         ({"pools": [{"name": "p", "models": [{"name": "m"}, {"name": "m"}]}]}, "declared twice"),
         ({"bbr": {"defaultModel": "ghost"}}, "bbr.defaultModel"),
-        ({"thresholds": {"kvCache": 1.5}}, "thresholds.kvCache"),
+        ({"thresholds": {"kvCache": 1.5}}, "kvCache above 1 needs kvMeasure: committed"),
+        ({"thresholds": {"kvCache": 4.5, "kvMeasure": "committed"}}, "thresholds.kvCache"),
         (
             {"scrape": {"intervalMs": 100, "maxIntervalMs": 50}},
             "scrape.maxIntervalMs: must be >= scrape.intervalMs",

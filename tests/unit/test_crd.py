@@ -42,7 +42,7 @@ def test_schema_accepts_configs_the_parser_accepts_and_rejects_bad_ones() -> Non
     assert validator.is_valid(good)
     for bad in (
         {"pools": []},
-        {**good, "thresholds": {"kvCache": 2}},
+        {**good, "thresholds": {"kvCache": 5}},  # above 1 with `page` only the parser refuses
         {**good, "pools": [{"name": "Bad Name", "models": [{"name": "m"}]}]},
         {**good, "profiles": {"chat": {"weights": {"queue": -1}}}},
     ):

@@ -118,6 +118,12 @@ def test_committed_kv_counts_what_every_in_flight_request_will_hold() -> None:
     page = SaturationParams(kvCache=0.6)
     committed = SaturationParams(kvCache=0.6, kvMeasure="committed")
     assert not is_saturated(pod, page) and is_saturated(pod, committed)
+    # Above 1: an overcommit of the expected outputs (flow control's standard band, bench/flow_policies.py).
+    overcommit = SaturationParams(queue=1e6, kvCache=1.5, kvMeasure="committed")  # the KV term alone
+    assert not is_saturated(pod, overcommit)
+    for _ in range(14):  # 24,000 tokens in flight: 1.52 x what the cache holds
+        pool.on_routed("a", 1000)
+    assert is_saturated(pool.snapshot().endpoints[0], overcommit)
     assert _capacity_unknown_reads_the_page(pool)
 
 
