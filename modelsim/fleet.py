@@ -21,6 +21,7 @@ from modelsim.clock import SimClock
 from modelsim.engine import Engine
 from modelsim.kv_events import KVEventsConfig, KVEventsConfigError
 from modelsim.metrics import DIALECTS
+from modelsim.pd import ROLES
 from modelsim.profiles import GpuProfile, ProfileError, builtin_profiles, load_profiles_file, parse_profiles
 from modelsim.server import Faults, Pod, PodConfig
 from modelsim.tokenizer import HFTokenizer, TokenizerFileError
@@ -39,6 +40,7 @@ _POD_KEYS = {
     "enable_prefix_caching",
     "kv_events",
     "tokenizer",
+    "role",
 }
 
 
@@ -61,6 +63,7 @@ class PodSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config (replica r: ports + r)
     tokenizer: HFTokenizer | None = None  # the model's tokenizer files (None: approximate ids)
+    role: str = "both"  # disaggregated serving: prefill, decode or both (modelsim/pd.py)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class FleetSpec:
             enable_prefix_caching=pod.enable_prefix_caching,
             kv_events=pod.kv_events,
             tokenizer=pod.tokenizer,
+            role=pod.role,
         )
 
 
@@ -186,6 +190,9 @@ def _expand(
     except KVEventsConfigError as exc:
         raise SpecError(f"{where}: {exc}") from None
     tokenizer = _tokenizer(raw.get("tokenizer"), where, base_dir)
+    role = raw.get("role", "both")
+    if role not in ROLES:
+        raise SpecError(f"{where}: unknown role {role!r}; known: {list(ROLES)}")
     out = []
     for r in range(replicas):
         out.append(
@@ -201,6 +208,7 @@ def _expand(
                 overrides=overrides,
                 kv_events=kv_events.offset(r) if kv_events else None,
                 tokenizer=tokenizer,
+                role=role,
             )
         )
     return out
@@ -282,6 +290,7 @@ class PodHandle:
             "adapters": list(self.adapters),
             "dialect": self.dialect,
             "address": self.address,
+            "role": self._pod.config.role,
             **(
                 {"kv_events_port": self.kv_events_port, "kv_replay_port": self.kv_replay_port}
                 if self.kv_events_port

@@ -121,6 +121,48 @@ class EngineCollector:
             lab,
             s.prefill_computed_tokens,
         )
+        if e.kv_connector:
+            yield from self._vllm_kv_connector(lab)
+
+    def _vllm_kv_connector(self, lab: dict[str, str]) -> Iterator[Metric]:
+        """What a vLLM engine with the NIXL connector adds (prefill and decode pods)."""
+        s = self.engine.stats
+        yield _counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+            lab,
+            s.external_prefix_cache_queries,
+        )
+        yield _counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+            lab,
+            s.external_prefix_cache_hits,
+        )
+        yield _hist(
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            lab,
+            s.nixl_xfer_time,
+        )
+        yield _hist(
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            lab,
+            s.nixl_bytes,
+        )
+        yield _counter(
+            "vllm:nixl_num_failed_transfers",
+            "Number of failed NIXL KV Cache transfers.",
+            lab,
+            s.nixl_failed_transfers,
+        )
+        yield _counter(
+            "vllm:nixl_num_kv_expired_reqs",
+            "Number of requests that had their KV expire.",
+            lab,
+            s.nixl_expired_reqs,
+        )
 
     def _sglang(self) -> Iterator[Metric]:
         e, s = self.engine, self.engine.stats

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from modelsim.clock import SimClock
@@ -45,6 +46,7 @@ from modelsim.openai_api import (
     usage,
     usage_chunk,
 )
+from modelsim.pd import HOLD_TIMEOUT_S, ROLES, TransferParams, parse_transfer_params, prefill_answer
 from modelsim.profiles import GpuProfile
 from modelsim.tokenizer import ApproxTokenizer, HFTokenizer, PromptTokenizer
 
@@ -86,9 +88,12 @@ class PodConfig:
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config; None = off
     # The model's own tokenizer files (prompt ids, so KV block hashes); None = approximate.
     tokenizer: HFTokenizer | None = None
+    role: str = "both"  # disaggregated serving: prefill, decode, or both (aggregated)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"pod {self.name!r}: unknown role {self.role!r}; known: {', '.join(ROLES)}")
         if self.dialect not in DIALECTS:
             raise ValueError(
                 f"pod {self.name!r}: unknown dialect {self.dialect!r}; known: {', '.join(DIALECTS)}"
@@ -131,6 +136,7 @@ class Pod:
         # Every request the HTTP app routed, refused ones (404, 405) included, by (method, path):
         # `modelsim_http_requests_total` on /metrics, so a test sees whether anything reached the pod.
         self.http_requests: Counter[tuple[str, str]] = Counter()
+        self._kv_client: aiohttp.ClientSession | None = None  # reads KV from prefill pods
 
     @property
     def name(self) -> str:
@@ -146,6 +152,7 @@ class Pod:
         engine = Engine(
             c.profile, self.clock, model=c.model, seed=c.seed, enable_prefix_caching=c.enable_prefix_caching
         )
+        engine.kv_connector = c.role != "both"
         self.registry = make_registry(engine, c.model, c.dialect)
         if self.kv_publisher is not None:
             engine.enable_kv_events(self.kv_publisher.publish)
@@ -171,6 +178,7 @@ class Pod:
                 web.get("/sim/fault", self._fault_get),
                 web.get("/sim/state", self._state),
                 web.post("/reset_prefix_cache", self._reset_prefix_cache),
+                web.post("/sim/kv-transfer", self._kv_transfer),
             ]
         )
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
@@ -196,6 +204,9 @@ class Pod:
         await self.engine.stop()
         if self.kv_publisher is not None:
             self.kv_publisher.close()
+        if self._kv_client is not None:
+            await self._kv_client.close()
+            self._kv_client = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -383,6 +394,8 @@ class Pod:
         e, s = self.engine, self.engine.stats
         body = {
             "pod": self.name,
+            "role": self.config.role,
+            "held_kv_requests": len(e.held),
             "sim_time_s": self.clock.now(),
             "time_scale": self.clock.time_scale,
             "steps": s.steps,
@@ -544,7 +557,16 @@ class Pod:
         if faulted is not None:
             return faulted
         try:
-            req, seq = self.admit(parse_json(await request.read()), kind)
+            body = parse_json(await request.read())
+            params = parse_transfer_params(body)
+            if params is not None and params.do_remote_decode and body.get("stream"):
+                raise ApiError(400, "a prefill-only request (do_remote_decode) must not stream")
+            kv_from_remote = False
+            if params is not None and params.do_remote_prefill:
+                # validate the request before reading its KV
+                parse_generation(body, kind, self.config.model, self.config.adapters, self.tokenizer)
+                kv_from_remote = await self._read_remote_kv(params)
+            req, seq = self.admit(body, kind, kv_from_remote)
         except ApiError as exc:
             return _json(exc.status, exc.body(), self.name)
         except ValueError as exc:
@@ -556,17 +578,75 @@ class Pod:
         finally:
             self.engine.abort(seq)
 
-    def admit(self, body: Any, kind: str) -> tuple[GenerationRequest, Seq]:
+    def admit(self, body: Any, kind: str, kv_from_remote: bool = False) -> tuple[GenerationRequest, Seq]:
         """Validate a generation body and queue it on the engine, as the HTTP handlers do (the
         virtual-time benchmark, bench/vtime/, submits through here too); raises ApiError, or
-        ValueError for what the engine refuses."""
+        ValueError for what the engine refuses. ``kv_from_remote``: its KV was read from a
+        prefill pod (modelsim/pd.py)."""
         c = self.config
         req = parse_generation(body, kind, c.model, c.adapters, self.tokenizer)
+        params = parse_transfer_params(body)
+        hold = params is not None and params.do_remote_decode
         check_context(len(req.prompt_ids), req.max_tokens, self.engine.max_model_len)
         max_tokens = req.max_tokens
         if max_tokens is None:
             max_tokens = self.engine.default_max_tokens(req.prompt_ids, req.seed)
-        return req, self.engine.submit(req.prompt_ids, max_tokens, req.adapter)
+        seq = self.engine.submit(req.prompt_ids, max_tokens, req.adapter, kv_from_remote, hold)
+        return req, seq
+
+    # ---- disaggregated prefill/decode (modelsim/pd.py) ----------------------------------------
+    async def _read_remote_kv(self, params: TransferParams) -> bool:
+        """Read a prompt's KV from the prefill pod; False (recompute here) when that fails."""
+        stats = self.engine.stats
+        if self._kv_client is None:
+            self._kv_client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        host = f"[{params.remote_host}]" if ":" in (params.remote_host or "") else params.remote_host
+        url = f"http://{host}:{params.remote_port}/sim/kv-transfer"
+        try:
+            async with self._kv_client.post(url, json={"remote_request_id": params.remote_request_id}) as r:
+                answer = await r.json() if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            answer = None
+        if not isinstance(answer, dict) or not isinstance(answer.get("bytes"), int):
+            stats.nixl_failed_transfers += 1
+            return False
+        stats.nixl_bytes.observe(answer["bytes"])
+        stats.nixl_xfer_time.observe(float(answer.get("transfer_s", 0.0)))
+        return True
+
+    async def _kv_transfer(self, request: web.Request) -> web.Response:
+        """A decode pod reads a held prefill's KV: answers after the link time, then frees it."""
+        try:
+            body = parse_json(await request.read())
+            rid = body.get("remote_request_id")
+            if not isinstance(rid, str) or not rid.isdigit():
+                raise ApiError(400, "'remote_request_id' must be a request id string")
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        engine = self.engine
+        seq = engine.held.get(int(rid))
+        if seq is None:
+            return _json(404, error_body(404, f"no KV held for request {rid} (read or expired)"), self.name)
+        tokens = seq.num_prompt
+        seconds = engine.profile.kv_transfer_s(tokens)
+        await self.clock.sleep(seconds)
+        if engine.release_held(seq.request_id) is None:
+            return _json(
+                404, error_body(404, f"the KV of request {rid} expired during the transfer"), self.name
+            )
+        nbytes = tokens * engine.profile.kv_bytes_per_token
+        return _json(200, {"tokens": tokens, "bytes": nbytes, "transfer_s": seconds}, self.name)
+
+    def _hold_for_transfer(self, seq: Seq) -> dict[str, Any]:
+        """Keep a finished prefill-only request's KV (freed on read or after the timeout)."""
+        engine = self.engine
+
+        def expire() -> None:
+            if engine.release_held(seq.request_id) is not None:
+                engine.stats.nixl_expired_reqs += 1
+
+        asyncio.get_running_loop().call_later(HOLD_TIMEOUT_S / self.clock.time_scale, expire)
+        return prefill_answer(self.name, self.host, self.port, seq.request_id, list(seq.blocks))
 
     async def _unary(self, req: GenerationRequest, seq: Seq) -> web.Response:
         parts: list[str] = []
@@ -581,6 +661,8 @@ class Pod:
         body = full_response(
             req.kind, new_id(req.kind), now_s(), req.served_model, "".join(parts), ev.finish_reason, use
         )
+        if seq.hold_kv and seq.request_id in self.engine.held:
+            body["kv_transfer_params"] = self._hold_for_transfer(seq)
         return _json(200, body, self.name)
 
     async def _stream(self, request: web.Request, req: GenerationRequest, seq: Seq) -> web.StreamResponse:
