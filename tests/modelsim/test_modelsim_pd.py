@@ -75,7 +75,12 @@ async def test_bad_transfer_params_are_400(pd_fleet: Fleet) -> None:
             "yes",
             {"do_remote_decode": "true"},
             {"do_remote_prefill": True},
-            {"do_remote_prefill": True, "remote_host": "127.0.0.1", "remote_port": 0, "remote_request_id": "1"},
+            {
+                "do_remote_prefill": True,
+                "remote_host": "127.0.0.1",
+                "remote_port": 0,
+                "remote_request_id": "1",
+            },
         ):
             r = await c.post(url, json={**PROMPT, "kv_transfer_params": params})
             assert r.status_code == 400 and "kv_transfer_params" in r.json()["error"]["message"]

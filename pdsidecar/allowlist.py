@@ -1,0 +1,88 @@
+"""Which prefill pods the sidecar may call: the pool's pods, by host (SSRF guard).
+
+The prefiller address comes from a request header; without this check any client that can set
+it could make the sidecar fetch any address. As llm-d's sidecar does, hosts are matched, not
+ports. The list is static (``--allow``) plus a file (``--allow-file``, one host per line, ``#``
+comments) re-read when it changes, which whatever follows the pool's pods rewrites.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+
+class PrefillerError(ValueError):
+    """The prefiller header is malformed (a 400) or names a host outside the pool (a 403)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def normalize_host(host: str) -> str:
+    host = host.strip().strip("[]").lower()
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.rstrip(".")
+
+
+def prefiller_base_url(host_port: str | None, url: str | None) -> tuple[str, str]:
+    """(base URL, host) from ``x-prefiller-url`` (preferred) or ``x-prefiller-host-port``."""
+    if url:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PrefillerError(400, f"x-prefiller-url {url!r} is not an http(s) URL with a host")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+            raise PrefillerError(400, f"x-prefiller-url {url!r} must be scheme://host:port only")
+        try:
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise PrefillerError(400, f"x-prefiller-url {url!r} has a bad port") from None
+        return f"{parts.scheme}://{parts.netloc}", parts.hostname
+    assert host_port is not None
+    parts = urlsplit("//" + host_port.strip())
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None or parts.path or parts.username:
+        raise PrefillerError(400, f"x-prefiller-host-port {host_port!r} is not host:port")
+    return f"http://{parts.netloc}", parts.hostname
+
+
+class AllowList:
+    """Hosts the sidecar may send prefills to; ``allows`` re-reads the file when it changed."""
+
+    def __init__(self, hosts: list[str], path: str | None = None) -> None:
+        self._static = {normalize_host(h) for h in hosts if h.strip()}
+        self._path = Path(path) if path else None
+        self._stamp: tuple[int, int] | None = None
+        self._from_file: set[str] = set()
+        if self._path is not None:
+            self._reload()  # raises OSError at startup when unreadable
+
+    def _reload(self) -> None:
+        assert self._path is not None
+        stat = os.stat(self._path)
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == self._stamp:
+            return
+        lines = self._path.read_text().splitlines()
+        self._from_file = {normalize_host(h) for line in lines if (h := line.split("#", 1)[0].strip())}
+        self._stamp = stamp
+
+    def hosts(self) -> set[str]:
+        if self._path is not None:
+            try:
+                self._reload()
+            except OSError:
+                pass  # keep the last good list while the file is being replaced
+        return self._static | self._from_file
+
+    def check(self, host: str) -> None:
+        if normalize_host(host) not in self.hosts():
+            raise PrefillerError(403, f"prefiller {host} is not a pod of this pool")
