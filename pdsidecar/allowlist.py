@@ -1,9 +1,11 @@
 """Which prefill pods the sidecar may call: the pool's pods, by host (SSRF guard).
 
 The prefiller address comes from a request header; without this check any client that can set
-it could make the sidecar fetch any address. As llm-d's sidecar does, hosts are matched, not
-ports. The list is static (``--allow``) plus a file (``--allow-file``, one host per line, ``#``
-comments) re-read when it changes, which whatever follows the pool's pods rewrites.
+it could make the sidecar fetch any address. An entry ``host`` allows every port of that host,
+as llm-d's sidecar matches (pod IPs: one pod per host); ``host:port`` allows that port only (pods
+sharing a host, as on one machine). The list is static (``--allow``) plus a file
+(``--allow-file``, one entry per line, ``#`` comments) re-read when it changes, which whatever
+follows the pool's pods rewrites.
 """
 
 from __future__ import annotations
@@ -30,8 +32,21 @@ def normalize_host(host: str) -> str:
         return host.rstrip(".")
 
 
-def prefiller_base_url(host_port: str | None, url: str | None) -> tuple[str, str]:
-    """(base URL, host) from ``x-prefiller-url`` (preferred) or ``x-prefiller-host-port``."""
+def normalize_entry(entry: str) -> str:
+    """``host`` or ``host:port`` (IPv6 in brackets with a port), normalised for comparison."""
+    entry = entry.strip()
+    parts = urlsplit("//" + entry)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is not None and parts.hostname:
+        return f"{normalize_host(parts.hostname)}:{port}"
+    return normalize_host(entry)
+
+
+def prefiller_base_url(host_port: str | None, url: str | None) -> tuple[str, str, int]:
+    """(base URL, host, port) from ``x-prefiller-url`` (preferred) or ``x-prefiller-host-port``."""
     if url:
         parts = urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -39,10 +54,10 @@ def prefiller_base_url(host_port: str | None, url: str | None) -> tuple[str, str
         if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
             raise PrefillerError(400, f"x-prefiller-url {url!r} must be scheme://host:port only")
         try:
-            parts.port  # noqa: B018 - raises on a bad port
+            port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError:
             raise PrefillerError(400, f"x-prefiller-url {url!r} has a bad port") from None
-        return f"{parts.scheme}://{parts.netloc}", parts.hostname
+        return f"{parts.scheme}://{parts.netloc}", parts.hostname, port
     assert host_port is not None
     parts = urlsplit("//" + host_port.strip())
     try:
@@ -51,14 +66,14 @@ def prefiller_base_url(host_port: str | None, url: str | None) -> tuple[str, str
         port = None
     if not parts.hostname or port is None or parts.path or parts.username:
         raise PrefillerError(400, f"x-prefiller-host-port {host_port!r} is not host:port")
-    return f"http://{parts.netloc}", parts.hostname
+    return f"http://{parts.netloc}", parts.hostname, port
 
 
 class AllowList:
     """Hosts the sidecar may send prefills to; ``allows`` re-reads the file when it changed."""
 
     def __init__(self, hosts: list[str], path: str | None = None) -> None:
-        self._static = {normalize_host(h) for h in hosts if h.strip()}
+        self._static = {normalize_entry(h) for h in hosts if h.strip()}
         self._path = Path(path) if path else None
         self._stamp: tuple[int, int] | None = None
         self._from_file: set[str] = set()
@@ -72,7 +87,7 @@ class AllowList:
         if stamp == self._stamp:
             return
         lines = self._path.read_text().splitlines()
-        self._from_file = {normalize_host(h) for line in lines if (h := line.split("#", 1)[0].strip())}
+        self._from_file = {normalize_entry(h) for line in lines if (h := line.split("#", 1)[0].strip())}
         self._stamp = stamp
 
     def hosts(self) -> set[str]:
@@ -83,6 +98,7 @@ class AllowList:
                 pass  # keep the last good list while the file is being replaced
         return self._static | self._from_file
 
-    def check(self, host: str) -> None:
-        if normalize_host(host) not in self.hosts():
-            raise PrefillerError(403, f"prefiller {host} is not a pod of this pool")
+    def check(self, host: str, port: int) -> None:
+        allowed, name = self.hosts(), normalize_host(host)
+        if name not in allowed and f"{name}:{port}" not in allowed:
+            raise PrefillerError(403, f"prefiller {host}:{port} is not a pod of this pool")

@@ -111,8 +111,8 @@ class Sidecar:
         if request.method != "POST" or request.path not in GENERATION_PATHS or not (host_port or url):
             return await self._to_decoder(request, raw, "aggregated")
         try:
-            base, host = prefiller_base_url(host_port, url)
-            self.config.allow.check(host)
+            base, host, port = prefiller_base_url(host_port, url)
+            self.config.allow.check(host, port)
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("not an object")

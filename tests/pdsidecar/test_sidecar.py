@@ -41,7 +41,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     )
     async with run_fleet(spec) as fleet:
         allow_file = tmp_path / "hosts"
-        allow_file.write_text("# the pool's prefill pods\n127.0.0.1\n")
+        allow_file.write_text(f"# the pool's prefill pods\n{fleet.pod('p0').address}\n")
         sidecar = Sidecar(SidecarConfig(fleet.pod("d0").url, AllowList([], str(allow_file)), 30.0))
         runner = web.AppRunner(sidecar.app(), access_log=None)
         await runner.setup()
@@ -103,8 +103,7 @@ async def test_without_the_header_the_request_stays_aggregated(stack: Stack) -> 
 
 
 async def test_a_prefiller_outside_the_pool_is_refused(stack: Stack) -> None:
-    stack.allow_file.write_text("10.0.0.7\n")  # the pool changed: loopback is no longer in it
-    outside = stack.fleet.pod("outside")
+    outside = stack.fleet.pod("outside")  # same host as p0, another port
     async with httpx.AsyncClient(timeout=10) as c:
         for header in ({"x-prefiller-host-port": outside.address}, {"x-prefiller-url": outside.url}):
             r = await c.post(stack.url + "/v1/completions", json=LONG, headers=header)
@@ -115,6 +114,13 @@ async def test_a_prefiller_outside_the_pool_is_refused(stack: Stack) -> None:
         )
         assert bad.status_code == 400
     assert generations(stack.fleet, "outside") == 0 and generations(stack.fleet, "d0") == 0
+    # The pool grew: the file is re-read and the pod is allowed from then on.
+    stack.allow_file.write_text(f"{stack.fleet.pod('p0').address}\n{outside.address}\n")
+    async with httpx.AsyncClient(timeout=10) as c:
+        r = await c.post(
+            stack.url + "/v1/completions", json=LONG, headers={"x-prefiller-host-port": outside.address}
+        )
+    assert r.status_code == 200 and outside.engine.stats.generation_tokens == 1
 
 
 @pytest.mark.parametrize("fault", [{"error_rate": 1.0}, {"refuse": True}])
@@ -157,8 +163,8 @@ async def test_a_client_error_from_the_prefill_pod_is_passed_on(stack: Stack) ->
 
 
 def test_prefiller_header_parsing() -> None:
-    assert prefiller_base_url("10.0.0.1:8000", None) == ("http://10.0.0.1:8000", "10.0.0.1")
-    assert prefiller_base_url(None, "https://[::1]:9000") == ("https://[::1]:9000", "::1")
+    assert prefiller_base_url("10.0.0.1:8000", None) == ("http://10.0.0.1:8000", "10.0.0.1", 8000)
+    assert prefiller_base_url(None, "https://[::1]:9000") == ("https://[::1]:9000", "::1", 9000)
     for host_port, url in (
         ("10.0.0.1", None),
         ("a@b:1", None),
@@ -168,11 +174,14 @@ def test_prefiller_header_parsing() -> None:
         with pytest.raises(PrefillerError) as info:
             prefiller_base_url(host_port, url)
         assert info.value.status == 400
-    allow = AllowList(["10.0.0.1", "::1"])
-    allow.check("10.0.0.1")
-    allow.check("[::1]")
-    with pytest.raises(PrefillerError):
-        allow.check("169.254.169.254")
+    allow = AllowList(["10.0.0.1", "::1", "127.0.0.1:8001", "[::2]:9"])
+    allow.check("10.0.0.1", 1)
+    allow.check("[::1]", 8000)
+    allow.check("127.0.0.1", 8001)
+    allow.check("::2", 9)
+    for host, port in (("169.254.169.254", 80), ("127.0.0.1", 8002), ("::2", 10)):
+        with pytest.raises(PrefillerError):
+            allow.check(host, port)
 
 
 @pytest.mark.parametrize(
