@@ -59,14 +59,14 @@ def prefiller_base_url(host_port: str | None, url: str | None) -> tuple[str, str
             raise PrefillerError(400, f"x-prefiller-url {url!r} has a bad port") from None
         return f"{parts.scheme}://{parts.netloc}", parts.hostname, port
     assert host_port is not None
-    parts = urlsplit("//" + host_port.strip())
+    plain = urlsplit("//" + host_port.strip())
     try:
-        port = parts.port
+        plain_port = plain.port
     except ValueError:
-        port = None
-    if not parts.hostname or port is None or parts.path or parts.username:
+        plain_port = None
+    if not plain.hostname or plain_port is None or plain.path or plain.username:
         raise PrefillerError(400, f"x-prefiller-host-port {host_port!r} is not host:port")
-    return f"http://{parts.netloc}", parts.hostname, port
+    return f"http://{plain.netloc}", plain.hostname, plain_port
 
 
 class AllowList:
