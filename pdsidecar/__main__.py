@@ -28,6 +28,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--allow", action="append", default=[], metavar="HOST", help="a prefill pod host (repeatable)"
     )
     p.add_argument("--allow-file", help="file of prefill pod hosts, one a line; re-read when it changes")
+    p.add_argument(
+        "--allow-pods",
+        metavar="NAMESPACE/SELECTOR",
+        help="allow the Running pods this label selector matches (e.g. llm/app=llama,llm-d.ai/role=prefill)",
+    )
     p.add_argument("--prefill-timeout", type=float, default=300.0, help="seconds a prefill may take")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -42,12 +47,21 @@ async def serve(args: argparse.Namespace) -> None:
     decoder = urlsplit(args.decoder)
     if decoder.scheme not in ("http", "https") or not decoder.hostname:
         _fail(f"--decoder {args.decoder!r} is not an http(s) URL")
-    if not args.allow and not args.allow_file:
-        _fail("no prefill pod is allowed: pass --allow HOST or --allow-file FILE")
+    if not args.allow and not args.allow_file and not args.allow_pods:
+        _fail("no prefill pod is allowed: pass --allow HOST, --allow-file FILE or --allow-pods NS/SELECTOR")
     try:
         allow = AllowList(args.allow, args.allow_file)
     except OSError as exc:
         _fail(f"cannot read --allow-file: {exc.strerror or exc}")
+    watch = None
+    if args.allow_pods:
+        from extproc.server import StartupError
+        from pdsidecar.kube_allow import follow_pods
+
+        try:
+            watch = await asyncio.to_thread(follow_pods, allow, args.allow_pods)
+        except (ValueError, StartupError) as exc:
+            _fail(str(exc))
     config = SidecarConfig(args.decoder.rstrip("/"), allow, prefill_timeout_s=args.prefill_timeout)
     sidecar = Sidecar(config)
     runner = web.AppRunner(sidecar.app(), access_log=None, handler_cancellation=True)
@@ -68,6 +82,8 @@ async def serve(args: argparse.Namespace) -> None:
     finally:
         await runner.cleanup()
         await sidecar.close()
+        if watch is not None:
+            watch.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

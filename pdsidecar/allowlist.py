@@ -3,9 +3,9 @@
 The prefiller address comes from a request header; without this check any client that can set
 it could make the sidecar fetch any address. An entry ``host`` allows every port of that host,
 as llm-d's sidecar matches (pod IPs: one pod per host); ``host:port`` allows that port only (pods
-sharing a host, as on one machine). The list is static (``--allow``) plus a file
-(``--allow-file``, one entry per line, ``#`` comments) re-read when it changes, which whatever
-follows the pool's pods rewrites.
+sharing a host, as on one machine). The list is static (``--allow``), plus a file
+(``--allow-file``, one entry per line, ``#`` comments) re-read when it changes, plus the IPs of
+the pods a Kubernetes label selector matches (``--allow-pods``, pdsidecar/kube_allow.py).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class AllowList:
         self._path = Path(path) if path else None
         self._stamp: tuple[int, int] | None = None
         self._from_file: set[str] = set()
+        self._from_pods: frozenset[str] = frozenset()  # replaced whole by the pod watch's thread
         if self._path is not None:
             self._reload()  # raises OSError at startup when unreadable
 
@@ -96,7 +97,11 @@ class AllowList:
                 self._reload()
             except OSError:
                 pass  # keep the last good list while the file is being replaced
-        return self._static | self._from_file
+        return self._static | self._from_file | self._from_pods
+
+    def set_pods(self, hosts: set[str]) -> None:
+        """The selected pods' IPs now (the pod watch calls this after every change)."""
+        self._from_pods = frozenset(normalize_host(h) for h in hosts)
 
     def check(self, host: str, port: int) -> None:
         allowed, name = self.hosts(), normalize_host(host)

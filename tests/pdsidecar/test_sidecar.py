@@ -204,3 +204,21 @@ def test_cli_misuse_is_one_line(args: list[str], says: str) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_pod_watch_allows_running_pods_only() -> None:
+    from pdsidecar.kube_allow import parse_ref, pod_ips
+
+    pods = {
+        "p0": {"status": {"phase": "Running", "podIP": "10.1.0.5"}},
+        "p1": {"status": {"phase": "Pending", "podIP": "10.1.0.6"}},
+        "p2": {"status": {"phase": "Running"}},
+    }
+    allow = AllowList([])
+    allow.set_pods(pod_ips(pods))
+    allow.check("10.1.0.5", 8000)
+    with pytest.raises(PrefillerError):
+        allow.check("10.1.0.6", 8000)
+    assert parse_ref("llm/app=llama,llm-d.ai/role=prefill") == ("llm", "app=llama,llm-d.ai/role=prefill")
+    with pytest.raises(ValueError):
+        parse_ref("app=llama")
