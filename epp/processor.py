@@ -23,6 +23,7 @@ from epp.flow_control import FlowController, Outcome, Result, ticket_for
 from epp.flow_queue import band_of
 from epp.ledger import Commitment
 from epp.pool import Endpoint, PoolSnapshot
+from epp.ranks import RANK_HEADER
 from epp.request import InferenceRequest, RequestError, parse_request
 from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.base import Decision
@@ -48,6 +49,7 @@ class EppProcessor:
         self._address: str | None = None
         self._prefill_address: str | None = None  # a disaggregated request's prefill pod
         self._prefill_commitment: Commitment | None = None
+        self._rank: tuple[str, int] | None = None  # the data-parallel rank pinned on the pod
         self._request: InferenceRequest | None = None
         self._commitment: Commitment | None = None  # its entry in the pod's ledger
         self._routed_at = 0.0
@@ -184,6 +186,12 @@ class EppProcessor:
         if self._ctx.header_policy.explain(headers):  # the client asked and may see the fleet
             self._explain = explain(decision, self._ctx.pool.endpoint(address))
         set_headers = {DESTINATION_HEADER: destination}
+        endpoint = self._ctx.pool.endpoint(address)
+        if endpoint is not None and endpoint.data_parallel_size > 1:
+            rank, hashes = self._ctx.ranks.pick(request, address, endpoint.data_parallel_size)
+            self._ctx.ranks.on_routed(address, rank, hashes)
+            self._rank = (address, rank)
+            set_headers[RANK_HEADER] = str(rank)
         if decision.prefill is not None:
             set_headers.update(self._route_prefill(request, decision.prefill))
         return RequestRoute(
@@ -321,6 +329,9 @@ class EppProcessor:
             return
         address, request = self._address, self._request
         self._address = None  # exactly once, even if called again
+        if self._rank is not None:
+            self._ctx.ranks.on_finished(*self._rank)
+            self._rank = None
         if self._prefill_address is not None:
             self._ctx.pool.on_finished(
                 self._prefill_address,

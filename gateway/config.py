@@ -99,6 +99,8 @@ class EndpointConfig(_Model):
     kv_replay_port: Port | None = Field(default=None, alias="kvReplayPort")
     # KV capacity in tokens, over the pool's (TGI reports tokens held, not a fraction).
     kv_capacity_tokens: KvCapacity | None = Field(default=None, alias="kvCapacityTokens")
+    # vLLM's --data-parallel-size behind this address: the EPP pins a rank (epp/ranks.py).
+    data_parallel_size: int = Field(default=1, ge=1, le=64, alias="dataParallelSize")
     # The pod's labels, as Kubernetes discovery reads them (e.g. llm-d.ai/role: prefill).
     labels: dict[str, str] = Field(default_factory=dict)
 
