@@ -18,7 +18,9 @@ queues): they compare the serving shapes, not the EPP's scorers from scraped met
   to the decode pod's first token, as a client behind the sidecar sees it.
 - `dp-rank-aware` / `dp-rank-blind`: pods of 2 data-parallel ranks each; the router picks the
   rank with the lowest predicted TTFT and pins it (`X-data-parallel-rank`), or picks the pod
-  that way and leaves the rank to vLLM's own balancing (4 x waiting + running).
+  that way and leaves the rank to vLLM's own balancing (4 x waiting + running);
+  `dp-epp-ranks`: the pod picked that way, the rank by the EPP's rule (epp/ranks.py: its own
+  routing history per rank, in-flight counts), not the engines' state.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.engine_check import VirtualClock
+from epp.ranks import RankRouter
+from epp.request import InferenceRequest
 from modelsim.engine import Engine, Seq
 from modelsim.profiles import get_profile
 
@@ -75,7 +79,7 @@ SCENARIOS = (
         12.0,
         60.0,
         ((1.0, 3072, 128, 96),),
-        ("round-robin", "dp-rank-blind", "dp-rank-aware"),
+        ("round-robin", "dp-rank-blind", "dp-epp-ranks", "dp-rank-aware"),
         "96 groups sharing a 2,048-token prefix (+1,024 own, 128 out), 12 req/s on 2 pods x 2 DP ranks "
         "with 4,000 KV blocks each (64k tokens: a rank holds a third of the prefixes)",
     ),
@@ -89,6 +93,7 @@ class Unit:
     engine: Engine
     pod: int
     role: str = "both"
+    rank: int = 0
     stepping: bool = False
 
 
@@ -178,11 +183,12 @@ def run(scenario: Scenario, policy: str, seed: int) -> dict[str, float]:
     for p in range(pods):
         role = ("prefill" if p < prefill_pods else "decode") if policy.startswith("pd") else "both"
         for r in range(ranks):
-            units.append(Unit(Engine(profile, clock, seed=seed * 100 + p * 10 + r), p, role))
+            units.append(Unit(Engine(profile, clock, seed=seed * 100 + p * 10 + r), p, role, r))
     sim = Sim(units, clock)
     rng = random.Random(seed)
     records: list[Record] = []
     turn = itertools.count()
+    router = RankRouter()
 
     def ttft(u: Unit, ids: list[int]) -> float:
         return u.engine.predict_ttft(ids, None)
@@ -201,6 +207,15 @@ def run(scenario: Scenario, policy: str, seed: int) -> dict[str, float]:
         elif policy == "dp-rank-blind":
             pod = min(units, key=lambda u: ttft(u, ids)).pod
             sim.submit(min((u for u in units if u.pod == pod), key=_vllm_load), ids, out, rec)
+        elif policy == "dp-epp-ranks":  # the pod as rank-blind picks it, then the EPP's rank rule
+            pod = min(units, key=lambda u: ttft(u, ids)).pod
+            address = f"10.0.0.{pod}:8000"
+            text = " ".join(map(str, ids))  # a prompt's text: the same prefix, the same leading blocks
+            request = InferenceRequest(str(len(records)), "m", "m", None, text, len(ids), out)
+            rank, hashes = router.pick(request, address, ranks)
+            router.on_routed(address, rank, hashes)
+            unit = next(u for u in units if u.pod == pod and u.rank == rank)
+            sim.submit(unit, ids, out, rec, lambda _s: router.on_finished(address, rank))
         else:  # pd
             decoders = [u for u in units if u.role in ("decode", "both")]
             decode = min(decoders, key=lambda u: ttft(u, ids))
