@@ -26,9 +26,15 @@ def long_prompt(topic: str) -> str:
     return f"please summarise the report on {topic} carefully " * 200
 
 
-@pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    gw = start_pd_gateway(tmp_path_factory.mktemp("pd"), fleet=FLEET, config_patch=dev_trust, single_hop=True)
+@pytest.fixture(scope="module", params=["single-hop", "two-hop"])
+def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
+    """Both request paths: the one EPP for every pool, and BBR then the pool's EPP."""
+    gw = start_pd_gateway(
+        tmp_path_factory.mktemp(f"pd-{request.param}"),
+        fleet=FLEET,
+        config_patch=dev_trust,
+        single_hop=request.param == "single-hop",
+    )
     try:
         yield gw
     finally:
