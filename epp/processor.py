@@ -202,8 +202,8 @@ class EppProcessor:
         )
 
     def _route_prefill(self, request: InferenceRequest, prefill: str) -> dict[str, str]:
-        """Hold an in-flight slot on the prefill pod too (its KV stays there until the decode pod
-        has read it) and name it to the decode pod's sidecar."""
+        """Hold an in-flight slot on the prefill pod too, until its prefill is over (see
+        `_release_prefill`), and name it to the decode pod's sidecar."""
         self._prefill_address = prefill
         self._prefill_commitment = self._ctx.pool.on_routed(
             prefill, request.prompt_tokens, now=self._routed_at
@@ -212,6 +212,19 @@ class EppProcessor:
         header = self._ctx.config().pool(self._ctx.pool_name).disaggregation
         name = header.prefiller_header if header is not None else "x-prefiller-host-port"
         return {name: f"http://{prefill}" if name == "x-prefiller-url" else prefill}
+
+    def _release_prefill(self, request: InferenceRequest) -> None:
+        """The prefill pod's slot, once: at the decode pod's response headers (the sidecar calls
+        the decode engine only after the prefill answered), or at the close."""
+        if self._prefill_address is None:
+            return
+        self._ctx.pool.on_finished(
+            self._prefill_address,
+            request.prompt_tokens,
+            routed_at=self._routed_at,
+            commitment=self._prefill_commitment,
+        )
+        self._prefill_address = self._prefill_commitment = None
 
     def _tagged_body(self, headers: dict[str, str], address: str) -> bytes | None:
         """/v1/responses without a `request_id`: name the producing pod in the response id."""
@@ -305,6 +318,8 @@ class EppProcessor:
             return None
         status = headers.get(":status", "0")
         self._status = int(status) if status.isdigit() else 0
+        if self._request is not None:
+            self._release_prefill(self._request)
         served = headers.get(SERVED_HEADER)
         if served and served != self._address and self._request is not None:
             # A retry moved the request to another endpoint of the ranked list: account it there.
@@ -332,14 +347,7 @@ class EppProcessor:
         if self._rank is not None:
             self._ctx.ranks.on_finished(*self._rank)
             self._rank = None
-        if self._prefill_address is not None:
-            self._ctx.pool.on_finished(
-                self._prefill_address,
-                request.prompt_tokens,
-                routed_at=self._routed_at,
-                commitment=self._prefill_commitment,
-            )
-            self._prefill_address = self._prefill_commitment = None
+        self._release_prefill(request)
         self._ctx.pool.on_finished(
             address, request.estimated_tokens, routed_at=self._counted_at, commitment=self._commitment
         )

@@ -536,7 +536,8 @@ class GatewayConfig(_Model):
         if trust.decision_header or trust.internal or trust.jwt_claim is not None:
             return True
         pools = self.pools if pool is None else [pool]
-        return any(p.fallback_endpoints > 0 for p in pools)
+        # disaggregation: the decode pod's response headers end the prefill pod's slot
+        return any(p.fallback_endpoints > 0 or p.disaggregation is not None for p in pools)
 
     def routes(self) -> Mapping[str, ModelRoute]:
         """Every public model name (base or adapter) -> where it goes. Built once per config

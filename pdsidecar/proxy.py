@@ -31,9 +31,8 @@ _DROP = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te",
      "proxy-connection", HOST_PORT_HEADER, URL_HEADER}
 )  # fmt: skip
-_DROP_BACK = frozenset(
-    {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
-)
+# The body is passed on as it came (aiter_raw): its content-encoding header stays with it.
+_DROP_BACK = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 
 
 @dataclass(frozen=True)

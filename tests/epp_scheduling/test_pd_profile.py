@@ -75,3 +75,41 @@ def test_no_decode_pod_is_no_endpoint() -> None:
     pods = (role(state("p0"), "prefill"),)
     d = pick_disaggregated(sched(), CONFIG, req(LONG), snap(*pods))
     assert d.ranked == () and d.prefill is None
+
+
+async def test_the_prefill_pod_holds_a_slot_until_the_decode_pod_answers() -> None:
+    import json
+
+    from epp.config import parse_epp_config
+    from epp.context import EppContext
+    from epp.pool import Endpoint, Metrics, Pool
+    from epp.processor import EppProcessor
+    from epp.telemetry import Telemetry
+    from extproc.stream import RequestRoute
+
+    config = parse_epp_config(
+        {"pools": [{"name": "m", "models": [{"name": "m"}], "disaggregation": {"minUncachedTokens": 100}}]}
+    )
+    pool = Pool(
+        [
+            Endpoint("10.0.0.1:8000", frozenset({"m"}), labels={"llm-d.ai/role": "prefill"}),
+            Endpoint("10.0.0.2:8000", frozenset({"m"}), labels={"llm-d.ai/role": "decode"}),
+        ]
+    )
+    for address in ("10.0.0.1:8000", "10.0.0.2:8000"):
+        pool.record_metrics(address, Metrics(waiting=0.0, scraped_at=pool.snapshot().taken_at))
+    ctx = EppContext("m", pool, sched(), lambda: config, Telemetry("m"))
+    data = json.dumps({"model": "m", "messages": [{"role": "user", "content": LONG}]}).encode()
+    proc = EppProcessor(ctx)
+    route = await proc.on_request({"x-gateway-model-name": "m"}, data)
+    assert isinstance(route, RequestRoute)
+    assert route.set_headers["x-prefiller-host-port"] == "10.0.0.1:8000"
+    assert route.set_headers["x-gateway-destination-endpoint"] == "10.0.0.2:8000"
+    inflight = {e.address: e.inflight_requests for e in pool.snapshot().endpoints}
+    assert inflight == {"10.0.0.1:8000": 1, "10.0.0.2:8000": 1}
+    proc.on_response_headers({":status": "200"})
+    inflight = {e.address: e.inflight_requests for e in pool.snapshot().endpoints}
+    assert inflight == {"10.0.0.1:8000": 0, "10.0.0.2:8000": 1}
+    proc.on_close(True)
+    proc.on_close(False)
+    assert pool.inflight_total() == 0
