@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from devstack.launch import DEFAULT_FLEET, POOL_KINDS, dev_trust, start_local_gateway
+from devstack.pd import PD_FLEET, start_pd_gateway
 from extproc.server import StartupError, check_port_free
 from gateway.config import ConfigError
 from gateway.profiles import BUILTIN_PROFILES
@@ -64,8 +65,13 @@ def main() -> None:
         action="store_false",
         help="BBR, then each pool's own EPP (the shape a Gateway API implementation runs)",
     )
+    parser.add_argument(
+        "--pd",
+        action="store_true",
+        help="disaggregated prefill/decode: prefill and decode pods, a P/D sidecar per decode pod",
+    )
     args = parser.parse_args()
-    fleet = read_fleet(args.fleet) if args.fleet else DEFAULT_FLEET
+    fleet = read_fleet(args.fleet) if args.fleet else PD_FLEET if args.pd else DEFAULT_FLEET
     try:
         check_port_free("127.0.0.1", args.port, "--port")
     except StartupError as exc:
@@ -80,7 +86,8 @@ def main() -> None:
     )
     try:
         # Local development: the decision header and the chat/batch objectives are open to any client.
-        gw = start_local_gateway(
+        start = start_pd_gateway if args.pd else start_local_gateway
+        gw = start(
             workdir,
             fleet=fleet,
             listen_port=args.port,
@@ -105,6 +112,8 @@ def main() -> None:
         if gw.bbr_metrics_port:
             metrics.insert(0, f"http://127.0.0.1:{gw.bbr_metrics_port}/metrics")
         path = "one EPP for every pool (single hop)" if gw.single_hop else "BBR -> EPP per pool"
+        if args.pd:
+            path += " -> P/D sidecars of the decode pods"
         print(
             f"""
 The gateway is up: Envoy on {gw.url} -> {path} -> {len(gw.pods)} simulated pods.

@@ -284,6 +284,9 @@ class EppApp:
         self.pool.set_endpoints(endpoints)
         self.scheduler.prefix_index.retain(ep.address for ep in endpoints)
         self.scheduler.residency.retain(ep.address for ep in endpoints)
+        self.ctx.ranks.retain(
+            {ep.address: ep.data_parallel_size for ep in endpoints if ep.data_parallel_size > 1}
+        )
         try:
             self.scraper.sync()
             self._sync_kv_events()

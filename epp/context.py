@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from epp.config import EppConfig
 from epp.flow_control import FlowController
 from epp.pool import Pool
+from epp.ranks import RankRouter
 from epp.scheduling.base import Scheduler
 from epp.telemetry import Telemetry
 from epp.tokenize import PoolTokenizers
@@ -29,3 +30,4 @@ class EppContext:
     conformance_test_mode: bool = False
     flow: FlowController | None = None  # the queue for a saturated pool (flowControl)
     tokenizers: PoolTokenizers | None = None  # the models' own tokenizers (epp/tokenize.py)
+    ranks: RankRouter = field(default_factory=RankRouter)  # data-parallel pods' ranks (epp/ranks.py)

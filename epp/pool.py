@@ -98,6 +98,8 @@ class Endpoint:
     # The pod's name as discovery knows it (the static list's `name`, the Kubernetes pod's):
     # what the decision header and /debug/pool show beside the address. None: unnamed.
     name: str | None = None
+    # vLLM's --data-parallel-size: engines behind this one address (epp/ranks.py pins one).
+    data_parallel_size: int = 1
 
     def serves(self, model: str, adapter: str | None) -> bool:
         if model not in self.models:

@@ -23,9 +23,11 @@ from epp.flow_control import FlowController, Outcome, Result, ticket_for
 from epp.flow_queue import band_of
 from epp.ledger import Commitment
 from epp.pool import Endpoint, PoolSnapshot
+from epp.ranks import RANK_HEADER
 from epp.request import InferenceRequest, RequestError, parse_request
 from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.base import Decision
+from epp.scheduling.pd import pick_disaggregated
 from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, bad_request, rate_limited, unavailable
 from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
@@ -45,6 +47,9 @@ class EppProcessor:
         self._ctx = ctx
         self.max_body_bytes = ctx.config().bbr.max_body_bytes
         self._address: str | None = None
+        self._prefill_address: str | None = None  # a disaggregated request's prefill pod
+        self._prefill_commitment: Commitment | None = None
+        self._rank: tuple[str, int] | None = None  # the data-parallel rank pinned on the pod
         self._request: InferenceRequest | None = None
         self._commitment: Commitment | None = None  # its entry in the pod's ledger
         self._routed_at = 0.0
@@ -82,7 +87,7 @@ class EppProcessor:
             return request
         request = await self._with_tokens(request)
         self._parsed = request
-        decision = self._decision = self._ctx.scheduler.pick(request, self._snapshot(request, headers))
+        decision = self._decision = self._pick(request, headers)
         self._scheduling_s = time.perf_counter() - started
         self._ctx.telemetry.scheduled(self._scheduling_s)
         flow = self._ctx.flow
@@ -115,6 +120,14 @@ class EppProcessor:
             return request
         return replace(request, token_ids=ids, prompt_tokens=max(1, len(ids)))
 
+    def _pick(self, request: InferenceRequest, headers: dict[str, str]) -> Decision:
+        """The scheduler's decision; in a disaggregated pool, a decode pod and maybe a prefill pod."""
+        snapshot = self._snapshot(request, headers)
+        pd = self._ctx.config().pool(self._ctx.pool_name).disaggregation
+        if pd is None:
+            return self._ctx.scheduler.pick(request, snapshot)
+        return pick_disaggregated(self._ctx.scheduler, pd, request, snapshot)
+
     def _snapshot(self, request: InferenceRequest, headers: dict[str, str]) -> PoolSnapshot:
         """The pool, or only the pod holding `previous_response_id` (epp/scheduling/affinity.py),
         or in conformance test mode the pods the test header names (epp/test_picker.py)."""
@@ -130,7 +143,7 @@ class EppProcessor:
         config = self._ctx.config()
 
         def attempt() -> RequestRoute | ErrorResponse | None:
-            decision = self._ctx.scheduler.pick(request, self._snapshot(request, headers))
+            decision = self._pick(request, headers)
             if decision.saturated and decision.ranked:
                 return None
             self._decision = decision
@@ -172,12 +185,46 @@ class EppProcessor:
         self._ctx.telemetry.routed(request)
         if self._ctx.header_policy.explain(headers):  # the client asked and may see the fleet
             self._explain = explain(decision, self._ctx.pool.endpoint(address))
+        set_headers = {DESTINATION_HEADER: destination}
+        endpoint = self._ctx.pool.endpoint(address)
+        if endpoint is not None and endpoint.data_parallel_size > 1:
+            rank, hashes = self._ctx.ranks.pick(request, address, endpoint.data_parallel_size)
+            self._ctx.ranks.on_routed(address, rank, hashes)
+            self._rank = (address, rank)
+            set_headers[RANK_HEADER] = str(rank)
+        if decision.prefill is not None:
+            set_headers.update(self._route_prefill(request, decision.prefill))
         return RequestRoute(
-            set_headers={DESTINATION_HEADER: destination},
+            set_headers=set_headers,
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
             clear_route_cache=True,
             body=self._tagged_body(headers, address),
         )
+
+    def _route_prefill(self, request: InferenceRequest, prefill: str) -> dict[str, str]:
+        """Hold an in-flight slot on the prefill pod too, until its prefill is over (see
+        `_release_prefill`), and name it to the decode pod's sidecar."""
+        self._prefill_address = prefill
+        self._prefill_commitment = self._ctx.pool.on_routed(
+            prefill, request.prompt_tokens, now=self._routed_at
+        )
+        self._ctx.scheduler.on_routed(request, prefill)  # its prefix is cached there now
+        header = self._ctx.config().pool(self._ctx.pool_name).disaggregation
+        name = header.prefiller_header if header is not None else "x-prefiller-host-port"
+        return {name: f"http://{prefill}" if name == "x-prefiller-url" else prefill}
+
+    def _release_prefill(self, request: InferenceRequest) -> None:
+        """The prefill pod's slot, once: at the decode pod's response headers (the sidecar calls
+        the decode engine only after the prefill answered), or at the close."""
+        if self._prefill_address is None:
+            return
+        self._ctx.pool.on_finished(
+            self._prefill_address,
+            request.prompt_tokens,
+            routed_at=self._routed_at,
+            commitment=self._prefill_commitment,
+        )
+        self._prefill_address = self._prefill_commitment = None
 
     def _tagged_body(self, headers: dict[str, str], address: str) -> bytes | None:
         """/v1/responses without a `request_id`: name the producing pod in the response id."""
@@ -271,6 +318,8 @@ class EppProcessor:
             return None
         status = headers.get(":status", "0")
         self._status = int(status) if status.isdigit() else 0
+        if self._request is not None:
+            self._release_prefill(self._request)
         served = headers.get(SERVED_HEADER)
         if served and served != self._address and self._request is not None:
             # A retry moved the request to another endpoint of the ranked list: account it there.
@@ -295,6 +344,10 @@ class EppProcessor:
             return
         address, request = self._address, self._request
         self._address = None  # exactly once, even if called again
+        if self._rank is not None:
+            self._ctx.ranks.on_finished(*self._rank)
+            self._rank = None
+        self._release_prefill(request)
         self._ctx.pool.on_finished(
             address, request.estimated_tokens, routed_at=self._counted_at, commitment=self._commitment
         )
@@ -321,4 +374,6 @@ def explain(decision: Decision, chosen: Endpoint | None = None) -> str:
         scores = decision.scores.get(address, {})
         detail = " ".join(f"{k}={v:.3f}" for k, v in sorted(scores.items()))
         parts.append(f"{address} {detail}".strip())
+    if decision.prefill is not None:
+        head += f" prefill={decision.prefill}"
     return f"{head}; profile={decision.profile}; " + ", ".join(parts)

@@ -9,7 +9,9 @@ from __future__ import annotations
 MODEL_HEADER = "x-gateway-model-name"  # BBR: the model whose pool routes the request
 BASE_MODEL_HEADER = "x-gateway-base-model-name"  # BBR: an adapter's base model
 DESTINATION_HEADER = "x-gateway-destination-endpoint"  # EPP: ip:port[,fallback...]
-ROUTING_HEADERS = frozenset({MODEL_HEADER, BASE_MODEL_HEADER, DESTINATION_HEADER})
+# EPP: the prefill pod of a disaggregated request, for the decode pod's sidecar (llm-d's names).
+PREFILLER_HEADERS = ("x-prefiller-host-port", "x-prefiller-url")
+ROUTING_HEADERS = frozenset({MODEL_HEADER, BASE_MODEL_HEADER, DESTINATION_HEADER, *PREFILLER_HEADERS})
 
 CLAIM_HEADER = "x-gateway-trusted-claim"  # Envoy's jwt_authn only
 TENANT_CLAIM_HEADER = "x-gateway-tenant-claim"  # Envoy's jwt_authn only: flowControl.tenantClaim

@@ -99,11 +99,29 @@ class EndpointConfig(_Model):
     kv_replay_port: Port | None = Field(default=None, alias="kvReplayPort")
     # KV capacity in tokens, over the pool's (TGI reports tokens held, not a fraction).
     kv_capacity_tokens: KvCapacity | None = Field(default=None, alias="kvCapacityTokens")
+    # vLLM's --data-parallel-size behind this address: the EPP pins a rank (epp/ranks.py).
+    data_parallel_size: int = Field(default=1, ge=1, le=64, alias="dataParallelSize")
+    # The pod's labels, as Kubernetes discovery reads them (e.g. llm-d.ai/role: prefill).
+    labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("address")
     @classmethod
     def _host_port(cls, v: str) -> str:
         return validate_ip_port(v)
+
+
+class DisaggregationConfig(_Model):
+    """Prefill/decode disaggregation (epp/scheduling/pd.py): every request gets a decode pod;
+    one whose prompt part not already cached on that pod is at least `minUncachedTokens` also
+    gets a prefill pod, unless the best prefill pod's queue is over `maxPrefillQueue`. The
+    prefill pod travels in `prefillerHeader` to the decode pod's sidecar (pdsidecar/)."""
+
+    role_label: str = Field(default="llm-d.ai/role", alias="roleLabel", min_length=1)
+    min_uncached_tokens: int = Field(default=1024, ge=1, alias="minUncachedTokens")
+    max_prefill_queue: float = Field(default=4.0, ge=0.0, alias="maxPrefillQueue")
+    prefiller_header: Literal["x-prefiller-host-port", "x-prefiller-url"] = Field(
+        default="x-prefiller-host-port", alias="prefillerHeader"
+    )
 
 
 class KubernetesDiscovery(_Model):
@@ -214,6 +232,7 @@ class PoolConfig(_Model):
     # The reference EPP's behaviour: any `model` the route sends here is scheduled on this
     # pool's first model (the HTTPRoute, not the model list, decides what reaches the pool).
     accept_any_model: bool = Field(default=False, alias="acceptAnyModel")
+    disaggregation: DisaggregationConfig | None = None  # prefill/decode split; None: aggregated
 
 
 class ScrapeConfig(_Model):
@@ -517,7 +536,8 @@ class GatewayConfig(_Model):
         if trust.decision_header or trust.internal or trust.jwt_claim is not None:
             return True
         pools = self.pools if pool is None else [pool]
-        return any(p.fallback_endpoints > 0 for p in pools)
+        # disaggregation: the decode pod's response headers end the prefill pod's slot
+        return any(p.fallback_endpoints > 0 or p.disaggregation is not None for p in pools)
 
     def routes(self) -> Mapping[str, ModelRoute]:
         """Every public model name (base or adapter) -> where it goes. Built once per config

@@ -116,7 +116,13 @@ from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPath
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Struct
 
-from extproc.headers import CLAIM_HEADER, DESTINATION_HEADER, MODEL_HEADER, TENANT_CLAIM_HEADER
+from extproc.headers import (
+    CLAIM_HEADER,
+    DESTINATION_HEADER,
+    MODEL_HEADER,
+    PREFILLER_HEADERS,
+    TENANT_CLAIM_HEADER,
+)
 from gateway.config import MODELS_PATH, GatewayConfig, PoolConfig, is_ip, replica_addresses
 from gateway.envoy_blocks import (
     TLS_SOCKET,
@@ -745,6 +751,7 @@ def _strip_routing_headers() -> HttpFilter:
         "x-gateway-base-model-name",
         CLAIM_HEADER,
         TENANT_CLAIM_HEADER,
+        *PREFILLER_HEADERS,
     )
     mutations = Mutations(request_mutations=[RequestMutation(remove=h) for h in removed])
     return http_filter("gateway.strip_routing_headers", HeaderMutation(mutations=mutations))

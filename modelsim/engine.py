@@ -68,6 +68,11 @@ class Seq:
     num_output: int = 0
     cached_tokens: int = 0
     preemptions: int = 0
+    # Disaggregated P/D (vLLM's NIXL connector): the prompt's KV came from a prefill pod (all
+    # but the last token, which the decode engine recomputes), or this prefill-only request
+    # keeps its blocks after finishing until a decode pod has read them.
+    kv_from_remote: bool = False
+    hold_kv: bool = False
     events: asyncio.Queue[TokenEvent] = field(default_factory=asyncio.Queue)
 
     def __post_init__(self) -> None:
@@ -126,6 +131,8 @@ class Engine:
         self.lag_sum_s = 0.0
         self.on_step: Callable[[StepPlan, float, float], None] | None = None
         self._publish_kv: Callable[[list[dict[str, Any]]], None] | None = None
+        self.kv_connector = False  # vLLM runs a KV connector (P/D pods): its metrics appear
+        self.held: dict[int, Seq] = {}  # finished prefill-only requests holding KV for transfer
 
     def enable_kv_events(self, publish: Callable[[list[dict[str, Any]]], None]) -> None:
         """Collect vLLM KV-cache events and hand each step's batch to ``publish``."""
@@ -158,6 +165,8 @@ class Engine:
         self.running.clear()
         for seq in seqs:
             self._finish(seq, "abort", status="aborted", error="engine stopped")
+        for request_id in list(self.held):
+            self.release_held(request_id)
 
     async def stop(self) -> None:
         self.halt()
@@ -175,8 +184,16 @@ class Engine:
         n = int(random.Random(key).lognormvariate(5.0, 0.7))
         return max(1, min(n, 2048))
 
-    def submit(self, prompt_ids: list[int], max_tokens: int, adapter: str | None = None) -> Seq:
-        """Queue a request; the caller validated lengths. ``max_tokens`` is capped by max_model_len."""
+    def submit(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        adapter: str | None = None,
+        kv_from_remote: bool = False,
+        hold_kv: bool = False,
+    ) -> Seq:
+        """Queue a request; the caller validated lengths. ``max_tokens`` is capped by max_model_len.
+        ``kv_from_remote``: the prompt's KV was transferred in; ``hold_kv``: keep it for a transfer out."""
         if not prompt_ids:
             raise ValueError("empty prompt")
         if len(prompt_ids) >= self.max_model_len:
@@ -188,6 +205,7 @@ class Engine:
             raise ValueError("this server runs with max_loras=0 and cannot serve adapters")
         max_tokens = max(1, min(max_tokens, self.max_model_len - len(prompt_ids)))
         seq = Seq(prompt_ids=prompt_ids, max_tokens=max_tokens, adapter=adapter, arrival=self.clock.now())
+        seq.kv_from_remote, seq.hold_kv = kv_from_remote, hold_kv
         self.waiting.append(seq)
         self._wake.set()
         return seq
@@ -203,6 +221,15 @@ class Engine:
             with contextlib.suppress(ValueError):
                 self.running.remove(seq)
         self._finish(seq, "abort", status="aborted")
+
+    def release_held(self, request_id: int) -> Seq | None:
+        """Free a prefill-only request's held KV (read by the decode pod, or expired)."""
+        seq = self.held.pop(request_id, None)
+        if seq is not None:
+            self.kv.release(seq.blocks)
+            seq.blocks = []
+            self._wake.set()
+        return seq
 
     # ---- prefix cache ----------------------------------------------------------------------
     def _extra(self, seq: Seq) -> str:
@@ -291,6 +318,15 @@ class Engine:
                     self.kv.touch(hit_blocks)
                     seq.blocks = list(hit_blocks)
                     seq.num_computed = seq.num_registered = len(hit_blocks) * self.block_size
+                hits = seq.num_computed
+                if seq.kv_from_remote and seq.first_scheduled is None:
+                    # The transferred KV lands in newly allocated blocks; the last prompt token
+                    # is recomputed here for its logits, as vLLM's decode side does.
+                    if not self._grow(seq, seq.num_tokens - 1):
+                        self.kv.release(seq.blocks)
+                        seq.blocks, seq.num_computed, seq.num_registered = [], 0, 0
+                        break
+                    seq.num_computed = max(seq.num_computed, seq.num_tokens - 1)
                 n = min(seq.num_tokens - seq.num_computed, budget)
                 if not self._grow(seq, seq.num_computed + n):
                     self.kv.release(seq.blocks)
@@ -298,9 +334,12 @@ class Engine:
                     break
                 self.waiting.popleft()
                 self.stats.prefix_cache_queries += seq.num_tokens
-                self.stats.prefix_cache_hits += seq.num_computed
+                self.stats.prefix_cache_hits += hits
                 if seq.first_scheduled is None:
-                    seq.cached_tokens = seq.num_computed
+                    seq.cached_tokens = hits
+                    if seq.kv_from_remote:
+                        self.stats.external_prefix_cache_queries += seq.num_tokens - hits
+                        self.stats.external_prefix_cache_hits += seq.num_computed - hits
                 seq.status = "running"
                 self.running.append(seq)
                 if seq.adapter:
@@ -426,8 +465,11 @@ class Engine:
             self._finish(seq, "length", status="finished")
 
     def _finish(self, seq: Seq, reason: str, status: Status, error: str | None = None) -> None:
-        self.kv.release(seq.blocks)
-        seq.blocks = []
+        if seq.hold_kv and status == "finished":
+            self.held[seq.request_id] = seq
+        else:
+            self.kv.release(seq.blocks)
+            seq.blocks = []
         seq.status = status
         seq.finished_at = self.clock.now() if status != "finished" else seq.last_token
         if status == "finished":

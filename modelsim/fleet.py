@@ -21,6 +21,7 @@ from modelsim.clock import SimClock
 from modelsim.engine import Engine
 from modelsim.kv_events import KVEventsConfig, KVEventsConfigError
 from modelsim.metrics import DIALECTS
+from modelsim.pd import ROLES
 from modelsim.profiles import GpuProfile, ProfileError, builtin_profiles, load_profiles_file, parse_profiles
 from modelsim.server import Faults, Pod, PodConfig
 from modelsim.tokenizer import HFTokenizer, TokenizerFileError
@@ -39,6 +40,8 @@ _POD_KEYS = {
     "enable_prefix_caching",
     "kv_events",
     "tokenizer",
+    "role",
+    "data_parallel_size",
 }
 
 
@@ -61,6 +64,8 @@ class PodSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config (replica r: ports + r)
     tokenizer: HFTokenizer | None = None  # the model's tokenizer files (None: approximate ids)
+    role: str = "both"  # disaggregated serving: prefill, decode or both (modelsim/pd.py)
+    data_parallel_size: int = 1  # vLLM's --data-parallel-size: engines behind one API server
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,8 @@ class FleetSpec:
             enable_prefix_caching=pod.enable_prefix_caching,
             kv_events=pod.kv_events,
             tokenizer=pod.tokenizer,
+            role=pod.role,
+            data_parallel_size=pod.data_parallel_size,
         )
 
 
@@ -186,6 +193,12 @@ def _expand(
     except KVEventsConfigError as exc:
         raise SpecError(f"{where}: {exc}") from None
     tokenizer = _tokenizer(raw.get("tokenizer"), where, base_dir)
+    dp = raw.get("data_parallel_size", 1)
+    if isinstance(dp, bool) or not isinstance(dp, int) or not 1 <= dp <= 64:
+        raise SpecError(f"{where}: 'data_parallel_size' must be an integer in [1, 64]")
+    role = raw.get("role", "both")
+    if role not in ROLES:
+        raise SpecError(f"{where}: unknown role {role!r}; known: {list(ROLES)}")
     out = []
     for r in range(replicas):
         out.append(
@@ -199,8 +212,10 @@ def _expand(
                 seed=seed * 1000 + r,
                 enable_prefix_caching=bool(raw.get("enable_prefix_caching", True)),
                 overrides=overrides,
-                kv_events=kv_events.offset(r) if kv_events else None,
+                kv_events=kv_events.offset(r * dp) if kv_events else None,  # rank k: + k
                 tokenizer=tokenizer,
+                role=role,
+                data_parallel_size=dp,
             )
         )
     return out
@@ -282,6 +297,8 @@ class PodHandle:
             "adapters": list(self.adapters),
             "dialect": self.dialect,
             "address": self.address,
+            "role": self._pod.config.role,
+            "data_parallel_size": self._pod.config.data_parallel_size,
             **(
                 {"kv_events_port": self.kv_events_port, "kv_replay_port": self.kv_replay_port}
                 if self.kv_events_port

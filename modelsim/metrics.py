@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -19,7 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from modelsim.stats import Histogram
+from modelsim.stats import EngineStats, Histogram
 
 if TYPE_CHECKING:
     from modelsim.engine import Engine
@@ -46,21 +46,35 @@ def _counter(name: str, doc: str, labels: dict[str, str], value: float) -> Count
 
 
 class EngineCollector:
-    """Reads the engine on every scrape; nothing is cached between scrapes."""
+    """Reads the engine on every scrape; nothing is cached between scrapes.
 
-    def __init__(self, engine: Engine, model_name: str, dialect: str) -> None:
+    A data-parallel pod has several engines (ranks): vLLM labels each engine's samples with its
+    rank (``engine="1"``) under one family per metric; a family without that label (the config
+    info gauges) is rank 0's. Other dialects show rank 0."""
+
+    def __init__(self, engines: Engine | Sequence[Engine], model_name: str, dialect: str) -> None:
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; known: {', '.join(DIALECTS)}")
-        self.engine = engine
+        self.engines = list(engines) if isinstance(engines, Sequence) else [engines]
+        self.engine = self.engines[0]
         self.model_name = model_name
         self.dialect = dialect
 
     def collect(self) -> Iterator[Metric]:
-        return getattr(self, f"_{self.dialect}")()
+        if self.dialect != "vllm" or len(self.engines) == 1:
+            return getattr(self, f"_{self.dialect}")()
+        merged: dict[str, Metric] = {}
+        for rank, engine in enumerate(self.engines):
+            for fam in self._vllm(engine, str(rank)):
+                first = merged.setdefault(fam.name, fam)
+                if first is not fam and any("engine" in sample.labels for sample in fam.samples):
+                    first.samples.extend(fam.samples)
+        return iter(merged.values())
 
-    def _vllm(self) -> Iterator[Metric]:
-        e, s = self.engine, self.engine.stats
-        lab = {"model_name": self.model_name, "engine": "0"}
+    def _vllm(self, engine: Engine | None = None, rank: str = "0") -> Iterator[Metric]:
+        e = engine or self.engine
+        s = e.stats
+        lab = {"model_name": self.model_name, "engine": rank}
         yield _gauge("vllm:num_requests_running", "Requests in model execution batches.", lab, len(e.running))
         yield _gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", lab, len(e.waiting))
         yield _gauge(
@@ -121,6 +135,47 @@ class EngineCollector:
             lab,
             s.prefill_computed_tokens,
         )
+        if e.kv_connector:
+            yield from self._vllm_kv_connector(s, lab)
+
+    def _vllm_kv_connector(self, s: EngineStats, lab: dict[str, str]) -> Iterator[Metric]:
+        """What a vLLM engine with the NIXL connector adds (prefill and decode pods)."""
+        yield _counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+            lab,
+            s.external_prefix_cache_queries,
+        )
+        yield _counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+            lab,
+            s.external_prefix_cache_hits,
+        )
+        yield _hist(
+            "vllm:nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            lab,
+            s.nixl_xfer_time,
+        )
+        yield _hist(
+            "vllm:nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            lab,
+            s.nixl_bytes,
+        )
+        yield _counter(
+            "vllm:nixl_num_failed_transfers",
+            "Number of failed NIXL KV Cache transfers.",
+            lab,
+            s.nixl_failed_transfers,
+        )
+        yield _counter(
+            "vllm:nixl_num_kv_expired_reqs",
+            "Number of requests that had their KV expire.",
+            lab,
+            s.nixl_expired_reqs,
+        )
 
     def _sglang(self) -> Iterator[Metric]:
         e, s = self.engine, self.engine.stats
@@ -151,9 +206,9 @@ class EngineCollector:
         yield _gauge("trtllm_kv_cache_utilization", "KV cache utilization (0..1).", lab, e.kv_usage())
 
 
-def make_registry(engine: Engine, model_name: str, dialect: str) -> CollectorRegistry:
+def make_registry(engines: Engine | Sequence[Engine], model_name: str, dialect: str) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(engine, model_name, dialect))
+    registry.register(EngineCollector(engines, model_name, dialect))
     return registry
 
 

@@ -38,6 +38,11 @@ class GpuProfile:
     lora_step_factor: float = 1.2
     lora_load_cpu_ms: float = 10.0
     lora_load_disk_ms: float = 500.0
+    # KV transfer between a prefill and a decode pod (vLLM's NIXL connector): a prompt's KV
+    # takes kv_bytes_per_token x tokens / link bandwidth + a fixed latency (see profiles.yaml).
+    kv_bytes_per_token: int = 131072
+    kv_link_gbytes_s: float = 50.0
+    kv_transfer_latency_ms: float = 1.0
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -46,7 +51,11 @@ class GpuProfile:
                 raise ProfileError(f"profile {self.name!r}: {f} must be positive")
         if self.max_loras < 0 or self.max_cpu_loras < self.max_loras:
             raise ProfileError(f"profile {self.name!r}: need 0 <= max_loras <= max_cpu_loras")
-        for f in ("t0_ms", "w_ms", "k_kv_ms_per_1k", "c_p_ms_per_token"):
+        if self.kv_bytes_per_token <= 0 or self.kv_link_gbytes_s <= 0:
+            raise ProfileError(
+                f"profile {self.name!r}: kv_bytes_per_token and kv_link_gbytes_s must be positive"
+            )
+        for f in ("t0_ms", "w_ms", "k_kv_ms_per_1k", "c_p_ms_per_token", "kv_transfer_latency_ms"):
             if getattr(self, f) < 0:
                 raise ProfileError(f"profile {self.name!r}: {f} must be >= 0")
 
@@ -58,6 +67,11 @@ class GpuProfile:
         compute = self.c_p_ms_per_token * (prefill_tokens + decode_tokens)
         ms = self.t0_ms + max(memory, compute)
         return ms * self.lora_step_factor if lora else ms
+
+    def kv_transfer_s(self, tokens: int) -> float:
+        """Simulated seconds to move ``tokens`` tokens of KV cache to another pod."""
+        seconds = tokens * self.kv_bytes_per_token / (self.kv_link_gbytes_s * 1e9)
+        return seconds + self.kv_transfer_latency_ms / 1000.0
 
     def with_overrides(self, **overrides: Any) -> GpuProfile:
         return _build(self.name, {**dataclasses.asdict(self), **overrides})

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from modelsim.clock import SimClock
@@ -45,11 +46,14 @@ from modelsim.openai_api import (
     usage,
     usage_chunk,
 )
+from modelsim.pd import HOLD_TIMEOUT_S, ROLES, TransferParams, parse_transfer_params, prefill_answer
 from modelsim.profiles import GpuProfile
 from modelsim.tokenizer import ApproxTokenizer, HFTokenizer, PromptTokenizer
 
 log = logging.getLogger("modelsim")
 POD_HEADER = "x-modelsim-pod"
+# vLLM pins a request to one data-parallel rank with this header (case-insensitive).
+DP_RANK_HEADER = "X-data-parallel-rank"
 
 
 @dataclass
@@ -86,9 +90,16 @@ class PodConfig:
     kv_events: KVEventsConfig | None = None  # vLLM's --kv-events-config; None = off
     # The model's own tokenizer files (prompt ids, so KV block hashes); None = approximate.
     tokenizer: HFTokenizer | None = None
+    role: str = "both"  # disaggregated serving: prefill, decode, or both (aggregated)
+    # vLLM's --data-parallel-size: this many engines (ranks) behind the one API server.
+    data_parallel_size: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"pod {self.name!r}: data_parallel_size must be >= 1")
+        if self.role not in ROLES:
+            raise ValueError(f"pod {self.name!r}: unknown role {self.role!r}; known: {', '.join(ROLES)}")
         if self.dialect not in DIALECTS:
             raise ValueError(
                 f"pod {self.name!r}: unknown dialect {self.dialect!r}; known: {', '.join(DIALECTS)}"
@@ -121,7 +132,14 @@ class Pod:
         self.port = 0
         self._rng = random.Random(config.seed)
         self.tokenizer: PromptTokenizer = config.tokenizer or ApproxTokenizer(config.profile.vocab_size)
-        self.kv_publisher = KVEventPublisher(config.kv_events) if config.kv_events else None
+        # One KV-event publisher per rank, rank r on the configured ports + r (as vLLM does).
+        kv = config.kv_events
+        self.kv_publishers = (
+            [KVEventPublisher(kv.offset(r), data_parallel_rank=r) for r in range(config.data_parallel_size)]
+            if kv
+            else []
+        )
+        self.ranks: list[Engine] = []  # every data-parallel rank's engine; `engine` is rank 0
         self.engine = self._new_engine()
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
@@ -131,6 +149,7 @@ class Pod:
         # Every request the HTTP app routed, refused ones (404, 405) included, by (method, path):
         # `modelsim_http_requests_total` on /metrics, so a test sees whether anything reached the pod.
         self.http_requests: Counter[tuple[str, str]] = Counter()
+        self._kv_client: aiohttp.ClientSession | None = None  # reads KV from prefill pods
 
     @property
     def name(self) -> str:
@@ -141,15 +160,46 @@ class Pod:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
+    @property
+    def kv_publisher(self) -> KVEventPublisher | None:
+        """Rank 0's KV-event publisher (None: events off)."""
+        return self.kv_publishers[0] if self.kv_publishers else None
+
     def _new_engine(self) -> Engine:
+        """Fresh engines for every rank (`ranks`); returns rank 0's."""
         c = self.config
-        engine = Engine(
-            c.profile, self.clock, model=c.model, seed=c.seed, enable_prefix_caching=c.enable_prefix_caching
-        )
-        self.registry = make_registry(engine, c.model, c.dialect)
-        if self.kv_publisher is not None:
-            engine.enable_kv_events(self.kv_publisher.publish)
-        return engine
+        self.ranks = []
+        for rank in range(c.data_parallel_size):
+            engine = Engine(
+                c.profile,
+                self.clock,
+                model=c.model,
+                seed=c.seed + 7919 * rank,
+                enable_prefix_caching=c.enable_prefix_caching,
+            )
+            engine.kv_connector = c.role != "both"
+            if self.kv_publishers:
+                engine.enable_kv_events(self.kv_publishers[rank].publish)
+            self.ranks.append(engine)
+        self.registry = make_registry(self.ranks, c.model, c.dialect)
+        return self.ranks[0]
+
+    def engine_for(self, headers: Any) -> Engine:
+        """The rank a request runs on: the one `X-data-parallel-rank` pins, else the least
+        loaded (vLLM's internal balancing: 4 x waiting + running); ValueError for a bad rank."""
+        raw = headers.get(DP_RANK_HEADER) if headers is not None else None
+        size = len(self.ranks)
+        if raw is not None:
+            try:
+                rank = int(raw)
+            except ValueError:
+                raise ValueError(f"{DP_RANK_HEADER} {raw!r} is not an integer") from None
+            if not 0 <= rank < size:
+                raise ValueError(f"data_parallel_rank {rank} is out of range [0, {size})")
+            return self.ranks[rank]
+        if size == 1:
+            return self.engine
+        return min(self.ranks, key=lambda e: 4 * len(e.waiting) + len(e.running))
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -171,13 +221,15 @@ class Pod:
                 web.get("/sim/fault", self._fault_get),
                 web.get("/sim/state", self._state),
                 web.post("/reset_prefix_cache", self._reset_prefix_cache),
+                web.post("/sim/kv-transfer", self._kv_transfer),
             ]
         )
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
-        if self.kv_publisher is not None:
-            await self.kv_publisher.start()
-        self.engine.start()
+        for pub in self.kv_publishers:
+            await pub.start()
+        for engine in self.ranks:
+            engine.start()
         await self._listen(port)
 
     async def _listen(self, port: int) -> None:
@@ -193,9 +245,13 @@ class Pod:
 
     async def stop(self) -> None:
         self._close_listener()
-        await self.engine.stop()
-        if self.kv_publisher is not None:
-            self.kv_publisher.close()
+        for engine in self.ranks:
+            await engine.stop()
+        for pub in self.kv_publishers:
+            pub.close()
+        if self._kv_client is not None:
+            await self._kv_client.close()
+            self._kv_client = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -243,7 +299,8 @@ class Pod:
     async def crash(self) -> None:
         """Stop listening and abort every connection mid-flight; the engine's state is lost."""
         self.crash_now()
-        await self.engine.stop()
+        for engine in self.ranks:
+            await engine.stop()
 
     def crash_now(self) -> None:
         """The synchronous part of ``crash``: after it returns no byte more leaves this pod."""
@@ -253,20 +310,23 @@ class Pod:
             for handler in self._runner.server.connections:
                 if handler.transport is not None:
                     handler.transport.abort()
-        self.engine.halt()
-        if self.kv_publisher is not None:
-            self.kv_publisher.close()
+        for engine in self.ranks:
+            engine.halt()
+        for pub in self.kv_publishers:
+            pub.close()
 
     async def restart(self) -> None:
         """Come back after a crash on the same port with an empty engine (a restarted pod)."""
         if not self.faults.crashed:
             return
-        await self.engine.stop()
+        for engine in self.ranks:
+            await engine.stop()
         self.engine = self._new_engine()
-        if self.kv_publisher is not None:
-            self.kv_publisher.close()
-            await self.kv_publisher.start()  # a new process: same ports, seq from 0, empty buffer
-        self.engine.start()
+        for pub in self.kv_publishers:
+            pub.close()
+            await pub.start()  # a new process: same ports, seq from 0, empty buffer
+        for engine in self.ranks:
+            engine.start()
         self.faults = Faults(error_rate=self.faults.error_rate, stall_s=self.faults.stall_s)
         await self._listen(self.port)
 
@@ -383,6 +443,8 @@ class Pod:
         e, s = self.engine, self.engine.stats
         body = {
             "pod": self.name,
+            "role": self.config.role,
+            "held_kv_requests": len(e.held),
             "sim_time_s": self.clock.now(),
             "time_scale": self.clock.time_scale,
             "steps": s.steps,
@@ -400,6 +462,17 @@ class Pod:
             "lora_gpu": e.lora.gpu_adapters(),
             "recent_traceparents": list(self.recent_traceparents),
         }
+        if len(self.ranks) > 1:  # the pod-level figures above are rank 0's
+            body["ranks"] = [
+                {
+                    "rank": r,
+                    "waiting": len(x.waiting),
+                    "running": len(x.running),
+                    "kv_usage": x.kv_usage(),
+                    "ttft_count": x.stats.ttft.count,
+                }
+                for r, x in enumerate(self.ranks)
+            ]
         return _json(200, body, self.name)
 
     async def _reset_prefix_cache(self, _: web.Request) -> web.Response:
@@ -544,7 +617,17 @@ class Pod:
         if faulted is not None:
             return faulted
         try:
-            req, seq = self.admit(parse_json(await request.read()), kind)
+            body = parse_json(await request.read())
+            params = parse_transfer_params(body)
+            if params is not None and params.do_remote_decode and body.get("stream"):
+                raise ApiError(400, "a prefill-only request (do_remote_decode) must not stream")
+            kv_from_remote = False
+            if params is not None and params.do_remote_prefill:
+                # validate the request before reading its KV
+                parse_generation(body, kind, self.config.model, self.config.adapters, self.tokenizer)
+                kv_from_remote = await self._read_remote_kv(params)
+            engine = self.engine_for(request.headers)
+            req, seq = self.admit(body, kind, kv_from_remote, engine)
         except ApiError as exc:
             return _json(exc.status, exc.body(), self.name)
         except ValueError as exc:
@@ -552,23 +635,83 @@ class Pod:
         try:
             if req.stream:
                 return await self._stream(request, req, seq)
-            return await self._unary(req, seq)
+            return await self._unary(req, seq, engine)
         finally:
-            self.engine.abort(seq)
+            engine.abort(seq)
 
-    def admit(self, body: Any, kind: str) -> tuple[GenerationRequest, Seq]:
+    def admit(
+        self, body: Any, kind: str, kv_from_remote: bool = False, engine: Engine | None = None
+    ) -> tuple[GenerationRequest, Seq]:
         """Validate a generation body and queue it on the engine, as the HTTP handlers do (the
         virtual-time benchmark, bench/vtime/, submits through here too); raises ApiError, or
-        ValueError for what the engine refuses."""
+        ValueError for what the engine refuses. ``kv_from_remote``: its KV was read from a
+        prefill pod (modelsim/pd.py); ``engine``: the rank (default rank 0)."""
         c = self.config
+        engine = engine or self.engine
         req = parse_generation(body, kind, c.model, c.adapters, self.tokenizer)
-        check_context(len(req.prompt_ids), req.max_tokens, self.engine.max_model_len)
+        params = parse_transfer_params(body)
+        hold = params is not None and params.do_remote_decode
+        check_context(len(req.prompt_ids), req.max_tokens, engine.max_model_len)
         max_tokens = req.max_tokens
         if max_tokens is None:
-            max_tokens = self.engine.default_max_tokens(req.prompt_ids, req.seed)
-        return req, self.engine.submit(req.prompt_ids, max_tokens, req.adapter)
+            max_tokens = engine.default_max_tokens(req.prompt_ids, req.seed)
+        seq = engine.submit(req.prompt_ids, max_tokens, req.adapter, kv_from_remote, hold)
+        return req, seq
 
-    async def _unary(self, req: GenerationRequest, seq: Seq) -> web.Response:
+    # ---- disaggregated prefill/decode (modelsim/pd.py) ----------------------------------------
+    async def _read_remote_kv(self, params: TransferParams) -> bool:
+        """Read a prompt's KV from the prefill pod; False (recompute here) when that fails."""
+        stats = self.engine.stats
+        if self._kv_client is None:
+            self._kv_client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        host = f"[{params.remote_host}]" if ":" in (params.remote_host or "") else params.remote_host
+        url = f"http://{host}:{params.remote_port}/sim/kv-transfer"
+        try:
+            async with self._kv_client.post(url, json={"remote_request_id": params.remote_request_id}) as r:
+                answer = await r.json() if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            answer = None
+        if not isinstance(answer, dict) or not isinstance(answer.get("bytes"), int):
+            stats.nixl_failed_transfers += 1
+            return False
+        stats.nixl_bytes.observe(answer["bytes"])
+        stats.nixl_xfer_time.observe(float(answer.get("transfer_s", 0.0)))
+        return True
+
+    async def _kv_transfer(self, request: web.Request) -> web.Response:
+        """A decode pod reads a held prefill's KV: answers after the link time, then frees it."""
+        try:
+            body = parse_json(await request.read())
+            rid = body.get("remote_request_id")
+            if not isinstance(rid, str) or not rid.isdigit():
+                raise ApiError(400, "'remote_request_id' must be a request id string")
+        except ApiError as exc:
+            return _json(exc.status, exc.body(), self.name)
+        engine = next((e for e in self.ranks if int(rid) in e.held), self.engine)
+        seq = engine.held.get(int(rid))
+        if seq is None:
+            return _json(404, error_body(404, f"no KV held for request {rid} (read or expired)"), self.name)
+        tokens = seq.num_prompt
+        seconds = engine.profile.kv_transfer_s(tokens)
+        await self.clock.sleep(seconds)
+        if engine.release_held(seq.request_id) is None:
+            return _json(
+                404, error_body(404, f"the KV of request {rid} expired during the transfer"), self.name
+            )
+        nbytes = tokens * engine.profile.kv_bytes_per_token
+        return _json(200, {"tokens": tokens, "bytes": nbytes, "transfer_s": seconds}, self.name)
+
+    def _hold_for_transfer(self, seq: Seq, engine: Engine) -> dict[str, Any]:
+        """Keep a finished prefill-only request's KV (freed on read or after the timeout)."""
+
+        def expire() -> None:
+            if engine.release_held(seq.request_id) is not None:
+                engine.stats.nixl_expired_reqs += 1
+
+        asyncio.get_running_loop().call_later(HOLD_TIMEOUT_S / self.clock.time_scale, expire)
+        return prefill_answer(self.name, self.host, self.port, seq.request_id, list(seq.blocks))
+
+    async def _unary(self, req: GenerationRequest, seq: Seq, engine: Engine) -> web.Response:
         parts: list[str] = []
         while True:
             ev = await seq.events.get()
@@ -581,6 +724,8 @@ class Pod:
         body = full_response(
             req.kind, new_id(req.kind), now_s(), req.served_model, "".join(parts), ev.finish_reason, use
         )
+        if seq.hold_kv and seq.request_id in engine.held:
+            body["kv_transfer_params"] = self._hold_for_transfer(seq, engine)
         return _json(200, body, self.name)
 
     async def _stream(self, request: web.Request, req: GenerationRequest, seq: Seq) -> web.StreamResponse:

@@ -14,6 +14,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
+NIXL_XFER_BUCKETS = (0.001, 0.005, 0.0125, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+NIXL_BYTES_BUCKETS = tuple(float(2**k) for k in range(20, 36, 2))  # 1 MiB .. 32 GiB
+
 
 def buckets_1_2_5(max_value: int) -> tuple[float, ...]:
     """1, 2, 5, 10, 20, 50, ... up to `max_value`: vLLM's bounds for its per-request token
@@ -54,6 +57,14 @@ class EngineStats:
     generation_tokens: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Prompt tokens a KV connector offered / supplied (vLLM's external prefix cache counters).
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    # The decode side's KV reads (vLLM's NIXL connector metrics).
+    nixl_xfer_time: Histogram = field(default_factory=lambda: Histogram(NIXL_XFER_BUCKETS))
+    nixl_bytes: Histogram = field(default_factory=lambda: Histogram(NIXL_BYTES_BUCKETS))
+    nixl_failed_transfers: int = 0
+    nixl_expired_reqs: int = 0  # the prefill side: held KV nobody read in time
     num_preemptions: int = 0
     request_success: Counter[str] = field(default_factory=Counter)
     steps: int = 0

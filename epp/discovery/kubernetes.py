@@ -44,6 +44,7 @@ ENGINE_LABEL = "gateway.inference.dev/engine"
 METRICS_PORT_ANNOTATION = "gateway.inference.dev/metrics-port"
 KV_EVENTS_PORT_ANNOTATION = "gateway.inference.dev/kv-events-port"
 KV_REPLAY_PORT_ANNOTATION = "gateway.inference.dev/kv-events-replay-port"
+DP_SIZE_ANNOTATION = "gateway.inference.dev/data-parallel-size"  # vLLM --data-parallel-size
 ENGINES = frozenset({"vllm", "sglang", "tgi", "trtllm"})
 
 POOL_GROUP = "inference.networking.k8s.io"
@@ -161,6 +162,10 @@ def pod_endpoints(
     ip = pod["status"]["podIP"]
     kv_port = _port_annotation(annotations, KV_EVENTS_PORT_ANNOTATION, meta.get("name"))
     kv_replay = _port_annotation(annotations, KV_REPLAY_PORT_ANNOTATION, meta.get("name"))
+    dp_size = str(annotations.get(DP_SIZE_ANNOTATION, "1")).strip()
+    if not (dp_size.isascii() and dp_size.isdigit() and 1 <= int(dp_size) <= 64):
+        log.warning("pod %s: ignoring %s=%r (not 1-64)", meta.get("name"), DP_SIZE_ANNOTATION, dp_size)
+        dp_size = "1"
     metrics_url = None
     metrics_port = str(annotations.get(METRICS_PORT_ANNOTATION, "")).strip()
     if metrics_port:
@@ -181,6 +186,7 @@ def pod_endpoints(
             kv_events_port=kv_port,
             kv_replay_port=kv_replay,
             name=meta.get("name"),
+            data_parallel_size=int(dp_size),
         )
         for port in spec.ports
     ]

@@ -26,6 +26,8 @@ def static_endpoints(config: GatewayConfig, pool_name: str) -> list[Endpoint]:
                 kv_replay_port=ep.kv_replay_port,
                 kv_capacity_tokens=ep.kv_capacity_tokens or pool.kv_capacity_tokens,
                 name=ep.name,
+                labels=dict(ep.labels),
+                data_parallel_size=ep.data_parallel_size,
             )
         )
     return out

@@ -49,17 +49,19 @@ class KustomizeError(ValueError):
     pass
 
 
-def build(path: Path) -> list[Obj]:
+def build(path: Path, parent: list[Obj] | None = None) -> list[Obj]:
+    """The objects of the kustomization at `path`; a component (`parent` given) adds its
+    resources to its parent's objects and patches them all, as kustomize's components do."""
     spec = yaml.safe_load((path / "kustomization.yaml").read_text())
     unknown = set(spec) - SUPPORTED
     if unknown:
         raise KustomizeError(f"{path}: fields not supported by kustomize_lite: {sorted(unknown)}")
-    objs: list[Obj] = []
+    objs: list[Obj] = [] if parent is None else parent
     for ref in spec.get("resources", []):
         target = path / ref
         objs += build(target) if target.is_dir() else [d for d in yaml.safe_load_all(target.read_text()) if d]
     for ref in spec.get("components", []):
-        objs += build(path / ref)
+        objs = build(path / ref, objs)
     _generate(path, spec, objs)
     for patch in spec.get("patches", []):
         if "path" not in patch or set(patch) - {"path", "target"}:

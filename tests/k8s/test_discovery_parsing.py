@@ -130,3 +130,19 @@ def test_kv_event_ports_from_annotations() -> None:
     assert (ep.kv_events_port, ep.kv_replay_port) == (5557, None)  # a bad one is ignored
     (plain,) = pod_endpoints(make_pod("b", labels={"app": "x"}), SPEC, pool_name="pool")
     assert (plain.kv_events_port, plain.kv_replay_port) == (None, None)
+
+
+def test_data_parallel_size_and_role_label_from_the_pod() -> None:
+    from epp.discovery.kubernetes import DP_SIZE_ANNOTATION
+
+    pod = make_pod(
+        "a",
+        labels={"app": "x", "llm-d.ai/role": "decode"},
+        ip="10.1.2.3",
+        annotations={DP_SIZE_ANNOTATION: "4"},
+    )
+    (ep,) = pod_endpoints(pod, SPEC, pool_name="pool")
+    assert ep.data_parallel_size == 4 and ep.labels["llm-d.ai/role"] == "decode"
+    for bad in ("0", "65", "two"):
+        odd = make_pod("b", labels={"app": "x"}, annotations={DP_SIZE_ANNOTATION: bad})
+        assert pod_endpoints(odd, SPEC, pool_name="pool")[0].data_parallel_size == 1

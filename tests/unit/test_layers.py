@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNTIME = ("extproc", "gateway", "bbr", "epp", "globalrouter")
+RUNTIME = ("extproc", "gateway", "bbr", "epp", "globalrouter", "pdsidecar")
 # Not runtime: the simulator, the benchmarks, the tests and the local dev stack behind `make run`.
 NEVER_FROM_RUNTIME = ("modelsim", "bench", "tests", "devstack")
 # What each layer may import of the project (besides itself).
@@ -27,6 +27,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "bbr": frozenset({"extproc", "gateway"}),
     "epp": frozenset({"extproc", "gateway"}),
     "globalrouter": frozenset({"extproc", "gateway"}),
+    "pdsidecar": frozenset({"extproc", "gateway"}),
 }
 
 
