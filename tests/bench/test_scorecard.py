@@ -97,6 +97,20 @@ def test_lora_allows_one_and_a_half_times_the_oracle_and_replicas_five_percent_o
     )
 
 
+def test_replicas_are_compared_with_their_own_campaigns_one_replica_when_it_ran() -> None:
+    figures = {
+        "epp-default": _f(1.0, p50=(0.10,)),  # an earlier, quieter campaign
+        "epp-default-1replica": _f(1.4, p50=(0.14,)),  # the replicas campaign's own baseline
+        "epp-default-2replicas": _f(1.45, p50=(0.145,)),
+    }
+    rows = {what: (text, hit) for what, text, hit in check_scenario("bursty", figures)}
+    assert rows["2 EPP replicas: TTFT P95 within +5 % of one"][1] is True
+    assert "+3.6 %" in rows["2 EPP replicas: TTFT P95 within +5 % of one"][0]
+    del figures["epp-default-1replica"]
+    rows = {what: (text, hit) for what, text, hit in check_scenario("bursty", figures)}
+    assert rows["2 EPP replicas: TTFT P95 within +5 % of one"][1] is False
+
+
 def test_precise_is_compared_with_the_approximate_index_on_the_same_fleet_only() -> None:
     figures = {"epp-default": _f(0.5), "epp-default-precise": _f(0.3), "epp-default+tok": _f(0.4)}
     rows = {what: (text, hit) for what, text, hit in check_scenario("kv-cache-wins", figures)}
