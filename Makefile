@@ -97,11 +97,11 @@ bench-full: $(BENCH_STAMP)
 	    --no-progress $(foreach p,$(BENCH_POLICIES),--policy $(p)) || exit 1; \
 	done
 	$(BIN)/python -m bench report --mode full --results bench/results
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.overhead_gateway --doc docs/benchmarks/costs.md
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.micro.overhead_gateway --doc docs/benchmarks/costs.md
 
 # inference-perf (the Kubernetes serving working group's load generator; PyPI, Python >= 3.12) in
 # its own environment, and our load generator after it, against one scenario's fleet and gateway
-# (bench/outside_loadgen.py; docs/benchmarks/outside-load-generator.md). Not part of `make test`.
+# (bench/probes/outside_loadgen.py; docs/benchmarks/outside-load-generator.md). Not part of `make test`.
 IP_PY ?= python3.12
 IP_VENV := .venv-inference-perf
 $(IP_VENV)/bin/inference-perf:
@@ -111,15 +111,15 @@ $(IP_VENV)/bin/inference-perf:
 	$(IP_VENV)/bin/python -m pip install -q inference-perf==0.7.0
 
 inference-perf: $(STAMP) $(IP_VENV)/bin/inference-perf
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.outside_loadgen --inference-perf $(IP_VENV)/bin/inference-perf $(ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.probes.outside_loadgen --inference-perf $(IP_VENV)/bin/inference-perf $(ARGS)
 
 # Regression guard, seconds long: fails when scrape CPU or the 100-pod decision p99 gets 2x
-# worse than bench/baseline-smoke.json (refresh: $(BIN)/python -m bench.smoke --update).
+# worse than bench/baseline-smoke.json (refresh: $(BIN)/python -m bench.micro.smoke --update).
 bench-smoke: $(STAMP)
-	$(BIN)/python -m bench.smoke
+	$(BIN)/python -m bench.micro.smoke
 
 soak: $(STAMP)
-	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.soak --minutes $(or $(MINUTES),30) $(ARGS)
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.probes.soak --minutes $(or $(MINUTES),30) $(ARGS)
 
 # The engines' own code against our reading of it (devstack/engine_check; not part of `make
 # test`): their wheels without dependencies in their own venv (pip skips what is installed,

@@ -31,8 +31,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from bench.fleet import FleetNeeds, fleet_lag, fleet_with, running_fleet_pods
-from bench.loadgen import (
+from bench.harness.fleet import FleetNeeds, fleet_lag, fleet_with, running_fleet_pods
+from bench.harness.loadgen import (
     LoadGenConfig,
     RequestResult,
     run_trace,
@@ -40,16 +40,13 @@ from bench.loadgen import (
     to_wall_clock,
     without_probe_time,
 )
-from bench.overhead import measure_overhead, render_overhead
-from bench.pages import render_report
-from bench.pinning import CpuPlan, PinningError, cpu_plan, descendants, pin_router, pinned_to, record
-from bench.report import run_from, save_run, write_section
-from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
-from bench.serve import add_parser as add_serve_parser
-from bench.serve import serve
-from bench.stationarity import check_stationarity
-from bench.stats import summarize
-from bench.summary import (
+from bench.harness.pinning import CpuPlan, PinningError, cpu_plan, descendants, pin_router, pinned_to, record
+from bench.harness.scenario import MODES, Scenario, ScenarioError, load_scenario
+from bench.harness.serve import add_parser as add_serve_parser
+from bench.harness.serve import serve
+from bench.harness.stationarity import check_stationarity
+from bench.harness.stats import summarize
+from bench.harness.summary import (
     REPORTING_SEEDS,
     SUMMARIES_DIR,
     TUNING_SEEDS,
@@ -58,7 +55,10 @@ from bench.summary import (
     machine_state,
     write_summary,
 )
-from bench.targets import FLEET_NEEDS, POLICIES, TargetContext, fleet_needs, load_plugins, make_target
+from bench.harness.targets import FLEET_NEEDS, POLICIES, TargetContext, fleet_needs, load_plugins, make_target
+from bench.micro.overhead import measure_overhead, render_overhead
+from bench.reports.pages import render_report
+from bench.reports.report import run_from, save_run, write_section
 from bench.vtime.cli import VIRTUAL_SUMMARIES, cmd_sim
 from bench.vtime.cli import add_parser as add_sim_parser
 from bench.vtime.report import DOC as VIRTUAL_DOC
@@ -90,9 +90,9 @@ async def _workers(
 
 def run_fleet_needs(args: argparse.Namespace) -> FleetNeeds:
     """One fleet configuration for every policy of a run: the union of what its policies need
-    (bench.targets.FLEET_NEEDS) and the --fleet-* flags. The tokenizer changes the pods' token
+    (bench.harness.targets.FLEET_NEEDS) and the --fleet-* flags. The tokenizer changes the pods' token
     ids and, a little, their prompt tokens (the shipped one gives 0.97-1.03x the chars / 4
-    target on the bench's text, the approximate ids 0.93-0.98x: `python -m bench.token_parity`),
+    target on the bench's text, the approximate ids 0.93-0.98x: `python -m bench.probes.token_parity`),
     so a policy compared with a precise one runs on the same fleet: in the same run, or with
     --fleet-tokenizer."""
     return fleet_needs(list(args.policy)) | FleetNeeds(args.fleet_kv_events, args.fleet_tokenizer)
@@ -329,7 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     run.add_argument("--policy-module", action="append", default=[], help="module that registers policies")
     run.add_argument(
-        "--seeds", help="reporting (default), tuning, or N = the first N reporting seeds (bench/summary.py)"
+        "--seeds",
+        help="reporting (default), tuning, or N = the first N reporting seeds (bench/harness/summary.py)",
     )
     run.add_argument("--seed", type=int, action="append", default=[], help="explicit trace seed; repeatable")
     run.add_argument(
@@ -351,7 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument(
         "--pin-router",
         action="store_true",
-        help="the router under test on the first CPU, the fleet and load generator on the others (bench/pinning.py)",
+        help=(
+            "the router under test on the first CPU, the fleet and load generator on the others"
+            " (bench/harness/pinning.py)"
+        ),
     )
     run.add_argument(
         "--fleet-kv-events",

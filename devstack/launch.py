@@ -506,7 +506,7 @@ def start_gateway_once(
     With `pods` (name, model, adapters, dialect, address: what the fleet's ready file lists),
     the gateway fronts model servers that are already running and no fleet is started.
     `epp_module` swaps the endpoint picker for another with the same CLI (the benchmarks'
-    oracle, `bench.oracle`). `pool_kind` picks the pool clusters' kind (see `PoolKind`).
+    oracle, `bench.harness.oracle`). `pool_kind` picks the pool clusters' kind (see `PoolKind`).
     `bbr_args` / `epp_args` are appended to those services' command lines and `service_env`
     added to their environment (e.g. a KUBECONFIG for resource watches). `single_hop`: no BBR,
     one EPP process (`epp.single_hop`, named "epp" in `procs`) for every pool, one ext_proc

@@ -1,6 +1,6 @@
 """A minimal HTTP/1.1 keep-alive GET client for `/metrics`, on a raw asyncio protocol.
 
-Why not httpx: measured on a 38 KB vLLM page (bench/scrape_bench.py), an httpx GET costs
+Why not httpx: measured on a 38 KB vLLM page (bench/micro/scrape_bench.py), an httpx GET costs
 ~1 ms of CPU, aiohttp ~0.2 ms and this client ~0.03 ms: a scrape is one small request on a
 connection that stays open, so everything beyond "write the request, collect the body" is
 overhead paid 20 times a second per pod. It handles exactly what a metrics endpoint can

@@ -2,7 +2,7 @@
 
 redis-py's asyncio client spends most of such a call in per-call machinery on the event loop
 (connection checkout, retry wrapper, a task per timed write, timeout contexts, an awaited
-read per reply element without hiredis): bench/shared_state_bench.py measures it. Here the
+read per reply element without hiredis): bench/micro/shared_state_bench.py measures it. Here the
 command is encoded into one bytes object, written with one `transport.write`, and the reply
 is parsed by hiredis (C) in `data_received`; a timer per call bounds the wait. One command is
 in flight at a time (the caller awaits each). A timeout or a lost connection closes the

@@ -20,7 +20,7 @@ epp/ledger.py `busy_since_s`); the others add them to the pod's `busy_s`, so a 4
 another replica just sent there weighs as what it is, not as one request of a typical size. A busy replica is one
 publish interval behind the others; an idle one, one idle interval. The call runs on the EPP's
 event loop over one lean connection (epp/redis_script.py): ~0.1-0.3 ms of loop CPU per cycle
-at 16-100 pods (bench/shared_state_bench.py), several times less than through redis-py's
+at 16-100 pods (bench/micro/shared_state_bench.py), several times less than through redis-py's
 client, and that loop also carries the ext_proc streams. A replica that dies stops being counted
 when its hash expires (its in-flight requests died with it); one that stops cleanly deletes
 its hash at once. Redis unreachable or slow: the remote share is dropped (local counts only),

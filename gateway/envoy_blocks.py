@@ -1,5 +1,5 @@
 """Building blocks every Envoy renderer shares (the gateway's, gateway/envoy_config.py, the
-global tier's, globalrouter/envoy_config.py, and the benchmarks' baseline, bench/baseline_envoy.py):
+global tier's, globalrouter/envoy_config.py, and the benchmarks' baseline, bench/harness/baseline_envoy.py):
 addresses, host:port parsing, gRPC clusters, ext_proc and router filters, the HTTPS listener,
 JSON direct responses, and the bootstrap envelope validated against the real protos.
 

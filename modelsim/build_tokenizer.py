@@ -12,7 +12,7 @@ bytes on every run; ``--check`` verifies the shipped files against a fresh build
 Why the pseudo-English: trained on the documentation alone (4,096 tokens) the BPE cut the
 bench's syllable words into ~2.4x the prompt tokens the workloads target (chars / 4), so a
 tokenizing fleet carried ~2.4x the scenarios' designed load. With 12,288 tokens and that text
-in the corpus it gives 0.98-1.03x (``python -m bench.token_parity`` checks it on the
+in the corpus it gives 0.98-1.03x (``python -m bench.probes.token_parity`` checks it on the
 scenarios) and 3.1 characters per token on the documentation (3.3 before).
 
 The simulator (``--tokenizer``, fleet ``tokenizer:``) and the EPP (``models[].tokenizer``)
@@ -83,7 +83,7 @@ def corpus(root: Path, commit: str = CORPUS_COMMIT) -> list[str]:
 
 
 def pseudo_corpus() -> list[str]:
-    """The benchmarks' kind of text (bench/workloads.py writes its prompts with TextSource)."""
+    """The benchmarks' kind of text (bench/harness/workloads.py writes its prompts with TextSource)."""
     texts = []
     for k in range(PSEUDO_VOCABULARIES):
         source, rng = TextSource(PSEUDO_SEED_BASE + k), random.Random(f"tokenizer-corpus-{k}")

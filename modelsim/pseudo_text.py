@@ -1,6 +1,6 @@
 """Deterministic pseudo-English for the benchmarks' prompts and the shipped tokenizer's corpus.
 
-bench/workloads.py sizes its prompts with `TextSource` (~4 characters per token, the estimate
+bench/harness/workloads.py sizes its prompts with `TextSource` (~4 characters per token, the estimate
 the gateway itself uses); modelsim/build_tokenizer.py trains the shipped BPE partly on the same
 kind of text, so a fleet tokenizing with it sees about the prompt tokens the scenarios target.
 It lives here, not in bench/, because the simulator's build script may not import the bench.

@@ -6,7 +6,7 @@
         [--ttft-only] [--first-spike-s S] [--router-seed N] [--policy-module M]
 
 Summaries go to bench/summaries-virtual/<mode>/<scenario>/<policy>/seed-<n>.json (the schema
-of bench/summary.py, `run.virtual: true`); a scaled run's scenario is named
+of bench/harness/summary.py, `run.virtual: true`); a scaled run's scenario is named
 `<scenario>@<pods>pods`. `--as-recorded ROOT`: an `epp-*` policy runs with the profile and
 scrape settings its real-time summary (same scenario, policy, seed under ROOT) recorded, as
 the agreement table needs (bench/vtime/report.py).
@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bench.engine_check import VirtualClock
-from bench.gateway_policies import BEST_PROFILE, epp_config
-from bench.scenario import MODES, Scenario, ScenarioError, load_scenario
-from bench.summary import build_summary, environment, machine_state, summary_path, write_summary
+from bench.harness.gateway_policies import BEST_PROFILE, epp_config
+from bench.harness.scenario import MODES, Scenario, ScenarioError, load_scenario
+from bench.harness.summary import build_summary, environment, machine_state, summary_path, write_summary
+from bench.probes.engine_check import VirtualClock
 from bench.vtime.epp import DEFAULT_SCRAPE_AGE_S, VirtualEpp
 from bench.vtime.loop import Events, LoopStats, Router, simulate
 from bench.vtime.pods import build_pods, scaled_fleet
@@ -39,14 +39,14 @@ VIRTUAL_SUMMARIES = Path("bench/summaries-virtual")
 # docs/benchmarks/costs.md "Gateway overhead" (concurrency 1, 1 KB): Envoy round-robin +1.90,
 # the full gateway (Envoy + BBR + EPP; the oracle sits where the EPP does) +7.12.
 GATEWAY_MS = {"round-robin": 1.90, "oracle": 7.12, "epp": 7.12}
-SCALED_WORKLOAD_KEYS = ("sessions", "groups")  # bench/workloads.py: concurrent units of a trace
+SCALED_WORKLOAD_KEYS = ("sessions", "groups")  # bench/harness/workloads.py: concurrent units of a trace
 POLICIES = ("round-robin", "oracle", "epp-default", "epp-gie", "epp-predicted", "epp-best")
 
 
 def load_policy_modules(names: list[str]) -> dict[str, dict[str, Any]]:
     """The EPP policies the `--policy-module`s define for virtual time: each module's
     `VIRTUAL_POLICIES`, name -> the gateway config keys its real-time target adds to the
-    default profile's (bench/flow_policies.py). ImportError for a module that is not there."""
+    default profile's (bench/harness/flow_policies.py). ImportError for a module that is not there."""
     policies: dict[str, dict[str, Any]] = {}
     for name in names:
         module = importlib.import_module(name)

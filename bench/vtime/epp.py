@@ -1,7 +1,7 @@
 """The EPP in virtual time: `epp.app.EppApp` itself, one per pool, fed by the loop's events.
 
 Built from the gateway configuration the real-time `epp-*` targets write
-(`devstack.launch.gateway_config_for` with `bench.gateway_policies.epp_config`), constructed
+(`devstack.launch.gateway_config_for` with `bench.harness.gateway_policies.epp_config`), constructed
 with no event loop running, so it starts no scrape task, server or watcher. Then:
 
 - its pool, residency and scheduler read the run's virtual clock (`Pool.clock`,
@@ -34,11 +34,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from bench.gateway_policies import profile_record
+from bench.harness.gateway_policies import profile_record
+from bench.harness.workloads import TraceRequest
 from bench.vtime.flow import Park, VirtualFlow
 from bench.vtime.loop import TIMER, Events, Routed
 from bench.vtime.pods import SimPod
-from bench.workloads import TraceRequest
 from devstack.launch import gateway_config_for
 from epp.app import EppApp
 from epp.config import parse_epp_config

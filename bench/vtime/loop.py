@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bench.engine_check import VirtualClock
-from bench.loadgen import RequestResult
+from bench.harness.loadgen import RequestResult
+from bench.harness.workloads import TraceRequest
+from bench.probes.engine_check import VirtualClock
 from bench.vtime.pods import SimPod
-from bench.workloads import TraceRequest
 from modelsim.engine import Seq, StepPlan
 from modelsim.openai_api import ApiError
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.engine_check import VirtualClock
+from bench.probes.engine_check import VirtualClock
 from modelsim.engine import StepPlan
 from modelsim.fleet import FleetSpec
 from modelsim.metrics import render

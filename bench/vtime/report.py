@@ -1,6 +1,6 @@
 """`python -m bench sim-report`: docs/benchmarks/virtual-time.md from the virtual-time summaries.
 
-Generated sections (marker comments, as bench/report.py writes them; hand-written text
+Generated sections (marker comments, as bench/reports/report.py writes them; hand-written text
 around them stays):
 
 - `vtime-agreement`: per scenario, round-robin and epp-default in virtual time
@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.report import write_section
-from bench.summary import REPORTING_SEEDS, SUMMARIES_DIR, load_summaries
+from bench.harness.summary import REPORTING_SEEDS, SUMMARIES_DIR, load_summaries
+from bench.reports.report import write_section
 from bench.vtime.cli import VIRTUAL_SUMMARIES
 
 DOC = Path("docs/benchmarks/virtual-time.md")

@@ -4,7 +4,7 @@
   cluster lists all of them, whatever model they serve), in turn.
 - `oracle`: at each landing, every serving pod's `Pod.probe` (what /sim/probe answers:
   the engine's own `predict_ttft` over its exact queue, batch and prefix cache); the lowest
-  predicted TTFT wins, ties by `bench.oracle.best_probe` (smaller batch, then seeded random).
+  predicted TTFT wins, ties by `bench.harness.oracle.best_probe` (smaller batch, then seeded random).
   The pick is queued on the engine before the next event, so no two requests see one state:
   the real-time oracle's herd (probes racing each other) cannot happen. It is greedy per
   request: it does not see what its pick costs the requests after it.
@@ -15,10 +15,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from bench.oracle import Probe, best_probe
+from bench.harness.oracle import Probe, best_probe
+from bench.harness.workloads import TraceRequest
 from bench.vtime.loop import Events, Routed
 from bench.vtime.pods import SimPod
-from bench.workloads import TraceRequest
 from modelsim.openai_api import ApiError, prompt_ids_of, resolve_model
 from modelsim.tokenizer import ApproxTokenizer, PromptTokenizer
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from bench.__main__ import main
-from bench.stub_server import start_stubs
-from bench.summary import REPORTING_SEEDS, TUNING_SEEDS
+from bench.harness.summary import REPORTING_SEEDS, TUNING_SEEDS
+from bench.micro.stub_server import start_stubs
 
 
 def _scenario(tmp_path: Path) -> Path:

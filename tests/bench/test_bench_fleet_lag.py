@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from bench.fleet import fleet_lag
-from bench.loadgen import RequestResult, SseReader
+from bench.harness.fleet import fleet_lag
+from bench.harness.loadgen import RequestResult, SseReader
 from devstack.launch import free_port
 from modelsim.fleet import FleetSpec, run_fleet
 

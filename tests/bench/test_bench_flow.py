@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from bench.loadgen import RequestResult
-from bench.stats import by_tag, group_stickiness, session_stickiness
-from bench.workloads import generate_trace
+from bench.harness.loadgen import RequestResult
+from bench.harness.stats import by_tag, group_stickiness, session_stickiness
+from bench.harness.workloads import generate_trace
 
 
 def test_priority_tenants_tags_and_headers_follow_the_fractions() -> None:

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bench.loadgen import LoadGenConfig, run_trace
-from bench.peers import free_port
-from bench.stub_server import StubConfig, StubServer
-from bench.workloads import TraceRequest, chat_body
+from bench.harness.loadgen import LoadGenConfig, run_trace
+from bench.harness.peers import free_port
+from bench.harness.workloads import TraceRequest, chat_body
+from bench.micro.stub_server import StubConfig, StubServer
 
 
 def _trace(times: list[float], model: str = "m") -> list[TraceRequest]:
@@ -114,7 +114,7 @@ async def test_invalid_concurrency_is_rejected(stub: StubServer) -> None:
 
 
 def test_time_scale_conversions_round_trip() -> None:
-    from bench.loadgen import RequestResult, to_simulated, to_wall_clock
+    from bench.harness.loadgen import RequestResult, to_simulated, to_wall_clock
 
     trace = to_wall_clock(_trace([0.0, 1.0, 3.0]), time_scale=0.5)  # fleet runs at half speed
     assert [r.at_s for r in trace] == [0.0, 2.0, 6.0]

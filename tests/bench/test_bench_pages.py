@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.gateway_policies import DEFAULT_REVISION
-from bench.headline import digest, figure_digest, headline_rows
-from bench.loadgen import RequestResult
-from bench.pages import FAMILIES, FIGURE, README, RESULTS, SCENARIOS, DocSet
-from bench.report import shipped_default, write_section
-from bench.scenario import parse_scenario
-from bench.summary import REPORTING_SEEDS, build_summary, load_summaries, write_summary
+from bench.harness.gateway_policies import DEFAULT_REVISION
+from bench.harness.loadgen import RequestResult
+from bench.harness.scenario import parse_scenario
+from bench.harness.summary import REPORTING_SEEDS, build_summary, load_summaries, write_summary
+from bench.reports.headline import digest, figure_digest, headline_rows
+from bench.reports.pages import FAMILIES, FIGURE, README, RESULTS, SCENARIOS, DocSet
+from bench.reports.report import shipped_default, write_section
 
 REPO = Path(__file__).parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bench.loadgen import LoadGenConfig, run_trace
-from bench.peers import PeerError, free_port, peer_command, start_peer
-from bench.stub_server import StubServer, start_stubs
-from bench.workloads import TraceRequest, chat_body
+from bench.harness.loadgen import LoadGenConfig, run_trace
+from bench.harness.peers import PeerError, free_port, peer_command, start_peer
+from bench.harness.workloads import TraceRequest, chat_body
+from bench.micro.stub_server import StubServer, start_stubs
 
 
 def _needs_router(kind: str) -> None:

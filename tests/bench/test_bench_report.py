@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.loadgen import RequestResult
-from bench.published import PUBLISHED, SECTION, best_peer, is_peer, published_section
-from bench.report import (
+from bench.harness.loadgen import RequestResult
+from bench.harness.scenario import parse_scenario
+from bench.harness.summary import REPORTING_SEEDS, TUNING_SEEDS, build_summary, write_summary
+from bench.reports.published import PUBLISHED, SECTION, best_peer, is_peer, published_section
+from bench.reports.report import (
     PolicyRun,
     build_report,
     load_run,
@@ -21,8 +23,6 @@ from bench.report import (
     spike_windows,
     write_section,
 )
-from bench.scenario import parse_scenario
-from bench.summary import REPORTING_SEEDS, TUNING_SEEDS, build_summary, write_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCENARIO = {

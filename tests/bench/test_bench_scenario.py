@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.scenario import PROFILES, ScenarioError, load_scenario, parse_scenario
+from bench.harness.scenario import PROFILES, ScenarioError, load_scenario, parse_scenario
 from modelsim.profiles import builtin_profiles
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "bench" / "scenarios").glob("*.yaml"))

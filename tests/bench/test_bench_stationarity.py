@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.scenario import load_scenario
-from bench.stationarity import check_stationarity
-from bench.summary import REPORTING_SEEDS
-from bench.workloads import TraceRequest, chat_body, generate_trace, poisson_arrivals
+from bench.harness.scenario import load_scenario
+from bench.harness.stationarity import check_stationarity
+from bench.harness.summary import REPORTING_SEEDS
+from bench.harness.workloads import TraceRequest, chat_body, generate_trace, poisson_arrivals
 
 SCENARIOS = sorted((Path(__file__).parents[2] / "bench" / "scenarios").glob("*.yaml"))
 

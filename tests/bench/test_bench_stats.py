@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.loadgen import RequestResult
-from bench.stats import change_pct, compare, error_counts, percentile, summarize, throughput
+from bench.harness.loadgen import RequestResult
+from bench.harness.stats import change_pct, compare, error_counts, percentile, summarize, throughput
 
 
 @given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=2, max_size=60))
@@ -80,7 +80,7 @@ def test_summarize_and_compare() -> None:
 
 
 def test_spread_is_median_and_range_and_below_means_no_overlap() -> None:
-    from bench.stats import Spread
+    from bench.harness.stats import Spread
 
     s = Spread.of([3.0, None, 1.0, 2.0])
     assert s == Spread(2.0, 1.0, 3.0, 3)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.loadgen import RequestResult, without_probe_time
-from bench.scenario import load_scenario
-from bench.stats import goodput, phase_stats, steady_window, tokens_between
-from bench.summary import (
+from bench.harness.loadgen import RequestResult, without_probe_time
+from bench.harness.scenario import load_scenario
+from bench.harness.stats import goodput, phase_stats, steady_window, tokens_between
+from bench.harness.summary import (
     PACKAGES,
     REPORTING_SEEDS,
     TUNING_SEEDS,
@@ -135,7 +135,7 @@ def test_summary_records_provenance_and_stays_small(tmp_path: Path) -> None:
 
 
 def test_environment_names_the_commit_and_packages() -> None:
-    from bench.summary import environment
+    from bench.harness.summary import environment
 
     env = environment()
     assert set(env["packages"]) == set(PACKAGES)

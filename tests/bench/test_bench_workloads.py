@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from bench.workloads import (
+from bench.harness.workloads import (
     CHARS_PER_TOKEN,
     TextSource,
     bursty_arrivals,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.engine_check import build_pods, check, distinct_prompt_tokens, main, make_router, simulate
-from bench.workloads import TraceRequest, chat_body, generate_trace
+from bench.harness.workloads import TraceRequest, chat_body, generate_trace
+from bench.probes.engine_check import build_pods, check, distinct_prompt_tokens, main, make_router, simulate
 from modelsim.tokenizer import ApproxTokenizer
 
 FLEET = {"pods": [{"name": "h100", "model": "m", "profile": "h100-llama3.1-8b", "replicas": 2}]}

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from bench.__main__ import main, run_label
-from bench.baseline_envoy import render_baseline_bootstrap
-from bench.fleet import KV_EVENTS_FREE_PORTS, SHIPPED_TOKENIZER, FleetNeeds, fleet_with
-from bench.gateway_policies import (
+from bench.harness.baseline_envoy import render_baseline_bootstrap
+from bench.harness.fleet import KV_EVENTS_FREE_PORTS, SHIPPED_TOKENIZER, FleetNeeds, fleet_with
+from bench.harness.gateway_policies import (
     BEST_PROFILE,
     BEST_SCRAPE_MS,
     PRECISE_NEEDS,
@@ -25,9 +25,9 @@ from bench.gateway_policies import (
     effective_epp_config,
     epp_config,
 )
-from bench.loadgen import PROBE_HEADER
-from bench.oracle import OraclePicker, OracleProcessor, Probe, best_probe
-from bench.targets import fleet_needs, load_plugins
+from bench.harness.loadgen import PROBE_HEADER
+from bench.harness.oracle import OraclePicker, OracleProcessor, Probe, best_probe
+from bench.harness.targets import fleet_needs, load_plugins
 from devstack.certs import make_certs
 from devstack.launch import envoy_binary, gateway_config_for
 from extproc.errors import ErrorResponse

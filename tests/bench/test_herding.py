@@ -1,11 +1,11 @@
-"""bench.herding: same-pod pairs within a window and the queue each request joined."""
+"""bench.reports.herding: same-pod pairs within a window and the queue each request joined."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.herding import herding
-from bench.loadgen import RequestResult
+from bench.harness.loadgen import RequestResult
+from bench.reports.herding import herding
 
 
 def _r(index: int, sent_s: float, pod: str, ttft_s: float = 0.1) -> RequestResult:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.loadgen import RequestResult
-from bench.outside_loadgen import figures, inference_perf_results, main, render
-from bench.scenario import parse_scenario
-from bench.serve import serve
+from bench.harness.loadgen import RequestResult
+from bench.harness.scenario import parse_scenario
+from bench.harness.serve import serve
+from bench.probes.outside_loadgen import figures, inference_perf_results, main, render
 
 
 def _record(start: float, ttft: float, tokens: int, gap: float = 0.01, error: str | None = None) -> dict:

@@ -1,12 +1,12 @@
-"""The gateway-overhead table (bench/overhead_gateway.py) carries both full-gateway modes, each
+"""The gateway-overhead table (bench/micro/overhead_gateway.py) carries both full-gateway modes, each
 in both request body modes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.overhead_gateway import FULL_GATEWAYS, Cell, ext_proc_message_counts, render
-from bench.report import write_section
+from bench.micro.overhead_gateway import FULL_GATEWAYS, Cell, ext_proc_message_counts, render
+from bench.reports.report import write_section
 
 
 def test_both_modes_get_rows_added_against_direct(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_both_modes_get_rows_added_against_direct(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n")
     write_section(
-        str(doc), "gateway-overhead", render(cells, [], "python -m bench.overhead_gateway", "1.0 / 1.0")
+        str(doc), "gateway-overhead", render(cells, [], "python -m bench.micro.overhead_gateway", "1.0 / 1.0")
     )
     rows = {
         line.split(" | ")[0].lstrip("| "): line

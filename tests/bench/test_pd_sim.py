@@ -1,9 +1,9 @@
-"""bench/pd_sim.py in a few simulated seconds: the P/D shape keeps long prefills off the decode
+"""bench/probes/pd_sim.py in a few simulated seconds: the P/D shape keeps long prefills off the decode
 pods (no stalled decode steps), and pinning a data-parallel rank keeps its prefix hits."""
 
 from __future__ import annotations
 
-from bench.pd_sim import Scenario, run
+from bench.probes.pd_sim import Scenario, run
 
 # The page's scenarios (docs/benchmarks/pd.md), 25 simulated seconds instead of 60.
 MIXED = Scenario("t", 20.0, 25.0, ((0.2, 8192, 256, 0), (0.8, 256, 256, 0)), (), "")

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from bench.__main__ import main
-from bench.pinning import PinningError, cpu_plan, descendants, pin_router, pinned_to
-from bench.stub_server import start_stubs
+from bench.harness.pinning import PinningError, cpu_plan, descendants, pin_router, pinned_to
+from bench.micro.stub_server import start_stubs
 
 CPUS = sorted(os.sched_getaffinity(0))
 needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="pinning needs 2 CPUs")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.scorecard import check_scenario, render_scorecard, scorecard_for
-from bench.stats import Spread
+from bench.harness.stats import Spread
+from bench.reports.scorecard import check_scenario, render_scorecard, scorecard_for
 
 
 def _f(*values: float, p50: tuple[float, ...] = ()) -> dict[str, Spread | None]:

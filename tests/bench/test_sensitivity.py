@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.sensitivity import render
+from bench.reports.sensitivity import render
 
 
 def _run(seed: int, ttft_p95: float, a10g: float, ok: int = 90) -> dict[str, Any]:
@@ -33,6 +33,6 @@ def test_each_variant_row_shows_the_change_vs_round_robin_and_the_a10g_share() -
 
 
 def test_the_section_is_skipped_without_variant_summaries(tmp_path) -> None:
-    from bench.sensitivity import section_for
+    from bench.reports.sensitivity import section_for
 
     assert section_for(str(tmp_path)) is None

@@ -1,11 +1,11 @@
-"""bench/shared_state_bench.py measures what it says: real cycles against a real redis-server,
+"""bench/micro/shared_state_bench.py measures what it says: real cycles against a real redis-server,
 in which the replica reads every peer's counts and learns every peer's routing decisions."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.shared_state_bench import measure
+from bench.micro.shared_state_bench import measure
 from devstack.redis_server import start_redis
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import smoke
-from bench.smoke import regressions
+from bench.micro import smoke
+from bench.micro.smoke import regressions
 
 BASE = {"scrape_us": 100.0, "pick_p99_us_100": 500.0}
 

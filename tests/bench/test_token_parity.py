@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.token_parity import MAX_RATIO, SCENARIOS_DIR, main, measure
+from bench.probes.token_parity import MAX_RATIO, SCENARIOS_DIR, main, measure
 from modelsim.build_tokenizer import OUT
 from modelsim.tokenizer import HFTokenizer
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench.__main__ import main as bench_main
-from bench.scenario import Scenario
+from bench.harness.scenario import Scenario
 from bench.vtime.cli import epp_extra, load_policy_modules, run_one, scaled
 from epp.scheduling import registry
 
@@ -142,7 +142,7 @@ OVERLOAD = Scenario(
 
 
 def _flow_run(policy: str, scenario: Scenario = OVERLOAD) -> tuple[list[Any], Any]:
-    modules = load_policy_modules(["bench.flow_policies"])
+    modules = load_policy_modules(["bench.harness.flow_policies"])
     results, _, router = run_one(scenario, policy, gateway_ms=0.0, extra=epp_extra(policy, modules))
     return results, router
 

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from bench.loadgen import RequestResult
-from bench.xsim_crosscheck import (
+from bench.harness.loadgen import RequestResult
+from bench.probes.xsim_crosscheck import (
     LEVELS,
     MODEL,
     Knobs,

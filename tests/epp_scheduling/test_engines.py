@@ -3,7 +3,7 @@ import math
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.metric_pages import AWKWARD_MODEL, PAGES, PageSpec, tgi_page, vllm_page
+from bench.micro.metric_pages import AWKWARD_MODEL, PAGES, PageSpec, tgi_page, vllm_page
 from epp.engines import DIALECTS, MetricsParseError, Rejection, find_samples, parse_labels, parse_metrics
 
 KV_NAMES = {

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.metric_pages import PageSpec, vllm_page
+from bench.micro.metric_pages import PageSpec, vllm_page
 from epp.engines import MetricsParseError, Rejection, Sample, collect_samples, parse_metrics
 
 

@@ -443,7 +443,7 @@ async def test_pod_removal_closes_and_forgets(ctx: zmq.asyncio.Context) -> None:
 
 
 def test_bench_runs_and_respects_the_bound() -> None:
-    from bench.kv_events_bench import run
+    from bench.micro.kv_events_bench import run
 
     r = run(pods=2, batches=40, blocks=4, engine_blocks=1000, max_blocks=50)
     assert r["index_entries"] == 50 and r["events_per_s"] > 0 and r["lookup_us"] > 0

@@ -65,7 +65,7 @@ def test_kv_room_is_free_blocks_over_the_mean_request_size() -> None:
 
 
 def test_requests_in_transit_to_a_pod_with_free_kv_are_no_backlog() -> None:
-    """Measured (bench/flow_probe.py): the request routed to a pod since its last scrape made
+    """Measured (bench/probes/flow_probe.py): the request routed to a pod since its last scrape made
     the effective queue read 1 on a pod with half its KV free, and at a queue threshold of 1
     the pool read saturated all the time. Its free KV admits them at the next engine step."""
     pool = Pool([Endpoint("a", frozenset({"m"}))])
@@ -118,7 +118,8 @@ def test_committed_kv_counts_what_every_in_flight_request_will_hold() -> None:
     page = SaturationParams(kvCache=0.6)
     committed = SaturationParams(kvCache=0.6, kvMeasure="committed")
     assert not is_saturated(pod, page) and is_saturated(pod, committed)
-    # Above 1: an overcommit of the expected outputs (flow control's standard band, bench/flow_policies.py).
+    # Above 1: an overcommit of the expected outputs (flow control's standard band,
+    # bench/harness/flow_policies.py).
     overcommit = SaturationParams(queue=1e6, kvCache=1.5, kvMeasure="committed")  # the KV term alone
     assert not is_saturated(pod, overcommit)
     for _ in range(14):  # 24,000 tokens in flight: 1.52 x what the cache holds
