@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.harness.summary import REPORTING_SEEDS, load_summaries
+from bench.reports.equal_cpu import SECTION as EQUAL_CPU_SECTION
+from bench.reports.equal_cpu import section_for as equal_cpu_section
 from bench.reports.headline import SECTION as HEADLINE
 from bench.reports.headline import headline_rows, plot_headline, render_headline
 from bench.reports.published import SECTION as PUBLISHED_SECTION
@@ -107,6 +109,9 @@ def render_report(
     sensitivity = sensitivity_section(str(summaries), mode)
     if sensitivity is not None:
         write_section(docs.place(SENSITIVITY_SECTION), SENSITIVITY_SECTION, sensitivity)
+    equal_cpu = equal_cpu_section(str(summaries), mode)
+    if equal_cpu is not None:
+        write_section(docs.place(EQUAL_CPU_SECTION), EQUAL_CPU_SECTION, equal_cpu)
     results_page = root / RESULTS
     for key, text in (
         ("targets", scorecard_for(summaries, mode)),
