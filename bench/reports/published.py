@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.harness.summary import REPORTING_SEEDS, load_summaries
 from bench.reports.report import BASELINE, cell, spread
-from bench.reports.scorecard import ORACLE, PEER_PREFIXES
+from bench.reports.scorecard import APART_SUFFIXES, ORACLE, PEER_PREFIXES
 
 OURS = "epp-best"  # our tuned profile, beside the shipped default (DEFAULT)
 SECTION = "published-rows"
@@ -58,8 +58,8 @@ Runs = Sequence[Mapping[str, Any]]
 
 
 def is_peer(policy: str) -> bool:
-    """A peer router's runs on the usual fleet (`+tok` runs tokenize differently: not comparable)."""
-    return (policy.startswith(PEER_PREFIXES) or policy in PEER_NAMES) and not policy.endswith("+tok")
+    """A peer router's runs on the usual fleet and shared cores (`APART_SUFFIXES`: not comparable)."""
+    return (policy.startswith(PEER_PREFIXES) or policy in PEER_NAMES) and not policy.endswith(APART_SUFFIXES)
 
 
 def best_peer(policies: Mapping[str, Runs]) -> str | None:
