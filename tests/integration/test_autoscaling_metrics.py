@@ -77,7 +77,15 @@ async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: Local
                 queued = sum(v for labels, v in seen.get("inference_pool_per_pod_queue_size", []))
                 return value(seen, "inference_pool_running_requests") == 4 and queued == 2
 
-            await until(loaded, "4 requests in flight, 2 of them queued on the pods", within=30)
+            try:
+                await until(loaded, "4 requests in flight, 2 of them queued on the pods", within=30)
+            except AssertionError as e:  # say what the last scrape showed, and how the requests ended
+                running = [v for labels, v in seen.get("inference_pool_running_requests", [])]
+                per_pod = seen.get("inference_pool_per_pod_queue_size", [])
+                done = [t.result().status_code if t.done() and not t.exception() else t.done() for t in tasks]
+                raise AssertionError(
+                    f"{e}: running {running}, queued per pod {per_pod}, requests {done}"
+                ) from e
             m = seen
             for name, labels in AUTOSCALING_SERIES.items():
                 series = [lbls for lbls, _ in m.get(name, [])]
