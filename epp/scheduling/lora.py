@@ -47,6 +47,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 # Adapters remembered per pod, beyond any realistic max_loras (vLLM's default is 1, large
 # deployments run 8-32): bounded so a client cycling through adapter names cannot grow it.
@@ -158,6 +159,12 @@ class AdapterResidency:
         # The same from this EPP's routing alone: candidates for an id-only event's name.
         self._routed: dict[str, OrderedDict[str, float]] = {}
         self.ids = LoraIds(max_tracked)
+        # This EPP's requests in flight per pod and adapter (routed, not yet finished): what pins
+        # an adapter's GPU slot, exactly, for this EPP's share of the traffic (placement, below).
+        self._active: dict[str, dict[str, _Active]] = {}
+        # Per pod, when this EPP's last request of an adapter there finished (a scrape older
+        # than that which shows the adapter running shows a slot since released).
+        self._finished: dict[str, OrderedDict[str, float]] = {}
 
     # -- the sources ------------------------------------------------------------------------
     def touch(self, address: str, adapter: str, at: float) -> None:
@@ -188,11 +195,40 @@ class AdapterResidency:
         if len(lru) > self.max_tracked:
             lru.popitem(last=False)
 
-    def on_routed(self, address: str, adapter: str) -> None:
-        """`adapter` was just sent to `address`: it is that pod's most recently used one."""
+    def on_routed(self, address: str, adapter: str, output_tokens: int = 0) -> None:
+        """`adapter` was just sent to `address`: it is that pod's most recently used one, and
+        one more of its requests is in flight there until `on_finished` (`output_tokens`: the
+        request's expected output, how long it will pin the adapter's slot)."""
         now = self.clock()
         self.touch(address, adapter, now)
         self._touch(self._routed, address, adapter, now)
+        pod = self._active.setdefault(address, {})
+        active = pod.get(adapter)
+        if active is None:
+            pod[adapter] = _Active(1, now, now, output_tokens)
+        else:
+            active.requests += 1
+            active.last_routed = now
+            active.last_output_tokens = output_tokens
+
+    def on_finished(self, address: str, adapter: str) -> None:
+        """One of this EPP's requests of `adapter` on `address` ended (once per `on_routed`)."""
+        pod = self._active.get(address)
+        active = pod.get(adapter) if pod is not None else None
+        if pod is None or active is None:
+            return
+        active.requests -= 1
+        if active.requests <= 0:
+            del pod[adapter]
+            finished = self._finished.setdefault(address, OrderedDict())
+            finished.pop(adapter, None)
+            finished[adapter] = self.clock()
+            if len(finished) > self.max_tracked:
+                finished.popitem(last=False)
+
+    def in_flight(self, address: str) -> dict[str, int]:
+        """This EPP's requests in flight on the pod, per adapter."""
+        return {name: a.requests for name, a in self._active.get(address, {}).items()}
 
     def on_scrape(self, address: str, running: Iterable[str], sent_at: float) -> None:
         """A scrape sent at `sent_at` shows `running` adapters (waiting ones do not count)."""
@@ -237,7 +273,7 @@ class AdapterResidency:
 
     def forget(self, address: str) -> None:
         """The pod's engine restarted, or may have (its KV event stream said so): empty slots,
-        ids assigned anew."""
+        ids assigned anew. Requests in flight stay counted: they end through `on_finished`."""
         self._pods.pop(address, None)
         self._routed.pop(address, None)
         self.ids.forget(address)
@@ -245,10 +281,59 @@ class AdapterResidency:
     def retain(self, addresses: Iterable[str]) -> None:
         """Forget pods that left the pool (a pod that comes back starts with empty slots)."""
         keep = set(addresses)
-        for pods in (self._pods, self._routed):
+        for pods in (self._pods, self._routed, self._active, self._finished):
             for address in [a for a in pods if a not in keep]:
                 del pods[address]
         self.ids.retain(keep)
+
+    # -- placement ----------------------------------------------------------------------------
+    def slots(self, address: str, running: Iterable[str], scraped_at: float) -> list[Slot]:
+        """The adapters that need one of the pod's GPU slots now, in the order they got (or
+        will get) one: those the last scrape showed running (unless this EPP's last request of
+        one finished since: its slot is free again), then this EPP's other adapters in flight
+        there, by when their requests began. With `max_lora` slots the first `max_lora` hold
+        one and the rest wait for a holder's requests to all end (vLLM runs at most
+        `max_lora` adapters per batch)."""
+        active = self._active.get(address, {})
+        finished = self._finished.get(address)
+        out: list[Slot] = []
+        for name in sorted(running):
+            a = active.get(name)
+            if a is None:
+                if finished is not None and finished.get(name, -1.0) > scraped_at:
+                    continue  # ours, and all of ours ended after the page was taken
+                out.append(Slot(name, 0, None, 0, since=-1.0))
+            else:
+                out.append(Slot(name, a.requests, a.last_routed, a.last_output_tokens, since=-1.0))
+        shown = {s.adapter for s in out}
+        rest = [
+            Slot(name, a.requests, a.last_routed, a.last_output_tokens, since=a.since)
+            for name, a in active.items()
+            if name not in shown
+        ]
+        rest.sort(key=lambda s: s.since)
+        return out + rest
+
+
+@dataclass(slots=True)
+class _Active:
+    """One adapter's requests of this EPP in flight on one pod."""
+
+    requests: int
+    since: float  # when the first of them was routed (the adapter's turn for a slot)
+    last_routed: float
+    last_output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """An adapter that holds, or waits for, a GPU slot on a pod (`AdapterResidency.slots`)."""
+
+    adapter: str
+    requests: int  # this EPP's in flight (0: only another client's, seen running on the page)
+    last_routed: float | None  # this EPP's newest request of it there (None: none in flight)
+    last_output_tokens: int  # that request's expected output tokens
+    since: float
 
 
 def _newest(lru: OrderedDict[str, float] | None, n: int, at: float | None) -> list[str]:
@@ -262,3 +347,71 @@ def _newest(lru: OrderedDict[str, float] | None, n: int, at: float | None) -> li
             if len(out) >= n:
                 break
     return out
+
+
+def slot_runs(adapter: str, slots: list[Slot], max_lora: int) -> bool:
+    """The adapter holds one of the pod's `max_lora` slots, or a slot is free for it (else its
+    requests there wait until a holder's requests all end)."""
+    pos = next((i for i, s in enumerate(slots) if s.adapter == adapter), len(slots))
+    return pos < max_lora
+
+
+def slot_cost(
+    adapter: str,
+    slots: list[Slot],
+    max_lora: int,
+    *,
+    now: float,
+    tpot_s: float,
+    output_tokens: int,
+    load_s: float,
+    slot_s: float,
+    peak: int = 0,
+) -> float:
+    """Seconds a request of `adapter` adds on a pod whose GPU slots are `slots`
+    (`AdapterResidency.slots`; `max_lora` > 0), beyond its queue and prefill, in three cases:
+
+    - the adapter holds a slot there: slot_s x the part of this request's decode (tpot x
+      output) that outlasts the adapter's requests already in flight there, plus that part
+      once more for every adapter waiting there for a slot (sending more of a slot holder's
+      requests keeps a waiting adapter out); 0 for a pod where its requests run anyway;
+    - a free slot: `load_s` (the adapter's load; 0 when `load_s` is 0, e.g. resident) plus
+      slot_s, the price of taking a slot other adapters may need;
+    - every slot held by another adapter (or the adapter already waits there): the time until
+      the holders drain one slot for it (the soonest-ending holders' newest requests, one per
+      adapter ahead of it in the wait), plus `load_s` and slot_s.
+
+    One pod's slot cost; the placement that follows from it keeps an adapter on the pods that
+    run it (most recently routed first, so the others drain) until its queue there outweighs
+    slot_s, and gives a new adapter a free slot before a wait."""
+    decode = tpot_s * output_tokens
+    if decode < tpot_s:
+        decode = tpot_s
+    pos = next((i for i, s in enumerate(slots) if s.adapter == adapter), None)
+    if pos is not None and pos < max_lora:
+        own = slots[pos]
+        if own.last_routed is None:
+            return 0.0  # pinned by another client's requests anyway
+        end = own.last_routed + own.last_output_tokens * tpot_s
+        extra = (now + decode - end) / decode
+        if peak > own.requests:  # a secondary pod of the adapter: let it drain
+            extra = max(extra, 1.0 - own.requests / peak)
+        return slot_s * extra if extra > 0.0 else 0.0
+    ahead = (pos if pos is not None else len(slots)) - max_lora
+    if ahead < 0:
+        return load_s + slot_s
+    drains = sorted(_drain(s, now, tpot_s, decode) for s in slots[:max_lora])
+    return load_s + slot_s + drains[min(ahead, len(drains) - 1)] * (1 + ahead // max_lora)
+
+
+def _drain(slot: Slot, now: float, tpot_s: float, decode: float) -> float:
+    """Seconds until a slot holder's requests have all ended if it gets no more: its newest
+    request's projected end (routed + expected output x tpot), at least half that request's
+    decode while it is still in flight past its projection (it may have waited before it ran);
+    another client's adapter: this request's decode."""
+    if slot.last_routed is None:
+        return decode
+    own = slot.last_output_tokens * tpot_s
+    left = slot.last_routed + own - now
+    half = own / 2.0
+    return max(tpot_s, left, half)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from epp.kv_index import KVIndex
 from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.scheduling.lora import AdapterResidency
+from epp.scheduling.lora import AdapterResidency, slot_cost
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
 
@@ -307,6 +307,12 @@ def predicted_ttft(
     output = float(request.expected_output_tokens)
     adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
     contrast = th.pace_contrast
+    placement, slot_s = th.adapter_placement, th.adapter_slot_s
+    now = residency.clock() if residency is not None else 0.0
+    peak = 0  # the most requests of this adapter in flight on one candidate
+    if adapter is not None and placement and residency is not None:
+        addresses = ctx.addresses if ctx.addresses is not None else [c.address for c in candidates]
+        peak = max((residency.in_flight(a).get(adapter, 0) for a in addresses), default=0)
     preds: list[float | None] = []
     prefill_s = ctx.prefill_s
     prefill_s.clear()
@@ -352,7 +358,23 @@ def predicted_ttft(
         pred = ahead / pace + s.busy_s + own_s
         ahead += s.busy_s * pace  # in tokens, for the KV check below
         slot_wait = False
-        if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
+        if adapter is not None and placement and residency is not None and m.max_lora > 0:
+            resident = _adapter_resident(adapter, s.address, m, residency)
+            load = 0.0 if resident else load_s
+            if not resident and _slots_full(s.address, m, residency):
+                load += load_s  # it evicts a resident adapter, whose next request loads it again
+            pred += slot_cost(
+                adapter,
+                residency.slots(s.address, m.running_adapters, m.scraped_at),
+                m.max_lora,
+                now=now,
+                tpot_s=tpot,
+                output_tokens=request.expected_output_tokens,
+                load_s=load,
+                slot_s=slot_s,
+                peak=peak,
+            )
+        elif adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s
             if _slots_full(s.address, m, residency):
                 pred += load_s  # it evicts a resident adapter, whose next request loads it again
