@@ -369,34 +369,29 @@ def slot_cost(
     peak: int = 0,
 ) -> float:
     """Seconds a request of `adapter` adds on a pod whose GPU slots are `slots`
-    (`AdapterResidency.slots`; `max_lora` > 0), beyond its queue and prefill, in three cases:
+    (`AdapterResidency.slots`, `max_lora` > 0), beyond its queue and prefill:
 
-    - the adapter holds a slot there: slot_s x the part of this request's decode (tpot x
-      output) that outlasts the adapter's requests already in flight there, plus that part
-      once more for every adapter waiting there for a slot (sending more of a slot holder's
-      requests keeps a waiting adapter out); 0 for a pod where its requests run anyway;
-    - a free slot: `load_s` (the adapter's load; 0 when `load_s` is 0, e.g. resident) plus
-      slot_s, the price of taking a slot other adapters may need;
-    - every slot held by another adapter (or the adapter already waits there): the time until
-      the holders drain one slot for it (the soonest-ending holders' newest requests, one per
-      adapter ahead of it in the wait), plus `load_s` and slot_s.
+    - the adapter holds a slot there: 0 on its main pod (the most of its requests in flight:
+      `peak`), slot_s x (1 - its requests there / peak) on another, so an adapter that spilled
+      goes back to one pod as its demand falls and the other's slot drains;
+    - a slot is free: `load_s` (its load, 0 when resident) plus slot_s, the price of taking a
+      slot that other adapters may need: an adapter spills to another pod only when its queue
+      on its own pods outweighs that;
+    - every slot is held by another adapter (or the adapter already waits there): `load_s`,
+      slot_s, and the wait until a holder drains: the soonest-ending holder's newest request
+      (its projected end, at least half its decode while still in flight; another client's
+      adapter: this request's decode), the next one for each adapter waiting ahead of it.
 
-    One pod's slot cost; the placement that follows from it keeps an adapter on the pods that
-    run it (most recently routed first, so the others drain) until its queue there outweighs
-    slot_s, and gives a new adapter a free slot before a wait."""
+    vLLM runs at most `max_lora` adapters per batch: a request whose adapter has no slot waits
+    while the holders' requests run, and every request of a holder sent there meanwhile keeps
+    that slot held."""
     decode = tpot_s * output_tokens
     if decode < tpot_s:
         decode = tpot_s
     pos = next((i for i, s in enumerate(slots) if s.adapter == adapter), None)
     if pos is not None and pos < max_lora:
-        own = slots[pos]
-        if own.last_routed is None:
-            return 0.0  # pinned by another client's requests anyway
-        end = own.last_routed + own.last_output_tokens * tpot_s
-        extra = (now + decode - end) / decode
-        if peak > own.requests:  # a secondary pod of the adapter: let it drain
-            extra = max(extra, 1.0 - own.requests / peak)
-        return slot_s * extra if extra > 0.0 else 0.0
+        own = slots[pos].requests
+        return slot_s * (1.0 - own / peak) if peak > own else 0.0
     ahead = (pos if pos is not None else len(slots)) - max_lora
     if ahead < 0:
         return load_s + slot_s
@@ -405,13 +400,9 @@ def slot_cost(
 
 
 def _drain(slot: Slot, now: float, tpot_s: float, decode: float) -> float:
-    """Seconds until a slot holder's requests have all ended if it gets no more: its newest
-    request's projected end (routed + expected output x tpot), at least half that request's
-    decode while it is still in flight past its projection (it may have waited before it ran);
-    another client's adapter: this request's decode."""
+    """Seconds until a slot holder's requests have all ended if it gets no more (see
+    `slot_cost`)."""
     if slot.last_routed is None:
         return decode
     own = slot.last_output_tokens * tpot_s
-    left = slot.last_routed + own - now
-    half = own / 2.0
-    return max(tpot_s, left, half)
+    return max(tpot_s, slot.last_routed + own - now, own / 2.0)
