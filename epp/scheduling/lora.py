@@ -29,6 +29,18 @@ routing are what make traffic from other gateways (and clients calling pods dire
 visible; what no source sees stays invisible: an adapter loaded and evicted again between
 two scrapes whose requests stored no new KV block (short prompts, prefix-cache hits).
 
+Placement (issue #28). vLLM runs at most `max_loras` adapters per batch: a request whose
+adapter finds every slot held by adapters with running requests waits until one of those has
+none left, and every request of a holder sent there meanwhile keeps it held. So the EPP also
+counts its own requests in flight per pod and adapter (`on_routed` to `on_finished`): with the
+page's running adapters, that is which adapters hold the pod's slots and which wait
+(`slots`), and `slot_cost` prices each pod for a request from it (read by `predicted-ttft`;
+the `adapter_slots` filter keeps a saturated pod that runs the adapter when every other pod
+would make it wait). What follows is a placement: an adapter stays on the pod that runs most
+of its requests, spills to another only when its queue there outweighs `adapterSlotMs` (the
+price of a slot other adapters may need), drains from the extra pod as its demand falls, and
+a new adapter takes a free slot before it waits for one.
+
 Events name the adapter with `lora_name` (modelsim, newer vLLM); older vLLM sends only
 `lora_id`, the pod's `lora_int_id`, which the OpenAI server assigns from a per-process
 counter in registration order (`--lora-modules`, then dynamic loads): it cannot be turned
@@ -367,16 +379,18 @@ def slot_cost(
     load_s: float,
     slot_s: float,
     peak: int = 0,
+    resident: bool = False,
 ) -> float:
     """Seconds a request of `adapter` adds on a pod whose GPU slots are `slots`
     (`AdapterResidency.slots`, `max_lora` > 0), beyond its queue and prefill:
 
-    - the adapter holds a slot there: 0 on its main pod (the most of its requests in flight:
-      `peak`), slot_s x (1 - its requests there / peak) on another, so an adapter that spilled
-      goes back to one pod as its demand falls and the other's slot drains;
-    - a slot is free: `load_s` (its load, 0 when resident) plus slot_s, the price of taking a
-      slot that other adapters may need: an adapter spills to another pod only when its queue
-      on its own pods outweighs that;
+    - the adapter holds a slot there: 0 on its main pod (the most of this EPP's requests of it
+      in flight: `peak`) or where only another client's requests hold it, slot_s x (1 - its
+      requests there / peak) on another, so an adapter that spilled goes back to one pod as
+      its demand falls and the other's slot drains;
+    - a slot is free: `load_s` (its load) plus slot_s, the price of taking a slot that other
+      adapters may need: an adapter spills to another pod only when its queue on its own pods
+      outweighs that; 0 when it is `resident` there (idle in a slot it held last);
     - every slot is held by another adapter (or the adapter already waits there): `load_s`,
       slot_s, and the wait until a holder drains: the soonest-ending holder's newest request
       (its projected end, at least half its decode while still in flight; another client's
@@ -390,11 +404,13 @@ def slot_cost(
         decode = tpot_s
     pos = next((i for i, s in enumerate(slots) if s.adapter == adapter), None)
     if pos is not None and pos < max_lora:
-        own = slots[pos].requests
-        return slot_s * (1.0 - own / peak) if peak > own else 0.0
+        own = slots[pos]
+        if own.last_routed is None or peak <= own.requests:
+            return 0.0  # its main pod, or held by another client's requests anyway
+        return slot_s * (1.0 - own.requests / peak)
     ahead = (pos if pos is not None else len(slots)) - max_lora
     if ahead < 0:
-        return load_s + slot_s
+        return load_s if resident else load_s + slot_s
     drains = sorted(_drain(s, now, tpot_s, decode) for s in slots[:max_lora])
     return load_s + slot_s + drains[min(ahead, len(drains) - 1)] * (1 + ahead // max_lora)
 

@@ -302,6 +302,12 @@ def predicted_ttft(
     running requests' remaining decodes); or, for a non-resident adapter on a pod whose
     `max_lora` slots all hold adapters of running requests, tpot_i x expected output: vLLM
     schedules no request of another adapter until one of them has no request running.
+    With `adapterPlacement` (the default) on a pod that reports its slots, the adapter terms
+    are its slot cost instead (epp/scheduling/lora.py `slot_cost`, from the adapters this EPP
+    has in flight on each pod and the page's running ones): 0 on the pod that runs most of
+    its requests, a share of `adapterSlotMs` on another that runs it, load + `adapterSlotMs`
+    for a free slot (0 where it sits idle in one), and on a pod whose slots other adapters
+    hold, also the wait until the soonest of them drains.
     Proportional, so a pod predicted twice as slow scores 0.5 and the score blends with
     others. A pod whose metrics or waiting count are unknown scores 0, as in every scorer here.
     """
@@ -385,6 +391,7 @@ def predicted_ttft(
                 load_s=load,
                 slot_s=slot_s,
                 peak=peak,
+                resident=resident,
             )
         elif adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s
