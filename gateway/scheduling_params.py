@@ -3,7 +3,8 @@
 Each filter or scorer that takes a parameter declares it here as a small pydantic model, and
 the registry (epp/scheduling/registry.py) names that model beside the plugin. A profile's
 `thresholds` is the union of them, so one config block (`thresholds: {queue, kvCache,
-staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, paceContrast}`, pool-wide or per profile) sets every plugin's knobs, with
+staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, paceContrast, adapterPlacement,
+adapterSlotMs}`, pool-wide or per profile) sets every plugin's knobs, with
 one spelling per field (the camelCase name above) and a bound on every value.
 Defaults are GIE's published ones; `staleAfterMs`, `prefixMinBlocks` and the prediction
 ones are ours.
