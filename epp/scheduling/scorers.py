@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from epp.kv_index import KVIndex
 from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.scheduling.lora import AdapterResidency, slot_cost
+from epp.scheduling.lora import AdapterResidency, Slot, slot_cost, slot_scarcity
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
 
@@ -307,7 +307,8 @@ def predicted_ttft(
     has in flight on each pod and the page's running ones): 0 on the pod that runs most of
     its requests, a share of `adapterSlotMs` on another that runs it, load + `adapterSlotMs`
     for a free slot (0 where it sits idle in one), and on a pod whose slots other adapters
-    hold, also the wait until the soonest of them drains.
+    hold, also the wait until the soonest of them drains; `adapterSlotMs` scaled by how scarce
+    the free slots are for the adapters holding none (lora.py `slot_scarcity`).
     Proportional, so a pod predicted twice as slow scores 0.5 and the score blends with
     others. A pod whose metrics or waiting count are unknown scores 0, as in every scorer here.
     """
@@ -324,13 +325,19 @@ def predicted_ttft(
     placement, slot_s = th.adapter_placement, th.adapter_slot_s
     now = residency.clock() if residency is not None else 0.0
     peak = 0  # the most requests of this adapter in flight on one candidate
+    slots: list[list[Slot] | None] = [None] * len(candidates)
     if adapter is not None and placement and residency is not None:
         addresses = ctx.addresses if ctx.addresses is not None else [c.address for c in candidates]
         peak = max((residency.in_flight(a).get(adapter, 0) for a in addresses), default=0)
+        for i, c in enumerate(candidates):
+            cm = c.metrics
+            if cm is not None and cm.max_lora > 0:
+                slots[i] = residency.slots(c.address, cm.running_adapters, cm.scraped_at)
+        slot_s *= slot_scarcity(candidates, slots)
     preds: list[float | None] = []
     prefill_s = ctx.prefill_s
     prefill_s.clear()
-    for s, n, size in zip(candidates, counts, block_sizes, strict=True):
+    for s, n, size, pod_slots in zip(candidates, counts, block_sizes, slots, strict=True):
         m, q = s.metrics, s.queue
         if m is None or q is None:
             preds.append(None)
@@ -372,7 +379,7 @@ def predicted_ttft(
         pred = ahead / pace + s.busy_s + own_s
         ahead += s.busy_s * pace  # in tokens, for the KV check below
         slot_wait = False
-        if adapter is not None and placement and residency is not None and m.max_lora > 0:
+        if adapter is not None and pod_slots is not None and residency is not None:
             resident = _adapter_resident(adapter, s.address, m, residency)
             load = 0.0
             if not resident:
@@ -383,7 +390,7 @@ def predicted_ttft(
                     load += load_s  # it evicts a resident adapter, whose next request loads it again
             pred += slot_cost(
                 adapter,
-                residency.slots(s.address, m.running_adapters, m.scraped_at),
+                pod_slots,
                 m.max_lora,
                 now=now,
                 tpot_s=tpot,

@@ -10,7 +10,7 @@ import pytest
 
 from epp.pool import EndpointState
 from epp.scheduling.filters import adapter_slots, unsaturated
-from epp.scheduling.lora import AdapterResidency, Slot, slot_cost, slot_runs
+from epp.scheduling.lora import AdapterResidency, Slot, slot_cost, slot_runs, slot_scarcity
 from epp.scheduling.scorers import ScoringContext, predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import DEFAULT, profile
@@ -226,3 +226,28 @@ def test_placement_is_configured_per_profile_and_bounded() -> None:
     for bad in ({"adapterSlotMs": -1}, {"adapterSlotMs": 4_000_000}, {"adapterPlacement": "yes"}):
         with pytest.raises(ValueError, match="adapter"):
             profile("p", {"predicted-ttft": 1}, thresholds=bad)
+
+
+def test_the_slot_price_applies_as_far_as_free_slots_are_scarce_for_adapters_without_one() -> None:
+    s = scheduler()
+    route(s, "a", "p", 1)
+    route(s, "b", "q", 1)
+
+    def serving(address: str, adapters: tuple[str, ...], running: tuple[str, ...]) -> EndpointState:
+        return pod(address, adapters=adapters, running_adapters=running)
+
+    many = ("a", "b", "c", "d", "e", "f")
+    pods = [serving("p", many, ("a",)), serving("q", many, ("b",))]
+    both = [s.residency.slots(p.address, p.metrics.running_adapters, 0.0) for p in pods]  # type: ignore[union-attr]
+    # Two slots free (one per pod) for four adapters without one: 1 - 2 / 4.
+    assert slot_scarcity(pods, both) == pytest.approx(0.5)
+    # Two adapters served, both holding a slot: nothing needs the free ones.
+    few = [serving("p", ("a", "b"), ("a",)), serving("q", ("a", "b"), ("b",))]
+    assert slot_scarcity(few, both) == 0.0
+    # No free slot, or pods that load any adapter (unknown): the full price.
+    assert slot_scarcity(pods, [[holder("a"), holder("x")], [holder("b"), holder("y")]]) == 1.0
+    anything = [pod("p", running_adapters=("a",)), pod("q", running_adapters=("b",))]
+    assert slot_scarcity(anything, both) == 1.0
+    # So a new adapter on plentiful slots pays only its load: 0.04 + 0.2 s on either pod.
+    ctx = ScoringContext(thresholds=PLACED.thresholds, residency=s.residency)
+    assert predicted_ttft(req(PROMPT, adapter="c"), few, ctx) == [1.0, 1.0]

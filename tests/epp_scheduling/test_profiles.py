@@ -49,7 +49,10 @@ def test_round_trip():
         ({"weights": {"queue": 1}, "picker": "best"}, "profiles.x.picker"),
         ({"weights": {"queue": 1}, "picker": "weighted"}, "profiles.x.picker"),
         ({"weights": {"queue": 1}, "colour": "red"}, "profiles.x.colour"),
-        ({"weights": {"queue": 1}, "thresholds": {"kvCache": 1.5}}, "profiles.x.thresholds: Value error, kvCache above 1"),
+        (
+            {"weights": {"queue": 1}, "thresholds": {"kvCache": 1.5}},
+            "profiles.x.thresholds: Value error, kvCache above 1",
+        ),
         ({"weights": {"queue": 1}, "thresholds": {"queue": 0}}, "profiles.x.thresholds.queue"),
         ({"weights": {"queue": 1}, "thresholds": {"speed": 1}}, "profiles.x.thresholds.speed"),
         (
