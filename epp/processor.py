@@ -224,6 +224,7 @@ class EppProcessor:
             routed_at=self._routed_at,
             commitment=self._prefill_commitment,
         )
+        self._ctx.scheduler.on_finished(request, self._prefill_address)
         self._prefill_address = self._prefill_commitment = None
 
     def _tagged_body(self, headers: dict[str, str], address: str) -> bytes | None:
@@ -330,6 +331,8 @@ class EppProcessor:
                 routed_at=self._counted_at,
                 commitment=self._commitment,
             )
+            self._ctx.scheduler.on_finished(self._request, self._address)
+            self._ctx.scheduler.on_routed(self._request, served)  # it runs (and caches) there
             self._address, self._counted_at = served, -math.inf  # not routed since `served`'s scrape
         out = {DECISION_HEADER: self._explain} if self._explain else {}
         if self._ctx.conformance_test_mode:
@@ -351,6 +354,7 @@ class EppProcessor:
         self._ctx.pool.on_finished(
             address, request.estimated_tokens, routed_at=self._counted_at, commitment=self._commitment
         )
+        self._ctx.scheduler.on_finished(request, address)
         self._commitment = None
         # Response bodies are not streamed to the EPP (a gRPC round trip per SSE chunk would
         # cost more than the scheduling itself); the route asks for response trailers, so Envoy

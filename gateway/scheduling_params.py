@@ -3,7 +3,8 @@
 Each filter or scorer that takes a parameter declares it here as a small pydantic model, and
 the registry (epp/scheduling/registry.py) names that model beside the plugin. A profile's
 `thresholds` is the union of them, so one config block (`thresholds: {queue, kvCache,
-staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, paceContrast}`, pool-wide or per profile) sets every plugin's knobs, with
+staleAfterMs, prefixMinBlocks, prefillTokensPerS, adapterLoadMs, paceContrast, adapterPlacement,
+adapterSlotMs}`, pool-wide or per profile) sets every plugin's knobs, with
 one spelling per field (the camelCase name above) and a bound on every value.
 Defaults are GIE's published ones; `staleAfterMs`, `prefixMinBlocks` and the prediction
 ones are ours.
@@ -73,10 +74,20 @@ class PredictionParams(_Params):
     # that noise on a fleet of identical GPUs, and also real GPU differences on a mixed one
     # (family-skewed-fleet at 0.5: the H100's share fell from 55-59 % to 44 %), hence 1.
     pace_contrast: float = Field(default=1.0, ge=0, le=1, alias="paceContrast")
+    # Adapter placement (LoRA requests on pods that report their slots): price a pod's GPU
+    # slots as they are held by the adapters in flight there (epp/scheduling/lora.py
+    # `slot_cost`), so each adapter stays on the few pods that run it and spills when their
+    # queue outweighs `adapterSlotMs`; false: the earlier per-request load and slot-wait terms.
+    adapter_placement: bool = Field(default=True, alias="adapterPlacement", strict=True)
+    adapter_slot_ms: float = Field(default=500.0, ge=0, le=3_600_000, alias="adapterSlotMs")
 
     @property
     def adapter_load_s(self) -> float:
         return self.adapter_load_ms / 1000.0
+
+    @property
+    def adapter_slot_s(self) -> float:
+        return self.adapter_slot_ms / 1000.0
 
 
 class Thresholds(PredictionParams, FreshParams, SaturationParams, PrefixParams):

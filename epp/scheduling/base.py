@@ -83,6 +83,10 @@ class Scheduler(Protocol):
         """Learn from a routing decision (e.g. remember its prefix on that pod)."""
         ...
 
+    def on_finished(self, request: InferenceRequest, address: str) -> None:
+        """The request routed to `address` (`on_routed`) ended there; once per `on_routed`."""
+        ...
+
     def wants_tokens(self, request: InferenceRequest) -> bool:
         """Does picking for this request read its token ids (worth tokenizing it first)?"""
         ...

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from epp.pool import EndpointState
 from epp.request import InferenceRequest
+from epp.scheduling.lora import AdapterResidency, slot_runs
 from epp.scheduling.saturation import is_saturated
 from gateway.scheduling_params import SaturationParams
 
@@ -54,3 +55,32 @@ def unsaturated(
     if kept or not candidates:
         return kept, False
     return list(candidates), True
+
+
+def adapter_slots(
+    adapter: str,
+    kept: Sequence[EndpointState],
+    candidates: Sequence[EndpointState],
+    residency: AdapterResidency,
+) -> list[EndpointState]:
+    """For a LoRA request under adapter placement, after `unsaturated`: when none of the kept
+    pods can run the adapter now (every one of their GPU slots held by other adapters), the
+    saturated ones that can (it holds a slot there, or one is free) are kept too.
+
+    A saturated pod's queue is a wait of a few engine steps; a pod whose slots the adapter
+    cannot get is a wait until one adapter there has no request left, seconds, and every
+    request sent there meanwhile joins it. Without this, a busy adapter's pod dropped out as
+    saturated and its requests went where they waited for a slot (issue #28)."""
+    runs = [s for s in kept if _runs(adapter, s, residency)]
+    if runs or len(kept) == len(candidates):
+        return list(kept)
+    ids = {id(s) for s in kept}
+    more = [s for s in candidates if id(s) not in ids and _runs(adapter, s, residency)]
+    return [*kept, *more] if more else list(kept)
+
+
+def _runs(adapter: str, state: EndpointState, residency: AdapterResidency) -> bool:
+    m = state.metrics
+    if m is None or m.max_lora <= 0:
+        return True  # no slot state: nothing to tell
+    return slot_runs(adapter, residency.slots(state.address, m.running_adapters, m.scraped_at), m.max_lora)

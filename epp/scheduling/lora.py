@@ -29,6 +29,18 @@ routing are what make traffic from other gateways (and clients calling pods dire
 visible; what no source sees stays invisible: an adapter loaded and evicted again between
 two scrapes whose requests stored no new KV block (short prompts, prefix-cache hits).
 
+Placement (issue #28). vLLM runs at most `max_loras` adapters per batch: a request whose
+adapter finds every slot held by adapters with running requests waits until one of those has
+none left, and every request of a holder sent there meanwhile keeps it held. So the EPP also
+counts its own requests in flight per pod and adapter (`on_routed` to `on_finished`): with the
+page's running adapters, that is which adapters hold the pod's slots and which wait
+(`slots`), and `slot_cost` prices each pod for a request from it (read by `predicted-ttft`;
+the `adapter_slots` filter keeps a saturated pod that runs the adapter when every other pod
+would make it wait). What follows is a placement: an adapter stays on the pod that runs most
+of its requests, spills to another only when its queue there outweighs `adapterSlotMs` (the
+price of a slot other adapters may need), drains from the extra pod as its demand falls, and
+a new adapter takes a free slot before it waits for one.
+
 Events name the adapter with `lora_name` (modelsim, newer vLLM); older vLLM sends only
 `lora_id`, the pod's `lora_int_id`, which the OpenAI server assigns from a per-process
 counter in registration order (`--lora-modules`, then dynamic loads): it cannot be turned
@@ -46,7 +58,10 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from epp.pool import EndpointState
 
 # Adapters remembered per pod, beyond any realistic max_loras (vLLM's default is 1, large
 # deployments run 8-32): bounded so a client cycling through adapter names cannot grow it.
@@ -158,6 +173,12 @@ class AdapterResidency:
         # The same from this EPP's routing alone: candidates for an id-only event's name.
         self._routed: dict[str, OrderedDict[str, float]] = {}
         self.ids = LoraIds(max_tracked)
+        # This EPP's requests in flight per pod and adapter (routed, not yet finished): what pins
+        # an adapter's GPU slot, exactly, for this EPP's share of the traffic (placement, below).
+        self._active: dict[str, dict[str, _Active]] = {}
+        # Per pod, when this EPP's last request of an adapter there finished (a scrape older
+        # than that which shows the adapter running shows a slot since released).
+        self._finished: dict[str, OrderedDict[str, float]] = {}
 
     # -- the sources ------------------------------------------------------------------------
     def touch(self, address: str, adapter: str, at: float) -> None:
@@ -188,11 +209,40 @@ class AdapterResidency:
         if len(lru) > self.max_tracked:
             lru.popitem(last=False)
 
-    def on_routed(self, address: str, adapter: str) -> None:
-        """`adapter` was just sent to `address`: it is that pod's most recently used one."""
+    def on_routed(self, address: str, adapter: str, output_tokens: int = 0) -> None:
+        """`adapter` was just sent to `address`: it is that pod's most recently used one, and
+        one more of its requests is in flight there until `on_finished` (`output_tokens`: the
+        request's expected output, how long it will pin the adapter's slot)."""
         now = self.clock()
         self.touch(address, adapter, now)
         self._touch(self._routed, address, adapter, now)
+        pod = self._active.setdefault(address, {})
+        active = pod.get(adapter)
+        if active is None:
+            pod[adapter] = _Active(1, now, now, output_tokens)
+        else:
+            active.requests += 1
+            active.last_routed = now
+            active.last_output_tokens = output_tokens
+
+    def on_finished(self, address: str, adapter: str) -> None:
+        """One of this EPP's requests of `adapter` on `address` ended (once per `on_routed`)."""
+        pod = self._active.get(address)
+        active = pod.get(adapter) if pod is not None else None
+        if pod is None or active is None:
+            return
+        active.requests -= 1
+        if active.requests <= 0:
+            del pod[adapter]
+            finished = self._finished.setdefault(address, OrderedDict())
+            finished.pop(adapter, None)
+            finished[adapter] = self.clock()
+            if len(finished) > self.max_tracked:
+                finished.popitem(last=False)
+
+    def in_flight(self, address: str) -> dict[str, int]:
+        """This EPP's requests in flight on the pod, per adapter."""
+        return {name: a.requests for name, a in self._active.get(address, {}).items()}
 
     def on_scrape(self, address: str, running: Iterable[str], sent_at: float) -> None:
         """A scrape sent at `sent_at` shows `running` adapters (waiting ones do not count)."""
@@ -237,7 +287,7 @@ class AdapterResidency:
 
     def forget(self, address: str) -> None:
         """The pod's engine restarted, or may have (its KV event stream said so): empty slots,
-        ids assigned anew."""
+        ids assigned anew. Requests in flight stay counted: they end through `on_finished`."""
         self._pods.pop(address, None)
         self._routed.pop(address, None)
         self.ids.forget(address)
@@ -245,10 +295,59 @@ class AdapterResidency:
     def retain(self, addresses: Iterable[str]) -> None:
         """Forget pods that left the pool (a pod that comes back starts with empty slots)."""
         keep = set(addresses)
-        for pods in (self._pods, self._routed):
+        for pods in (self._pods, self._routed, self._active, self._finished):
             for address in [a for a in pods if a not in keep]:
                 del pods[address]
         self.ids.retain(keep)
+
+    # -- placement ----------------------------------------------------------------------------
+    def slots(self, address: str, running: Iterable[str], scraped_at: float) -> list[Slot]:
+        """The adapters that need one of the pod's GPU slots now, in the order they got (or
+        will get) one: those the last scrape showed running (unless this EPP's last request of
+        one finished since: its slot is free again), then this EPP's other adapters in flight
+        there, by when their requests began. With `max_lora` slots the first `max_lora` hold
+        one and the rest wait for a holder's requests to all end (vLLM runs at most
+        `max_lora` adapters per batch)."""
+        active = self._active.get(address, {})
+        finished = self._finished.get(address)
+        out: list[Slot] = []
+        for name in sorted(running):
+            a = active.get(name)
+            if a is None:
+                if finished is not None and finished.get(name, -1.0) > scraped_at:
+                    continue  # ours, and all of ours ended after the page was taken
+                out.append(Slot(name, 0, None, 0, since=-1.0))
+            else:
+                out.append(Slot(name, a.requests, a.last_routed, a.last_output_tokens, since=-1.0))
+        shown = {s.adapter for s in out}
+        rest = [
+            Slot(name, a.requests, a.last_routed, a.last_output_tokens, since=a.since)
+            for name, a in active.items()
+            if name not in shown
+        ]
+        rest.sort(key=lambda s: s.since)
+        return out + rest
+
+
+@dataclass(slots=True)
+class _Active:
+    """One adapter's requests of this EPP in flight on one pod."""
+
+    requests: int
+    since: float  # when the first of them was routed (the adapter's turn for a slot)
+    last_routed: float
+    last_output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """An adapter that holds, or waits for, a GPU slot on a pod (`AdapterResidency.slots`)."""
+
+    adapter: str
+    requests: int  # this EPP's in flight (0: only another client's, seen running on the page)
+    last_routed: float | None  # this EPP's newest request of it there (None: none in flight)
+    last_output_tokens: int  # that request's expected output tokens
+    since: float
 
 
 def _newest(lru: OrderedDict[str, float] | None, n: int, at: float | None) -> list[str]:
@@ -262,3 +361,97 @@ def _newest(lru: OrderedDict[str, float] | None, n: int, at: float | None) -> li
             if len(out) >= n:
                 break
     return out
+
+
+def slot_runs(adapter: str, slots: list[Slot], max_lora: int) -> bool:
+    """The adapter holds one of the pod's `max_lora` slots, or a slot is free for it (else its
+    requests there wait until a holder's requests all end)."""
+    pos = next((i for i, s in enumerate(slots) if s.adapter == adapter), len(slots))
+    return pos < max_lora
+
+
+def slot_scarcity(candidates: Sequence[EndpointState], slots: Sequence[list[Slot] | None]) -> float:
+    """How scarce the candidates' free adapter slots are for the adapters that hold none:
+    1 - free slots / those adapters, within [0, 1] (1 with no free slot; 0 when every adapter
+    they serve holds a slot, or the free ones outnumber those without). Unknown adapters (a pod
+    that loads any): 1, the full price.
+
+    A slot is worth its price only to an adapter that may need one; with 16 pods x 4 slots for
+    24 adapters (lora at 4x its pods) about half the slots stay free, and the full price
+    kept each adapter on one pod where spreading it cost nothing: TTFT P95 +6 ms against
+    the per-request terms (tuning seeds 100-102, 60 s), none with this factor."""
+    known: set[str] = set()
+    holding: set[str] = set()
+    free = 0
+    for c, pod_slots in zip(candidates, slots, strict=True):
+        m = c.metrics
+        if pod_slots is None or m is None:
+            continue
+        if not c.endpoint.adapters:
+            return 1.0
+        known |= c.endpoint.adapters
+        holders = pod_slots[: m.max_lora]
+        holding.update(s.adapter for s in holders)
+        free += m.max_lora - len(holders)
+    need = len(known - holding)
+    if free <= 0:
+        return 1.0
+    if need <= free:
+        return 0.0
+    return 1.0 - free / need
+
+
+def slot_cost(
+    adapter: str,
+    slots: list[Slot],
+    max_lora: int,
+    *,
+    now: float,
+    tpot_s: float,
+    output_tokens: int,
+    load_s: float,
+    slot_s: float,
+    peak: int = 0,
+    resident: bool = False,
+) -> float:
+    """Seconds a request of `adapter` adds on a pod whose GPU slots are `slots`
+    (`AdapterResidency.slots`, `max_lora` > 0), beyond its queue and prefill:
+
+    - the adapter holds a slot there: 0 on its main pod (the most of this EPP's requests of it
+      in flight: `peak`) or where only another client's requests hold it, slot_s x (1 - its
+      requests there / peak) on another, so an adapter that spilled goes back to one pod as
+      its demand falls and the other's slot drains;
+    - a slot is free: `load_s` (its load) plus slot_s, the price of taking a slot that other
+      adapters may need: an adapter spills to another pod only when its queue on its own pods
+      outweighs that; 0 when it is `resident` there (idle in a slot it held last);
+    - every slot is held by another adapter (or the adapter already waits there): `load_s`,
+      slot_s, and the wait until a holder drains: the soonest-ending holder's newest request
+      (its projected end, at least half its decode while still in flight; another client's
+      adapter: this request's decode), the next one for each adapter waiting ahead of it.
+
+    vLLM runs at most `max_lora` adapters per batch: a request whose adapter has no slot waits
+    while the holders' requests run, and every request of a holder sent there meanwhile keeps
+    that slot held."""
+    decode = tpot_s * output_tokens
+    if decode < tpot_s:
+        decode = tpot_s
+    pos = next((i for i, s in enumerate(slots) if s.adapter == adapter), None)
+    if pos is not None and pos < max_lora:
+        own = slots[pos]
+        if own.last_routed is None or peak <= own.requests:
+            return 0.0  # its main pod, or held by another client's requests anyway
+        return slot_s * (1.0 - own.requests / peak)
+    ahead = (pos if pos is not None else len(slots)) - max_lora
+    if ahead < 0:
+        return load_s if resident else load_s + slot_s
+    drains = sorted(_drain(s, now, tpot_s, decode) for s in slots[:max_lora])
+    return load_s + slot_s + drains[min(ahead, len(drains) - 1)] * (1 + ahead // max_lora)
+
+
+def _drain(slot: Slot, now: float, tpot_s: float, decode: float) -> float:
+    """Seconds until a slot holder's requests have all ended if it gets no more (see
+    `slot_cost`)."""
+    if slot.last_routed is None:
+        return decode
+    own = slot.last_output_tokens * tpot_s
+    return max(tpot_s, slot.last_routed + own - now, own / 2.0)

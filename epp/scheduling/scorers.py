@@ -16,12 +16,20 @@ from dataclasses import dataclass, field
 from epp.kv_index import KVIndex
 from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.scheduling.lora import AdapterResidency
+from epp.scheduling.lora import AdapterResidency, Slot, slot_cost, slot_scarcity
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
 
 # Decode time per token `predicted-ttft` assumes while no candidate's is observed (50 tokens/s).
 DEFAULT_TPOT_S = 0.02
+# Adapter placement: an adapter among a pod's CPU_CACHE_SLOTS x max_lora most recently used,
+# but out of its GPU slots, is taken as still in the pod's CPU memory (vLLM's max_cpu_loras is
+# at least max_loras; modelsim's profiles hold 8 for 4 slots), loading at this fraction of
+# adapterLoadMs (a copy, not a disk read: modelsim 10 vs 500 ms). Tuning seeds 100-102 of lora
+# gave the same TTFT P95 for fractions 0.05-0.5 and a lower spread than without (2.0 vs 2.5
+# pods per adapter).
+CPU_CACHE_SLOTS = 2
+CPU_LOAD_FRACTION = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +302,13 @@ def predicted_ttft(
     running requests' remaining decodes); or, for a non-resident adapter on a pod whose
     `max_lora` slots all hold adapters of running requests, tpot_i x expected output: vLLM
     schedules no request of another adapter until one of them has no request running.
+    With `adapterPlacement` (the default) on a pod that reports its slots, the adapter terms
+    are its slot cost instead (epp/scheduling/lora.py `slot_cost`, from the adapters this EPP
+    has in flight on each pod and the page's running ones): 0 on the pod that runs most of
+    its requests, a share of `adapterSlotMs` on another that runs it, load + `adapterSlotMs`
+    for a free slot (0 where it sits idle in one), and on a pod whose slots other adapters
+    hold, also the wait until the soonest of them drains; `adapterSlotMs` scaled by how scarce
+    the free slots are for the adapters holding none (lora.py `slot_scarcity`).
     Proportional, so a pod predicted twice as slow scores 0.5 and the score blends with
     others. A pod whose metrics or waiting count are unknown scores 0, as in every scorer here.
     """
@@ -307,10 +322,22 @@ def predicted_ttft(
     output = float(request.expected_output_tokens)
     adapter, residency, load_s = request.adapter, ctx.residency, th.adapter_load_s
     contrast = th.pace_contrast
+    placement, slot_s = th.adapter_placement, th.adapter_slot_s
+    now = residency.clock() if residency is not None else 0.0
+    peak = 0  # the most requests of this adapter in flight on one candidate
+    slots: list[list[Slot] | None] = [None] * len(candidates)
+    if adapter is not None and placement and residency is not None:
+        addresses = ctx.addresses if ctx.addresses is not None else [c.address for c in candidates]
+        peak = max((residency.in_flight(a).get(adapter, 0) for a in addresses), default=0)
+        for i, c in enumerate(candidates):
+            cm = c.metrics
+            if cm is not None and cm.max_lora > 0:
+                slots[i] = residency.slots(c.address, cm.running_adapters, cm.scraped_at)
+        slot_s *= slot_scarcity(candidates, slots)
     preds: list[float | None] = []
     prefill_s = ctx.prefill_s
     prefill_s.clear()
-    for s, n, size in zip(candidates, counts, block_sizes, strict=True):
+    for s, n, size, pod_slots in zip(candidates, counts, block_sizes, slots, strict=True):
         m, q = s.metrics, s.queue
         if m is None or q is None:
             preds.append(None)
@@ -352,7 +379,28 @@ def predicted_ttft(
         pred = ahead / pace + s.busy_s + own_s
         ahead += s.busy_s * pace  # in tokens, for the KV check below
         slot_wait = False
-        if adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
+        if adapter is not None and pod_slots is not None and residency is not None:
+            resident = _adapter_resident(adapter, s.address, m, residency)
+            load = 0.0
+            if not resident:
+                load = load_s
+                if adapter in residency.adapters(s.address, CPU_CACHE_SLOTS * m.max_lora):
+                    load = load_s * CPU_LOAD_FRACTION  # evicted from a slot lately: still in CPU memory
+                if _slots_full(s.address, m, residency):
+                    load += load_s  # it evicts a resident adapter, whose next request loads it again
+            pred += slot_cost(
+                adapter,
+                pod_slots,
+                m.max_lora,
+                now=now,
+                tpot_s=tpot,
+                output_tokens=request.expected_output_tokens,
+                load_s=load,
+                slot_s=slot_s,
+                peak=peak,
+                resident=resident,
+            )
+        elif adapter is not None and not _adapter_resident(adapter, s.address, m, residency):
             pred += load_s
             if _slots_full(s.address, m, residency):
                 pred += load_s  # it evicts a resident adapter, whose next request loads it again

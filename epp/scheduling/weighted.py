@@ -18,7 +18,7 @@ from epp.kv_index import KVIndex
 from epp.pool import EndpointState, PoolSnapshot
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.base import Decision, ScoreTable
-from epp.scheduling.filters import fresh, healthy, serving, unsaturated
+from epp.scheduling.filters import adapter_slots, fresh, healthy, serving, unsaturated
 from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.registry import PICKERS, SCORERS
@@ -80,8 +80,11 @@ class WeightedScheduler:
             what = f"adapter {request.adapter!r} of " if request.adapter else ""
             reason = f"no endpoint serves {what}model {request.target_model!r}"
             return Decision((), profile=profile.name, reason=reason)
-        candidates = healthy(candidates)
-        candidates, all_saturated = unsaturated(fresh(candidates, th.stale_after), th)
+        candidates = fresh(healthy(candidates), th.stale_after)
+        kept, all_saturated = unsaturated(candidates, th)
+        if request.adapter is not None and th.adapter_placement:
+            kept = adapter_slots(request.adapter, kept, candidates, self.residency)
+        candidates = kept
 
         block_chars = block_chars_for(candidates, self.prefix_index.block_chars)
         hashes: tuple[int, ...] | None = None
@@ -129,7 +132,7 @@ class WeightedScheduler:
     def on_routed(self, request: InferenceRequest, address: str) -> None:
         """Remember the request's prefix blocks, and its adapter, on the pod it was sent to."""
         if request.adapter is not None:
-            self.residency.on_routed(address, request.adapter)
+            self.residency.on_routed(address, request.adapter, request.expected_output_tokens)
         block_chars, hashes = self.prefix_index.block_chars, None
         cached = self._recent.pop(request.request_id, None)
         if cached is not None and cached[0] is request.prompt:
@@ -138,6 +141,12 @@ class WeightedScheduler:
             hashes = self._hashes(request, block_chars)
         if hashes:
             self.prefix_index.add(address, hashes)
+
+    def on_finished(self, request: InferenceRequest, address: str) -> None:
+        """The request routed to `address` ended there (once per `on_routed`): its adapter's
+        slot there is one request less pinned."""
+        if request.adapter is not None:
+            self.residency.on_finished(address, request.adapter)
 
     def _bound_prefix_lru(self, state: EndpointState, block_chars: int) -> None:
         """The pod's KV cache in index blocks (its reported blocks x block size, in characters

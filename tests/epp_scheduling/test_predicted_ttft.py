@@ -17,6 +17,8 @@ from gateway.profiles import PREDICTED, profile
 from .factories import req, snap, state
 
 CTX = ScoringContext()
+# The per-request adapter terms, without adapter placement (`adapterPlacement: false`).
+GREEDY = profile("greedy", {"predicted-ttft": 1}, thresholds={"adapterPlacement": False}).thresholds
 PROMPT = "y" * 1600  # 400 estimated tokens, 25 blocks of 64 characters
 
 
@@ -85,10 +87,15 @@ def test_a_non_resident_adapter_adds_its_load_time() -> None:
         pod("recent", 10_000.0, max_lora=2),
     ]
     residency = AdapterResidency()
-    residency.on_routed("recent", "sql")  # idle but still in its GPU slots (lora-affinity's model)
-    ctx = ScoringContext(residency=residency)
+    residency.on_routed("recent", "sql")
+    residency.on_finished("recent", "sql")  # idle but still in its GPU slots (lora-affinity's model)
+    ctx = ScoringContext(thresholds=GREEDY, residency=residency)
     # 400 / 10,000 = 0.04 s; + 0.2 s default adapterLoadMs when not resident.
     assert predicted_ttft(request, pods, ctx) == [1.0, pytest.approx(0.04 / 0.24), 1.0]
+    # With adapter placement (the default) the cold pod's free slot is also priced: + 0.5 s
+    # adapterSlotMs (tests/epp_scheduling/test_adapter_placement.py).
+    placed = ScoringContext(residency=residency)
+    assert predicted_ttft(request, pods, placed) == [1.0, pytest.approx(0.04 / 0.74), 1.0]
 
 
 def test_a_pod_whose_kv_cache_cannot_admit_waits_for_a_running_request_to_end() -> None:

@@ -239,3 +239,22 @@ async def test_tokenized_request_counts_its_real_prompt_tokens() -> None:
     assert inflight[address] == len(ids) + 7
     proc.on_close(True)
     assert all(e.inflight_tokens == 0 for e in ctx.pool.snapshot().endpoints)
+
+
+async def test_an_adapter_request_holds_its_slot_on_the_pod_until_its_stream_closes() -> None:
+    """Adapter placement counts each pod's adapters in flight (epp/scheduling/lora.py): one per
+    routed request, released exactly once at the close, moved with a retry."""
+    ctx = make_ctx()
+    residency = ctx.scheduler.residency  # type: ignore[attr-defined]
+    proc = EppProcessor(ctx)
+    await proc.on_request({}, body("sql"))
+    assert residency.in_flight(A) == {"sql": 1}
+    proc.on_close(True)
+    proc.on_close(False)
+    assert residency.in_flight(A) == {}
+    retried = EppProcessor(ctx)
+    await retried.on_request({}, body("sql"))
+    retried.on_response_headers({":status": "200", "x-gateway-destination-endpoint-served": B})
+    assert residency.in_flight(A) == {} and residency.in_flight(B) == {"sql": 1}
+    retried.on_close(True)
+    assert residency.in_flight(B) == {}
