@@ -186,6 +186,11 @@ def shipped_default() -> dict[str, Any]:
     )
 
 
+# Added with adapter placement (issue #28); they change nothing for a request without an adapter
+# (virtual time: uniform, mixed-gpu, shared-prefix and bursty identical before and after).
+ADAPTER_ONLY_THRESHOLDS = ("adapterPlacement", "adapterSlotMs")
+
+
 def ran_earlier_default(policy: str, runs: Sequence[Mapping[str, Any]]) -> bool:
     """An `epp-default*` row some of whose runs used another default profile than today's."""
     if not policy.startswith(SHIPPED_PREFIX):
@@ -196,7 +201,13 @@ def ran_earlier_default(policy: str, runs: Sequence[Mapping[str, Any]]) -> bool:
     for r in runs:
         config = r.get("policy", {}).get("config") or {}
         profile = config.get("profile") or {}
-        if {"weights": profile.get("weights"), "thresholds": profile.get("thresholds")} != current:
+        thresholds = dict(profile.get("thresholds") or {})
+        if not (r.get("scenario", {}).get("workload") or {}).get("adapters"):
+            # Thresholds that act on LoRA requests alone: a run without adapters that predates
+            # them ran what today's default runs on its traffic.
+            for key in ADAPTER_ONLY_THRESHOLDS:
+                thresholds.setdefault(key, current["thresholds"].get(key))
+        if {"weights": profile.get("weights"), "thresholds": thresholds} != current:
             return True
         if config.get("default_revision") != DEFAULT_REVISION:  # an earlier request path or ledger
             return True

@@ -248,3 +248,19 @@ def test_published_rows_compare_medians_with_round_robin_and_pick_the_best_peer(
 def test_published_rows_are_left_alone_without_summaries(tmp_path: Path) -> None:
     assert published_section(tmp_path / "empty") is None
     assert best_peer({"round-robin": [], "epp-best": []}) is None
+
+
+def test_runs_from_before_the_adapter_thresholds_are_current_unless_they_had_adapters() -> None:
+    from bench.harness.gateway_policies import DEFAULT_REVISION
+    from bench.reports.report import ADAPTER_ONLY_THRESHOLDS, ran_earlier_default, shipped_default
+
+    current = shipped_default()
+    before = {k: v for k, v in current["thresholds"].items() if k not in ADAPTER_ONLY_THRESHOLDS}
+
+    def run(workload: dict[str, object]) -> dict[str, object]:
+        profile = {"weights": current["weights"], "thresholds": before}
+        config = {"profile": profile, "default_revision": DEFAULT_REVISION}
+        return {"scenario": {"workload": workload}, "policy": {"config": config}}
+
+    assert not ran_earlier_default("epp-default", [run({"kind": "chat"})])
+    assert ran_earlier_default("epp-default", [run({"kind": "lora", "adapters": 24})])
