@@ -179,7 +179,16 @@ def _matched_blocks(
 ) -> tuple[list[int], list[int | None]]:
     """Per pod, the request's leading blocks it holds, and the precise index's block size in
     tokens when the count comes from the pod's own KV events (None: from the approximate index,
-    blocks of `ctx.block_chars` characters; 0 blocks without hashes)."""
+    blocks of `ctx.block_chars` characters; 0 blocks without hashes).
+
+    The precise count includes the blocks of this EPP's requests in flight there (the index's
+    reservations). When the best precise match is under half the best approximate one, the
+    group's head was evicted from every pod that reported it: the approximate counts (where
+    this EPP sent the group) stand for every pod, so the group goes back to the pod its next
+    requests will find it on, instead of to whichever pod is least loaded now, and stays
+    together rather than scattering over the fleet (half: far beyond a block's rounding
+    between the two indexes' block sizes).
+    """
     hashes, approx = ctx.prefix_hashes, ctx.prefix_index
     addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
     if hashes and approx is not None:
@@ -192,15 +201,24 @@ def _matched_blocks(
         return counts, block_sizes
     depths: dict[str, int] | None = None
     model = request.target_model
+    precise = list(counts)
+    best_precise = 0.0
     for i, address in enumerate(addresses):
         block_size = index.precise_block_size(address, model)
         if block_size is None:
             continue
         if depths is None:  # one walk of the request's blocks for every precise pod
             depths = index.lookup(ids, model, request.adapter)
-        counts[i] = depths.get(address, 0)
+        precise[i] = depth = depths.get(address, 0)
         block_sizes[i] = block_size
-    return counts, block_sizes
+        blocks = len(ids) // block_size
+        if blocks and depth / blocks > best_precise:
+            best_precise = depth / blocks
+    if depths is None:
+        return counts, block_sizes
+    if hashes and 2.0 * best_precise < max(counts, default=0) / len(hashes):
+        return counts, [None] * len(candidates)  # evicted everywhere: where this EPP sent it
+    return precise, block_sizes
 
 
 def inflight(

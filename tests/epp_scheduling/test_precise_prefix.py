@@ -137,3 +137,78 @@ def test_predicted_ttft_counts_the_blocks_a_pods_kv_events_report_as_held() -> N
     request = dataclasses.replace(_request(), prompt_tokens=len(TOKENS))
     pods = [dataclasses.replace(state(p, tpot=1e-4), prefill_tps=10_000.0) for p in ("a", "b")]
     assert predicted_ttft(request, pods, ScoringContext(kv_index=index)) == [1.0, 160 / 640]
+
+
+def test_requests_in_flight_count_as_held_on_their_pod_until_they_end() -> None:
+    """A pod reports a prompt's blocks only after its prefill: until then this EPP's own
+    request there stands for them, so the group's next requests follow it."""
+    index = _index("a", "b")
+    for pod in "ab":
+        _store(index, pod, [9] * BS)  # the pods' block size is known once they stored a block
+    first, second = _request(), _request()
+    assert index.reserve(first, "b", TOKENS, "m") == 40
+    assert index.lookup(TOKENS, "m") == {"a": 0, "b": 40}
+    assert index.reserve(second, "b", TOKENS[: 10 * BS], "m") == 10
+    assert index.reserve(second, "b", TOKENS, "m") == 0  # once per request and pod
+    index.release(first, "b")
+    assert index.lookup(TOKENS, "m") == {"a": 0, "b": 10}
+    _store(index, "b", TOKENS)  # the pod reports the blocks: held either way
+    index.release(second, "b")
+    assert index.lookup(TOKENS, "m") == {"a": 0, "b": 40}
+    assert index.reservations() == 0 and index.reserved_blocks() == 0
+    index.release(second, "b")  # a second release is harmless
+    # a pod without precise state reserves nothing (its score is the approximate one)
+    index.add_pod("c", "m")
+    index.set_precise("c", True)
+    assert index.reserve(first, "c", TOKENS, "m") == 0  # block size not known yet
+    # an adapter's reservation is keyed apart from the base model's
+    index.reserve(first, "a", TOKENS, "m", adapter="sql")
+    assert index.lookup(TOKENS, "m")["a"] == 0 and index.lookup(TOKENS, "m", "sql")["a"] == 40
+
+
+def test_a_burst_of_one_group_cold_everywhere_stays_on_one_pod() -> None:
+    """Eight requests of one prompt group picked before any pod reports its blocks: the first
+    picks by load, the rest follow it (without reservations each would see every pod cold);
+    when they all end nothing stays reserved."""
+    index = _index("a", "b", "c", "d")
+    for pod in "abcd":
+        _store(index, pod, [9] * BS)  # every pod has stored something: its block size is known
+    sched = WeightedScheduler(
+        {"default": profile("default", {"predicted-ttft": 5, "inflight": 1})}, kv_index=index
+    )
+    pods = snap(*[dataclasses.replace(state(p, tpot=1e-3), prefill_tps=10_000.0) for p in "abcd"])
+    # texts apart, so the approximate index (what was sent where) does not link them: the
+    # reservations alone do
+    burst = [
+        dataclasses.replace(req(f"{i} " + "p" * 4000), token_ids=tuple(TOKENS), prompt_tokens=len(TOKENS))
+        for i in range(8)
+    ]
+    chosen = []
+    for request in burst:
+        address = sched.pick(request, pods).ranked[0]
+        sched.on_routed(request, address)
+        chosen.append(address)
+    assert len(set(chosen)) == 1, chosen
+    for request, address in zip(burst, chosen, strict=True):
+        sched.on_finished(request, address)
+    assert index.reservations() == 0 and index.reserved_blocks() == 0
+
+
+def test_a_group_evicted_everywhere_goes_back_where_it_was_sent() -> None:
+    """The pods report the group's head gone (evicted everywhere); this EPP sent it to `c`:
+    the approximate counts stand, so it goes back to `c` rather than to the emptiest pod."""
+    index = _index("a", "b", "c")
+    for pod in "abc":
+        _store(index, pod, [9] * BS)
+    approx = PrefixIndex()
+    request = dataclasses.replace(_request(), prompt_tokens=len(TOKENS))
+    hashes = approx.hashes("m", request.prompt)
+    approx.add("c", hashes)
+    pods = [dataclasses.replace(state(p, tpot=1e-4), prefill_tps=10_000.0) for p in "abc"]
+    ctx = ScoringContext(kv_index=index, prefix_index=approx, prefix_hashes=hashes)
+    scores = predicted_ttft(request, pods, ctx)
+    assert scores.index(max(scores)) == 2 and scores[0] < 1.0
+    # once a pod reports holding most of it, the pods' own report decides again
+    _store(index, "a", TOKENS)
+    scores = predicted_ttft(request, pods, ctx)
+    assert scores.index(max(scores)) == 0
