@@ -52,6 +52,20 @@ def block_keys(
     return out
 
 
+def _decrement(counts: dict[int, dict[str, int]], key: int, pod: str) -> None:
+    """One count less of ``pod`` under ``key``; empty entries are dropped."""
+    pods = counts.get(key)
+    if pods is None:
+        return
+    n = pods.get(pod, 0) - 1
+    if n > 0:
+        pods[pod] = n
+    else:
+        pods.pop(pod, None)
+        if not pods:
+            del counts[key]
+
+
 @dataclass(slots=True)
 class PodBlocks:
     """One pod's side of the index."""
@@ -199,16 +213,7 @@ class KVIndex:
                 self._unhold(key, pod)
 
     def _unhold(self, key: int, pod: str) -> None:
-        pods = self._holders.get(key)
-        if pods is None:
-            return
-        n = pods.get(pod, 0) - 1
-        if n > 0:
-            pods[pod] = n
-        else:
-            pods.pop(pod, None)
-            if not pods:
-                del self._holders[key]
+        _decrement(self._holders, key, pod)
 
     def _evict(self, n: int) -> None:
         for _ in range(n):
@@ -248,18 +253,8 @@ class KVIndex:
         held = self._reservations.pop((id(owner), pod), None)
         if held is None:
             return
-        reserved = self._reserved
         for key in held[1]:
-            pods = reserved.get(key)
-            if pods is None:
-                continue
-            n = pods.get(pod, 0) - 1
-            if n > 0:
-                pods[pod] = n
-            else:
-                pods.pop(pod, None)
-                if not pods:
-                    del reserved[key]
+            _decrement(self._reserved, key, pod)
 
     def reservations(self) -> int:
         """Requests in flight holding a reservation (0 once every one ended)."""
