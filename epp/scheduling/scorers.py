@@ -182,12 +182,9 @@ def _matched_blocks(
     blocks of `ctx.block_chars` characters; 0 blocks without hashes).
 
     The precise count includes the blocks of this EPP's requests in flight there (the index's
-    reservations). When the best precise match is under half the best approximate one, the
-    group's head was evicted from every pod that reported it: the approximate counts (where
-    this EPP sent the group) stand for every pod, so the group goes back to the pod its next
-    requests will find it on, instead of to whichever pod is least loaded now, and stays
-    together rather than scattering over the fleet (half: far beyond a block's rounding
-    between the two indexes' block sizes).
+    reservations), so a group cold everywhere follows its first request instead of scattering.
+    (Tried and not kept: the approximate counts standing in when the pods report a group
+    evicted everywhere; it sent cold sessions back to busy pods: shared-prefix-long +27 %.)
     """
     hashes, approx = ctx.prefix_hashes, ctx.prefix_index
     addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
@@ -201,24 +198,15 @@ def _matched_blocks(
         return counts, block_sizes
     depths: dict[str, int] | None = None
     model = request.target_model
-    precise = list(counts)
-    best_precise = 0.0
     for i, address in enumerate(addresses):
         block_size = index.precise_block_size(address, model)
         if block_size is None:
             continue
         if depths is None:  # one walk of the request's blocks for every precise pod
             depths = index.lookup(ids, model, request.adapter)
-        precise[i] = depth = depths.get(address, 0)
+        counts[i] = depths.get(address, 0)
         block_sizes[i] = block_size
-        blocks = len(ids) // block_size
-        if blocks and depth / blocks > best_precise:
-            best_precise = depth / blocks
-    if depths is None:
-        return counts, block_sizes
-    if hashes and 2.0 * best_precise < max(counts, default=0) / len(hashes):
-        return counts, [None] * len(candidates)  # evicted everywhere: where this EPP sent it
-    return precise, block_sizes
+    return counts, block_sizes
 
 
 def inflight(

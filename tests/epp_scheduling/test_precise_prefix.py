@@ -192,23 +192,3 @@ def test_a_burst_of_one_group_cold_everywhere_stays_on_one_pod() -> None:
     for request, address in zip(burst, chosen, strict=True):
         sched.on_finished(request, address)
     assert index.reservations() == 0 and index.reserved_blocks() == 0
-
-
-def test_a_group_evicted_everywhere_goes_back_where_it_was_sent() -> None:
-    """The pods report the group's head gone (evicted everywhere); this EPP sent it to `c`:
-    the approximate counts stand, so it goes back to `c` rather than to the emptiest pod."""
-    index = _index("a", "b", "c")
-    for pod in "abc":
-        _store(index, pod, [9] * BS)
-    approx = PrefixIndex()
-    request = dataclasses.replace(_request(), prompt_tokens=len(TOKENS))
-    hashes = approx.hashes("m", request.prompt)
-    approx.add("c", hashes)
-    pods = [dataclasses.replace(state(p, tpot=1e-4), prefill_tps=10_000.0) for p in "abc"]
-    ctx = ScoringContext(kv_index=index, prefix_index=approx, prefix_hashes=hashes)
-    scores = predicted_ttft(request, pods, ctx)
-    assert scores.index(max(scores)) == 2 and scores[0] < 1.0
-    # once a pod reports holding most of it, the pods' own report decides again
-    _store(index, "a", TOKENS)
-    scores = predicted_ttft(request, pods, ctx)
-    assert scores.index(max(scores)) == 0
