@@ -229,11 +229,6 @@ class KVEventMetrics:
             Gauge("gateway_kv_index_max_blocks", "Bound of the precise KV index", registry=r).set_function(
                 lambda: index.max_blocks
             )
-            Gauge(
-                "gateway_kv_index_reservations",
-                "Requests in flight whose blocks the precise index counts on their pod before it reports them",
-                registry=r,
-            ).set_function(index.reservations)
         self.batches = Counter("gateway_kv_event_batches", "KV event batches applied", ["pod"], registry=r)
         self.events = Counter("gateway_kv_events", "KV events applied", ["pod"], registry=r)
         self.gaps = Counter("gateway_kv_event_gaps", "Sequence gaps seen", ["pod"], registry=r)
@@ -612,7 +607,6 @@ class KVEventSubscribers:
         return {
             "index_blocks": self.index.size(),
             "index_max_blocks": self.index.max_blocks,
-            "reservations": self.index.reservations(),  # requests in flight counted on their pod
             "precise": sorted(a for a, p in pods.items() if p["precise"]),
             "approximate": sorted(a for a, p in pods.items() if not p["precise"]),
             "no_events": list(self._without),  # these use the routing-history prefix index only

@@ -11,13 +11,6 @@ subscription, or lost in a gap) cannot be keyed: it is counted as unanchored and
 Memory is bounded by ``max_blocks`` (pod, block) entries: past it the least recently stored
 entry of any pod is forgotten (the pod may still hold it; the index then under-reports,
 never invents). Synchronous and single-threaded, like the rest of the EPP's state.
-
-Besides what the pods report, the index holds what this EPP has *sent* and the pod has not
-finished: ``reserve`` at routing, ``release`` at the request's end. A pod stores a prompt's
-blocks only once its prefill has run, so without this a group's requests arriving while its
-first is still queued or prefilling (a spike, or a group just evicted everywhere) all look
-cold on every pod and scatter; with it they follow the first. ``lookup`` counts a block held
-or reserved on a pod. Reservations are bounded by the requests in flight.
 """
 
 from __future__ import annotations
@@ -52,20 +45,6 @@ def block_keys(
     return out
 
 
-def _decrement(counts: dict[int, dict[str, int]], key: int, pod: str) -> None:
-    """One count less of ``pod`` under ``key``; empty entries are dropped."""
-    pods = counts.get(key)
-    if pods is None:
-        return
-    n = pods.get(pod, 0) - 1
-    if n > 0:
-        pods[pod] = n
-    else:
-        pods.pop(pod, None)
-        if not pods:
-            del counts[key]
-
-
 @dataclass(slots=True)
 class PodBlocks:
     """One pod's side of the index."""
@@ -88,9 +67,6 @@ class KVIndex:
         # (pod, engine hash) -> own key, oldest first: the global LRU behind the bound.
         self._entries: OrderedDict[tuple[str, Hashable], int] = OrderedDict()
         self._holders: dict[int, dict[str, int]] = {}  # own key -> pod -> entry count
-        self._reserved: dict[int, dict[str, int]] = {}  # own key -> pod -> requests in flight with it
-        # (id of the owner, pod) -> (the owner, the keys it reserved there)
-        self._reservations: dict[tuple[int, str], tuple[object, tuple[int, ...]]] = {}
         self.evicted = 0
 
     def set_max_blocks(self, max_blocks: int) -> None:
@@ -213,7 +189,16 @@ class KVIndex:
                 self._unhold(key, pod)
 
     def _unhold(self, key: int, pod: str) -> None:
-        _decrement(self._holders, key, pod)
+        pods = self._holders.get(key)
+        if pods is None:
+            return
+        n = pods.get(pod, 0) - 1
+        if n > 0:
+            pods[pod] = n
+        else:
+            pods.pop(pod, None)
+            if not pods:
+                del self._holders[key]
 
     def _evict(self, n: int) -> None:
         for _ in range(n):
@@ -224,68 +209,22 @@ class KVIndex:
             self._unhold(key, pod)
         self.evicted += n
 
-    # ---- this EPP's requests in flight --------------------------------------------------
-    def reserve(
-        self, owner: object, pod: str, token_ids: Sequence[int], model: str, adapter: str | None = None
-    ) -> int:
-        """``owner`` (a request) was sent to ``pod`` with these tokens: its blocks count as held
-        there until ``release(owner, pod)``; returns how many (0 when the pod has no precise
-        state). ``owner`` is held meanwhile, so its identity stays its own."""
-        size = self.precise_block_size(pod, model)
-        slot = (id(owner), pod)
-        if size is None or slot in self._reservations:
-            return 0
-        keys = tuple(block_keys(token_ids, size, model, adapter))
-        if not keys:
-            return 0
-        self._reservations[slot] = (owner, keys)
-        reserved = self._reserved
-        for key in keys:
-            pods = reserved.get(key)
-            if pods is None:
-                reserved[key] = {pod: 1}
-            else:
-                pods[pod] = pods.get(pod, 0) + 1
-        return len(keys)
-
-    def release(self, owner: object, pod: str) -> None:
-        """``owner``'s request on ``pod`` ended: its reservation there, if any, is gone."""
-        held = self._reservations.pop((id(owner), pod), None)
-        if held is None:
-            return
-        for key in held[1]:
-            _decrement(self._reserved, key, pod)
-
-    def reservations(self) -> int:
-        """Requests in flight holding a reservation (0 once every one ended)."""
-        return len(self._reservations)
-
-    def reserved_blocks(self) -> int:
-        """Distinct blocks reserved by requests in flight (0 once every request ended)."""
-        return len(self._reserved)
-
     # ---- scheduling --------------------------------------------------------------------
     def lookup(self, token_ids: Sequence[int], model: str, adapter: str | None = None) -> dict[str, int]:
-        """Per pod of ``model`` with a known block size: leading blocks of ``token_ids`` it holds
-        or has reserved (`reserve`)."""
+        """Per pod of ``model`` with a known block size: leading blocks of ``token_ids`` it holds."""
         by_size: dict[int, list[str]] = {}
         for pod, state in self._pods.items():
             if state.model == model and state.block_size:
                 by_size.setdefault(state.block_size, []).append(pod)
         out: dict[str, int] = {}
-        all_holders, all_reserved = self._holders, self._reserved
         for size, pods in by_size.items():
             live = set(pods)
             depth = 0
             for key in block_keys(token_ids, size, model, adapter):
-                holders = all_holders.get(key)
-                reserved = all_reserved.get(key)
-                if reserved:
-                    still = {p for p in live if p in reserved or (holders is not None and p in holders)}
-                elif holders:
-                    still = {p for p in live if p in holders}
-                else:
+                holders = self._holders.get(key)
+                if not holders:
                     break
+                still = {p for p in live if p in holders}
                 for gone in live - still:
                     out[gone] = depth
                 live = still

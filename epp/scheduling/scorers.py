@@ -179,13 +179,7 @@ def _matched_blocks(
 ) -> tuple[list[int], list[int | None]]:
     """Per pod, the request's leading blocks it holds, and the precise index's block size in
     tokens when the count comes from the pod's own KV events (None: from the approximate index,
-    blocks of `ctx.block_chars` characters; 0 blocks without hashes).
-
-    The precise count includes the blocks of this EPP's requests in flight there (the index's
-    reservations), so a group cold everywhere follows its first request instead of scattering.
-    (Tried and not kept: the approximate counts standing in when the pods report a group
-    evicted everywhere; it sent cold sessions back to busy pods: shared-prefix-long +27 %.)
-    """
+    blocks of `ctx.block_chars` characters; 0 blocks without hashes)."""
     hashes, approx = ctx.prefix_hashes, ctx.prefix_index
     addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
     if hashes and approx is not None:

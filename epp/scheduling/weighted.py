@@ -141,17 +141,12 @@ class WeightedScheduler:
             hashes = self._hashes(request, block_chars)
         if hashes:
             self.prefix_index.add(address, hashes)
-        if self.kv_index is not None and request.token_ids:
-            # Until it ends, its blocks count as held there (the pod reports them after prefill).
-            self.kv_index.reserve(request, address, request.token_ids, request.target_model, request.adapter)
 
     def on_finished(self, request: InferenceRequest, address: str) -> None:
         """The request routed to `address` ended there (once per `on_routed`): its adapter's
-        slot there is one request less pinned, its reserved KV blocks there are released."""
+        slot there is one request less pinned."""
         if request.adapter is not None:
             self.residency.on_finished(address, request.adapter)
-        if self.kv_index is not None:
-            self.kv_index.release(request, address)
 
     def _bound_prefix_lru(self, state: EndpointState, block_chars: int) -> None:
         """The pod's KV cache in index blocks (its reported blocks x block size, in characters
