@@ -56,6 +56,7 @@ class PodLedger:
         "_busy_until",
         "_dead",
         "_entries",
+        "_last_routed",
         "_next_key",
         "_pending",
         "_projection",
@@ -66,6 +67,7 @@ class PodLedger:
 
     def __init__(self) -> None:
         self._entries: OrderedDict[int, Commitment] = OrderedDict()
+        self._last_routed = -1e300  # the newest pick's time: no pick is newer than this
         self._next_key = 0
         self._pending = 0  # entries not prefilled
         self._stuck = 0  # of those, with no projected end
@@ -86,6 +88,8 @@ class PodLedger:
         self._next_key += 1
         c = Commitment(key, now, prefill_s if prefill_s > 0.0 else 0.0, kv_tokens)
         self._entries[key] = c
+        if now > self._last_routed:
+            self._last_routed = now
         self._pending += 1
         start = self._busy_until if self._busy_until > now else now
         self._busy_until = start + c.prefill_s
@@ -204,6 +208,20 @@ class PodLedger:
             if not c.prefilled and c.ends_at > now:
                 n += 1
         return n
+
+    def unseen_since(self, now: float, since: float) -> tuple[int, int]:
+        """(`pending_since(now, since)`, `unseen_kv_tokens(since)`) in one walk: the pool's
+        snapshot reads both for every pod at every decision."""
+        if self._last_routed <= since:
+            return 0, 0  # no pick since the page: most pods at most decisions
+        pending = tokens = 0
+        for c in reversed(self._entries.values()):
+            if c.routed_at <= since:
+                break
+            tokens += c.kv_tokens
+            if not c.prefilled and c.ends_at > now:
+                pending += 1
+        return pending, tokens
 
     def busy_since_s(self, now: float, since: float) -> float:
         """The projected prefill seconds still ahead of the pod for the pending picks routed after

@@ -1,6 +1,7 @@
 """Property tests: the parser never crashes on arbitrary input, label values survive
 prometheus_client's escaping, and every pick is a valid ranking with scores in [0, 1]."""
 
+import copy
 import random
 
 from hypothesis import HealthCheck, given, settings
@@ -109,7 +110,11 @@ def test_every_pick_is_a_valid_ranking(pods, profile, adapter, seed):
     r = req("w" * (seed % 3000), adapter=adapter, objective=profile)
     if states:
         sched.on_routed(r, states[seed % len(states)].address)
+    before = [copy.copy(s) for s in states]
     d = sched.pick(r, snap(*states))
+    # EndpointState is read-only by contract (plain slots for speed, not frozen): no filter,
+    # scorer or picker writes it.
+    assert states == before
     if not states:
         assert d.ranked == () and d.reason
         return
@@ -124,3 +129,4 @@ def test_every_pick_is_a_valid_ranking(pods, profile, adapter, seed):
     ctx = ScoringContext(prefix_index=sched.prefix_index)
     for entry in SCORERS.values():
         assert all(0.0 <= v <= 1.0 for v in entry.score(r, states, ctx))
+    assert states == before

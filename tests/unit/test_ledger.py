@@ -120,3 +120,10 @@ def test_the_incremental_counts_agree_with_a_scan_of_every_commitment() -> None:
             first += rng.randrange(3)
             ledger.reconcile(now - rng.random() * 0.02, rng.randrange(4), first, 1.0)
         assert (ledger.pending(now), ledger.stuck()) == _naive_pending(ledger, now)
+        # The snapshot's one-walk read (with its "no pick since the page" shortcut) against the
+        # two walks it replaced, for a page sent a little before now and one sent after every pick.
+        for since in (now - rng.random() * 0.05, now):
+            assert ledger.unseen_since(now, since) == (
+                ledger.pending_since(now, since),
+                ledger.unseen_kv_tokens(since),
+            )
