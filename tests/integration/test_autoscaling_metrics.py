@@ -22,7 +22,7 @@ from tests.waiting import until
 MODEL = "llama-3.1-8b-instruct"
 POOL = pool_name_for(MODEL)
 FLEET = {
-    "time_scale": 1.0,  # GPU speed: a 3,000-token answer takes seconds, long enough to observe
+    "time_scale": 1.0,  # GPU speed: a long answer takes about a minute, long enough to observe
     "profiles": {"one-seq": {"base": "h100-llama3.1-8b", "max_num_seqs": 1}},
     "pods": [{"name": "llama", "model": MODEL, "profile": "one-seq", "replicas": 2}],
 }
@@ -66,7 +66,9 @@ def value(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> 
 async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: LocalGateway) -> None:
     pods = set(gateway.pods_of(MODEL))
     async with gateway.client(timeout=120) as client:
-        body = chat(MODEL, "a long answer please", max_tokens=3000)
+        # ~7 ms a token: 10,000 tokens outlast the wait below even when a loaded machine is slow
+        # to show the queue (with 3,000 the first answer once ended first: 3 in flight, never 4).
+        body = chat(MODEL, "a long answer please", max_tokens=10_000)
         tasks = [asyncio.create_task(client.post("/v1/chat/completions", json=body)) for _ in range(4)]
         try:
             seen: dict[str, list[tuple[dict[str, str], float]]] = {}
@@ -78,7 +80,7 @@ async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: Local
                 return value(seen, "inference_pool_running_requests") == 4 and queued == 2
 
             try:
-                await until(loaded, "4 requests in flight, 2 of them queued on the pods", within=30)
+                await until(loaded, "4 requests in flight, 2 of them queued on the pods", within=45)
             except AssertionError as e:  # say what the last scrape showed, and how the requests ended
                 running = [v for labels, v in seen.get("inference_pool_running_requests", [])]
                 per_pod = seen.get("inference_pool_per_pod_queue_size", [])
