@@ -26,6 +26,11 @@ RAMP_S = 4.0
 # Generous, so that a loaded test machine (whose real TTFTs the reporters measure) does not
 # push the cheap cluster over it by itself; the spill test drives estimates far past it.
 OBJECTIVE_S = 5.0
+# The cheap cluster's share of a second of load while it is settled: a cost-blind split gives
+# ~0.5. Typically 0.95+, yet on a loaded 2-core machine (the suite's other worker, a benchmark)
+# its heartbeats or TTFT estimate can cross a limit for part of the second and the router
+# rightly spills (0.73 and 0.81 seen in one CI run), so the bar is a clear majority.
+CHEAP_MAJORITY = 0.65
 REQUEST_LIMIT = 40
 TOKEN_LIMIT = 300
 
@@ -300,7 +305,7 @@ async def test_failover_and_gradual_return(tier: GlobalTier) -> None:
     settled(tier)
     async with tier.client() as client:
         before = await load(client, time.monotonic() + 1.0)
-        assert share(before, CHEAP) >= 0.9, tier.members(0)[CHEAP]
+        assert share(before, CHEAP) >= CHEAP_MAJORITY, tier.members(0)[CHEAP]
         # Kill the cheap cluster's Envoy and its reporter while traffic flows.
         killed_at = time.monotonic()
         cheap_gw.procs["envoy"].stop()
@@ -351,7 +356,7 @@ async def test_silent_cluster_is_dropped_when_heartbeats_stop(tier: GlobalTier) 
     settled(tier)
     async with tier.client() as client:
         before = await load(client, time.monotonic() + 0.5)
-        assert share(before, CHEAP) >= 0.9, tier.members(0)[CHEAP]
+        assert share(before, CHEAP) >= CHEAP_MAJORITY, tier.members(0)[CHEAP]
         silenced_at = time.monotonic()
         tier.stop_reporter(CHEAP)
         try:

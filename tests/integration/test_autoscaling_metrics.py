@@ -65,6 +65,14 @@ def value(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> 
 
 async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: LocalGateway) -> None:
     pods = set(gateway.pods_of(MODEL))
+
+    def both_scraped() -> bool:
+        # Until the EPP has a page of a pod it scores it 0 (unknown is never idle), so load sent
+        # earlier all lands on the pod scraped first (4 on one pod, 0 on the other, seen in CI).
+        series = scrape(gateway).get("inference_pool_per_pod_queue_size", [])
+        return {labels["model_server_pod"] for labels, _ in series} == pods
+
+    await until(both_scraped, "both pods scraped by the EPP", within=30)
     async with gateway.client(timeout=120) as client:
         # ~7 ms a token: 10,000 tokens outlast the wait below even when a loaded machine is slow
         # to show the queue (with 3,000 the first answer once ended first: 3 in flight, never 4).
