@@ -199,19 +199,11 @@ class PodLedger:
         was not predicted. Scheduling prices them as queued requests of a typical size."""
         return self._stuck
 
-    def pending_since(self, now: float, since: float) -> int:
-        """Of `pending(now)`, the picks routed after `since`: not on the last page yet."""
-        n = 0
-        for c in reversed(self._entries.values()):
-            if c.routed_at <= since:
-                break
-            if not c.prefilled and c.ends_at > now:
-                n += 1
-        return n
-
     def unseen_since(self, now: float, since: float) -> tuple[int, int]:
-        """(`pending_since(now, since)`, `unseen_kv_tokens(since)`) in one walk: the pool's
-        snapshot reads both for every pod at every decision."""
+        """(of `pending(now)`, the picks routed after `since`; the KV tokens of every pick routed
+        after `since` and still in flight): what the last page, sent at `since`, cannot show yet.
+        One walk from the newest pick, since the pool's snapshot reads both for every pod at
+        every decision."""
         if self._last_routed <= since:
             return 0, 0  # no pick since the page: most pods at most decisions
         pending = tokens = 0
@@ -248,12 +240,3 @@ class PodLedger:
                 break
             n += 1
         return n
-
-    def unseen_kv_tokens(self, since: float) -> int:
-        """KV tokens of the picks routed after `since` (the last scrape's send time): not on its page."""
-        total = 0
-        for c in reversed(self._entries.values()):
-            if c.routed_at <= since:
-                break
-            total += c.kv_tokens
-        return total

@@ -318,7 +318,9 @@ class PoolSnapshot:
 
 @dataclass(slots=True)
 class _Speed:
-    """One smoothed speed figure whose weight halves every half-life without observations."""
+    """One smoothed speed figure whose weight halves every half-life without observations; it
+    is forgotten SPEED_EXPIRY_HALF_LIVES half-lives after the last one (`Pool.snapshot` reads it
+    so, inline)."""
 
     value: float | None = None
     at: float = 0.0  # monotonic time of the last observation
@@ -331,11 +333,6 @@ class _Speed:
             keep = (1.0 - SPEED_EWMA_ALPHA) * 0.5 ** (max(0.0, age) / half_life_s)
             self.value = sample + keep * (old - sample)
         self.at = now
-
-    def current(self, now: float, half_life_s: float) -> float | None:
-        if self.value is None or now - self.at >= SPEED_EXPIRY_HALF_LIVES * half_life_s:
-            return None
-        return self.value
 
 
 @dataclass(slots=True)
@@ -660,10 +657,6 @@ class Pool:
         return sum(live.inflight_requests for live in self._live.values())
 
     # -- scheduling edge ------------------------------------------------------------
-    def _remote_busy(self, address: str, now: float) -> float:
-        until = self._remote_busy_until.get(address)
-        return until - now if until is not None and until > now else 0.0
-
     @staticmethod
     def _foreign_waiting(live: _Live, remote_requests: int) -> float:
         """The page's waiting requests that are not this EPP's, plus the other replicas' in-flight
@@ -683,7 +676,7 @@ class Pool:
         input once and the records are plain slots (at 100 pods the snapshot was most of a
         decision's CPU: `python -m bench.micro.decision_instructions`, docs/benchmarks/costs.md)."""
         now = self.clock() if now is None else now
-        # A speed older than this is forgotten (`_Speed.current`, inlined below: five per pod).
+        # A speed older than this is forgotten (read inline below: five per pod, every decision).
         horizon = SPEED_EXPIRY_HALF_LIVES * self.speed_half_life_s
         remote, remote_busy = self._remote, self._remote_busy_until
         busy_known, unhealthy_after = self._remote_busy_known, self._unhealthy_after
