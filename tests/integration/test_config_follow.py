@@ -178,7 +178,9 @@ async def test_a_pool_added_is_served(gw: LocalGateway) -> None:
     gw.procs["fleet-mistral"], pods = start_fleet(gw.workdir / "mistral", spec)
     async with gw.client() as client:
         assert await _refused(client, "mistral-7b")
-        async with Stream(client, QWEN) as stream:
+        # A pool takes seconds to come up (its EPP context, Envoy's clusters): an answer of ~14 s
+        # spans that even on a loaded machine (the default one, ~1.4 s, once ended first).
+        async with Stream(client, QWEN, 4 * SPANNING_TOKENS) as stream:
             pool = gw.add_pool(pods)
             await _until(lambda: _served_or_starting(client, "mistral-7b"), "the new pool served", 30)
             assert not stream.done, "the streamed answer should span the change"
