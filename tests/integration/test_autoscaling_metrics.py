@@ -85,7 +85,7 @@ async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: Local
                 seen.clear()
                 seen.update(scrape(gateway))  # the assertions below read this same scrape
                 queued = sum(v for labels, v in seen.get("inference_pool_per_pod_queue_size", []))
-                return value(seen, "inference_pool_running_requests") == 4 and queued == 2
+                return value(seen, "inference_pool_running_requests") == 4 and queued >= 2
 
             try:
                 await until(loaded, "4 requests in flight, 2 of them queued on the pods", within=45)
@@ -102,13 +102,17 @@ async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: Local
                 assert series, f"{name} missing"
                 assert all(set(lbls) == labels for lbls in series), (name, series)
             assert value(m, "inference_pool_ready_pods") == 2
-            assert value(m, "inference_pool_average_queue_size") == 1.0  # 2 waiting over 2 pods
+            # 2 waiting when the picks split 2/2 or 3/1, 3 when a burst lands 4/0 (seen in CI: a
+            # routing finding of docs/benchmarks/identical-fleets.md, "Picks in pairs").
+            queued = sum(v for _, v in m["inference_pool_per_pod_queue_size"])
+            assert value(m, "inference_pool_average_queue_size") == queued / 2
             assert 0 < value(m, "inference_pool_average_kv_cache_utilization") < 0.8
             assert {lbls["model_server_pod"] for lbls, _ in m["inference_pool_per_pod_queue_size"]} == pods
             assert sum(v for _, v in m["inference_pool_inflight_requests"]) == 4
-            # 2 waiting requests, queue threshold 5, 2 pods: (2 / 5) / 2 = 0.2 (KV is far lower).
+            # queued waiting requests, queue threshold 5, 2 pods: (queued / 5) / 2 (KV is far lower);
+            # a pod's level is capped at 1, far above these.
             assert value(m, "inference_extension_flow_control_pool_saturation") == pytest.approx(
-                0.2, abs=0.05
+                queued / 10, abs=0.05
             )
         finally:
             for t in tasks:
