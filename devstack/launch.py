@@ -351,6 +351,7 @@ def gateway_config_for(
     extra: Mapping[str, Any] | None = None,
     *,
     epp_replicas: int = 1,
+    epp_workers: int | str = 1,
 ) -> dict[str, Any]:
     """One pool per base model; the pool name is the model name made DNS-safe."""
     by_model: dict[str, list[dict[str, Any]]] = {}
@@ -381,6 +382,7 @@ def gateway_config_for(
                     "host": "127.0.0.1",
                     "port": epp_ports.get(pool_name, 0),
                     **({"replicas": epp_replicas} if epp_replicas > 1 else {}),
+                    **({"workers": epp_workers} if epp_workers != 1 else {}),
                 },
             }
         )
@@ -499,6 +501,7 @@ def start_gateway_once(
     service_env: Mapping[str, str] | None = None,
     single_hop: bool = False,
     epp_replicas: int = 1,
+    epp_workers: int | str = 1,
     envoy_source: EnvoySource = "xds",
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
@@ -513,7 +516,8 @@ def start_gateway_once(
     filter in Envoy; `epp_ports` then maps every pool to its port. `epp_replicas`: EPP processes
     per pool (two-hop) or single-hop EPP processes (each serving every pool), on consecutive
     ports, all in one Envoy cluster (they share their state by adding `sharedState` to
-    `config_extra`). `envoy_source`: Envoy fed by
+    `config_extra`). `epp_workers`: each EPP's ext_proc worker processes (`epp.workers`, a
+    count or "auto"; epp/workers.py). `envoy_source`: Envoy fed by
     the xDS server (`gateway.xds`, process "xds"), so it follows `gateway.yaml` as the
     services do, or "static": the rendered bootstrap, read once.
     """
@@ -531,7 +535,9 @@ def start_gateway_once(
 
         pool_names = sorted({pool_name_for(p["model"]) for p in pods})
         epp_ports = {name: free_port_run(epp_replicas) for name in pool_names}
-        config = gateway_config_for(pods, epp_ports, config_extra, epp_replicas=epp_replicas)
+        config = gateway_config_for(
+            pods, epp_ports, config_extra, epp_replicas=epp_replicas, epp_workers=epp_workers
+        )
         if config_patch:
             config_patch(config)
         parse_epp_config(config)  # fail here, readably, rather than in a child process

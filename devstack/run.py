@@ -22,6 +22,7 @@ import yaml
 
 from devstack.launch import DEFAULT_FLEET, POOL_KINDS, dev_trust, start_local_gateway
 from devstack.pd import PD_FLEET, start_pd_gateway
+from epp.workers import workers_argument
 from extproc.server import StartupError, check_port_free
 from gateway.config import ConfigError
 from gateway.profiles import BUILTIN_PROFILES
@@ -66,6 +67,13 @@ def main() -> None:
         help="BBR, then each pool's own EPP (the shape a Gateway API implementation runs)",
     )
     parser.add_argument(
+        "--workers",
+        type=workers_argument,
+        default=1,
+        help="each EPP's ext_proc worker processes (epp.workers: a count or 'auto'; default 1, "
+        "one process, which keeps a 2-core machine's `make run` light)",
+    )
+    parser.add_argument(
         "--pd",
         action="store_true",
         help="disaggregated prefill/decode: prefill and decode pods, a P/D sidecar per decode pod",
@@ -96,6 +104,7 @@ def main() -> None:
             config_patch=dev_trust,
             single_hop=args.single_hop,
             config_extra=default_profile_block(),
+            **({"epp_workers": args.workers} if args.workers != 1 else {}),
         )
     except (ConfigError, RuntimeError, TimeoutError, OSError) as exc:  # kept: its logs say why
         exit_with_error(PROG, f"the gateway did not start: {exc}; its logs are kept in {workdir / 'logs'}")

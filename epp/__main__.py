@@ -11,6 +11,7 @@ import logging
 
 from epp import compat
 from epp.app import EppApp
+from epp.workers import add_workers_argument, worker_options
 from extproc.server import wait_for_shutdown_signal
 from gateway.llmd_api import add_api_group_argument, parse_watch_ref
 from gateway.service_cli import add_event_loop_argument, follow_config_resource, run_service, service_parser
@@ -30,6 +31,8 @@ async def serve(args: argparse.Namespace) -> None:
         health_port=launch.health_port,
         kubernetes=launch.kubernetes,
         conformance_test_mode=launch.conformance_test_mode,
+        workers=args.workers,
+        worker_options=worker_options(args),
     )
     await app.start()
     if args.inference_objectives:
@@ -63,6 +66,7 @@ def main() -> None:
         "(by default the pool's kubernetes.poolName, else its name); the header "
         "x-gateway-inference-objective naming one sets the request's priority",
     )
+    add_workers_argument(parser, "the pool's epp.workers")
     add_api_group_argument(parser)
     add_event_loop_argument(parser)
     compat.add_arguments(parser)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from epp.shared_state import SharedState
 from epp.telemetry import Telemetry
 from epp.tokenize import PoolTokenizers
 from epp.trust import HeaderPolicy
+from epp.workers import WorkerFront, resolve_workers
 from extproc.server import (
     GrpcService,
     StartupError,
@@ -99,12 +101,16 @@ class EppApp:
         kubernetes: KubernetesPool | None = None,
         conformance_test_mode: bool = False,
         shared: SharedRuntime | None = None,
+        workers: int | str | None = None,
+        worker_options: dict[str, str] | None = None,
     ) -> None:
         """`health_port`: also serve the gRPC health service alone there (the reference EPP's
         9003); `kubernetes`: discover the pool from this InferencePool whatever the config
         says (`--pool-name`); `conformance_test_mode`: see epp/test_picker.py; `shared`: one
         pool of a process serving several (epp/single_hop.py), which owns the config store,
-        tracing and the gRPC server, so this app starts no ext_proc server of its own."""
+        tracing and the gRPC server, so this app starts no ext_proc server of its own;
+        `workers`: ext_proc worker processes (epp/workers.py; None: the pool's `epp.workers`),
+        `worker_options` their --log-level / --event-loop / --drain-seconds."""
         self._shared = shared
         self.store = shared.store if shared else ConfigStore.from_file(config_path, EppConfig)
         self._watcher = FileWatcher(self.store, config_path) if shared is None else None
@@ -170,6 +176,12 @@ class EppApp:
             )
         self._shared_config = config.shared_state
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
+        # More than one worker: they serve the streams, this process decides (epp/workers.py).
+        self.worker_count = 1 if shared is not None else resolve_workers(workers or pool_config.epp.workers)
+        self._worker_options = worker_options or {}
+        self.workers: WorkerFront | None = None
+        # /debug/pool's "workers": this app's own, or (single-hop) those of the process serving it.
+        self.workers_debug: Callable[[], dict[str, Any]] | None = None
         self._kubernetes = kubernetes or (
             KubernetesPool(pool_config.kubernetes.namespace, pool_config.kubernetes.pool_name)
             if pool_config.kubernetes is not None
@@ -348,7 +360,9 @@ class EppApp:
             await self._discovery.start()
         self.scraper.sync()
         self._sync_kv_events()
-        if self._shared is None:
+        if self.worker_count > 1:
+            await self._start_workers()
+        elif self._shared is None:
             self.grpc = await start_grpc_service(
                 self.servicer, host=self._host, port=self._port, tls=self._tls
             )
@@ -368,6 +382,21 @@ class EppApp:
         if self._watcher is not None:
             self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
+    async def _start_workers(self) -> None:
+        self.workers = WorkerFront(
+            self.worker_count,
+            lambda: EppProcessor(self.ctx),
+            lambda: {"max_body_bytes": self.store.current().bbr.max_body_bytes},
+            host=self._host,
+            port=self._port,
+            tls=self._tls,
+            options=self._worker_options,
+        )
+        self.store.subscribe(lambda _: self.workers.push_settings() if self.workers is not None else None)
+        await self.workers.start()
+        self.port = self.workers.port
+        self.workers_debug = self.workers.debug
+
     def _debug_extra(self) -> dict[str, Any]:
         config = self.store.current()
         extra: dict[str, Any] = {
@@ -381,6 +410,8 @@ class EppApp:
             "flow_queue": len(self.flow.queue),
             "adapters_resident": self._adapters_resident(),
         }
+        if self.workers_debug is not None:
+            extra["workers"] = self.workers_debug()
         if self.shared_state is not None:
             extra["shared_state"] = self.shared_state.debug()
             extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
@@ -418,6 +449,8 @@ class EppApp:
             await self.health.health.enter_graceful_shutdown()
         if self.grpc:
             await self.grpc.drain_and_stop(grace_s)
+        if self.workers is not None:  # each drains its streams, then its link's end releases the rest
+            await self.workers.stop(grace_s)
         if self.health is not None:
             await self.health.server.stop(0)
         if self._discovery is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from epp.app import EppApp, SharedRuntime
 from epp.config import EppConfig
 from epp.processor import SPAN_NAME, EppProcessor
+from epp.workers import WorkerFront, add_workers_argument, resolve_workers, worker_options
 from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, unavailable
 from extproc.headers import ROUTING_HEADERS
@@ -138,7 +139,11 @@ class SingleHopEpp:
         port: int = 0,
         metrics_ports: Mapping[str, int] | None = None,
         tls: TlsFiles | None = None,
+        workers: int | str | None = None,
+        worker_options: dict[str, str] | None = None,
     ) -> None:
+        """`workers`: ext_proc worker processes (epp/workers.py; None: the most any pool's
+        `epp.workers` asks for)."""
         self.store = ConfigStore.from_file(config_path, EppConfig)
         config = self.store.current()
         self.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
@@ -164,6 +169,11 @@ class SingleHopEpp:
         self._tasks: list[asyncio.Task[None]] = []
         self.grpc: GrpcService | None = None
         self.port = 0
+        self.worker_count = (
+            resolve_workers(workers) if workers else max(resolve_workers(p.epp.workers) for p in config.pools)
+        )
+        self._worker_options = worker_options
+        self.workers: WorkerFront | None = None
 
     def _on_config(self, config: EppConfig) -> None:
         for name in sorted({p.name for p in config.pools} - set(self.apps) - self._starting):
@@ -190,8 +200,26 @@ class SingleHopEpp:
     async def start(self) -> None:
         for app in self.apps.values():
             await app.start()
-        self.grpc = await start_grpc_service(self.servicer, host=self._host, port=self._port, tls=self._tls)
-        self.port = self.grpc.port
+        if self.worker_count > 1:
+            self.workers = WorkerFront(
+                self.worker_count,
+                lambda: SingleHopProcessor(self),
+                lambda: {"max_body_bytes": self.store.current().bbr.max_body_bytes},
+                host=self._host,
+                port=self._port,
+                tls=self._tls,
+                options=self._worker_options,
+            )
+            self.store.subscribe(lambda _: self.workers.push_settings() if self.workers is not None else None)
+            await self.workers.start()
+            self.port = self.workers.port
+            for app in self.apps.values():
+                app.workers_debug = self.workers.debug
+        else:
+            self.grpc = await start_grpc_service(
+                self.servicer, host=self._host, port=self._port, tls=self._tls
+            )
+            self.port = self.grpc.port
         self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
     async def stop(self, grace_s: float = 1.0) -> None:
@@ -199,6 +227,8 @@ class SingleHopEpp:
             task.cancel()
         if self.grpc is not None:
             await self.grpc.drain_and_stop(grace_s)
+        if self.workers is not None:  # each drains its streams, then its link's end releases the rest
+            await self.workers.stop(grace_s)
         for app in self.apps.values():
             await app.stop(grace_s)
         self.tracing.shutdown()
@@ -221,6 +251,8 @@ async def serve(args: argparse.Namespace) -> None:
         port=args.port,
         metrics_ports=args.metrics_port,
         tls=tls_from_arguments(args),
+        workers=args.workers,
+        worker_options=worker_options(args),
     )
     await epp.start()
     resource = await follow_config_resource(epp.store, args.config_resource)
@@ -258,6 +290,7 @@ def main() -> None:
         metavar="NAMESPACE",
         help="follow the InferenceModelRewrite resources of this namespace, as BBR does",
     )
+    add_workers_argument(parser, "the most any pool's epp.workers asks for")
     add_api_group_argument(parser)
     add_event_loop_argument(parser)
     args = parser.parse_args()

@@ -106,18 +106,22 @@ async def start_grpc_service(
     tls: TlsFiles | None = None,
     extra_services: Sequence[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]] = (),
     port_flag: str = "--port",
+    reuse_port: bool = False,
 ) -> GrpcService:
     """ext_proc + health on one port; `extra_services` are (add_to_server, servicer, health
-    name) triples for a service that shares the port (the global router's heartbeat API)."""
+    name) triples for a service that shares the port (the global router's heartbeat API).
+    `reuse_port`: the EPP's workers (epp/workers.py), which share one port on purpose; their
+    scheduling process checked that it was free before starting them."""
     credentials = tls.credentials() if tls else None  # a missing file fails before any bind
-    check_port_free(host, port, port_flag)
+    if not reuse_port:
+        check_port_free(host, port, port_flag)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", 8 * 1024 * 1024),
             ("grpc.max_send_message_length", 8 * 1024 * 1024),
             # gRPC's default SO_REUSEPORT lets a second service bind a taken port and silently
             # share its traffic; a port in use must be an error instead.
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
     pb_grpc.add_ExternalProcessorServicer_to_server(servicer, server)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,8 +60,11 @@ class Processor(Protocol):
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse: ...
 
-    def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
-        """Observe the response status; may return headers to set on the response. The
+    def on_response_headers(
+        self, headers: dict[str, str]
+    ) -> dict[str, str] | Awaitable[dict[str, str] | None] | None:
+        """Observe the response status; may return headers to set on the response (or an
+        awaitable of them: a worker asks the deciding process, extproc/remote.py). The
         endpoint that served the request, when the gateway reports it, is under
         `SERVED_HEADER` (as the reference EPP hands it to its plugins)."""
         ...
@@ -104,6 +107,16 @@ class ProtocolViolation(Exception):
     """Envoy (or a fuzzer) sent a message that makes no sense in the current phase."""
 
 
+class StreamAbort(Exception):
+    """A processor cannot serve this stream (a worker lost its deciding process): the stream
+    ends with this gRPC status, and Envoy applies the route's failure mode."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
 class ExtProcStream:
     """Drive one stream: feed it ProcessingRequests, it yields ProcessingResponses."""
 
@@ -135,12 +148,12 @@ class ExtProcStream:
             async for r in self._on_request_trailers():
                 yield r
         elif kind in ("response_headers", "response_body", "response_trailers"):
-            for r in self._on_response(msg, kind):
+            for r in await self._on_response(msg, kind):
                 yield r
         else:
             raise ProtocolViolation(f"unsupported ext_proc message {kind!r}")
 
-    def _on_response(self, msg: pb.ProcessingRequest, kind: str) -> list[pb.ProcessingResponse]:
+    async def _on_response(self, msg: pb.ProcessingRequest, kind: str) -> list[pb.ProcessingResponse]:
         """Acknowledge response events; only a forwarded request's are the processor's business.
 
         A response before our request phase finished is a local reply from an earlier filter
@@ -156,7 +169,8 @@ class ExtProcStream:
                 served = messages.served_endpoint(msg)
                 if served:
                     headers[SERVED_HEADER] = served
-                extra = self.processor.on_response_headers(headers)
+                answer = self.processor.on_response_headers(headers)
+                extra = await answer if isinstance(answer, Awaitable) else answer
                 self.completed = self.completed or msg.response_headers.end_of_stream
             return [messages.continue_response_headers(extra)]
         if kind == "response_body":
@@ -296,6 +310,8 @@ class ExtProcServicer:
         except ProtocolViolation as exc:
             log.warning("%s: ext_proc protocol violation: %s", self._name, exc)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except StreamAbort as exc:
+            await context.abort(exc.code, exc.message)
         finally:
             self.active_streams -= 1
             try:

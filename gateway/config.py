@@ -142,15 +142,32 @@ class KvEventsConfig(_Model):
 MAX_EPP_REPLICAS = 32
 
 
+MAX_EPP_WORKERS = 256
+
+
 class EppAddress(_Model):
     """Where Envoy reaches the pool's EPP. `replicas` > 1: several active-active EPP processes
     (share their in-flight counts with `sharedState`). With an IP `host` they listen on
     `port`, `port + 1`, ... (one Envoy endpoint each); with a DNS name, the name must resolve
-    to every replica (a headless Service) and Envoy balances over what it resolves."""
+    to every replica (a headless Service) and Envoy balances over what it resolves.
+
+    `workers`: the ext_proc worker processes of each EPP (epp/workers.py): N > 1 spreads the
+    gRPC stream work over N processes that all listen on `port` and ask the EPP's one
+    scheduling process for each decision; "auto" = the CPUs the EPP may use (affinity and
+    cgroup quota); 1 = one process, no workers. Read at start (`python -m epp --workers`
+    overrides it)."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=9002, ge=0, lt=65536)
     replicas: int = Field(default=1, ge=1, le=MAX_EPP_REPLICAS)
+    workers: int | Literal["auto"] = Field(default=1)
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_range(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= MAX_EPP_WORKERS:
+            raise ValueError(f'workers must be 1 to {MAX_EPP_WORKERS} or "auto", not {value}')
+        return value
 
     @model_validator(mode="after")
     def _replica_ports(self) -> EppAddress:
