@@ -158,11 +158,13 @@ def grpc_cluster(
     *,
     cluster_type: ClusterDiscoveryType = ClusterDiscoveryType.STATIC,
     connect_timeout_s: float = 1.0,
+    max_concurrent_streams: int | None = None,
 ) -> Cluster:
-    """A cluster of gRPC (HTTP/2) services, e.g. ext_proc servers; callers add TLS, breakers, checks."""
+    """A cluster of gRPC (HTTP/2) services, e.g. ext_proc servers; callers add TLS, breakers,
+    checks. `max_concurrent_streams`: streams per connection before Envoy opens another."""
     http2 = HttpProtocolOptions(
         explicit_http_config=HttpProtocolOptionsExplicitHttpConfig(
-            http2_protocol_options=Http2ProtocolOptions()
+            http2_protocol_options=Http2ProtocolOptions(max_concurrent_streams=max_concurrent_streams)
         )
     )
     return Cluster(

@@ -209,6 +209,14 @@ def _replica_outlier_detection() -> OutlierDetection:
     )
 
 
+# Streams Envoy puts on one connection to an ext_proc service before it opens another. Each
+# request holds its EPP stream until the response ends, so the connections grow with the load;
+# an EPP with workers (epp/workers.py) shares its port over SO_REUSEPORT and the kernel spreads
+# connections, not streams, over the workers. Measured through Envoy (--concurrency 1), 40
+# concurrent requests over 2 workers: no limit 40/0 (one connection), 8 -> 32/8, 4 -> 28/12.
+EXT_PROC_STREAMS_PER_CONNECTION = 4
+
+
 def ext_proc_cluster(
     name: str, host: str, port: int, tls: ExtProcTls | None, *, replicas: int = 1
 ) -> Cluster:
@@ -218,7 +226,9 @@ def ext_proc_cluster(
     ip = is_ip(host)
     endpoints = replica_addresses(host, port, replicas)
     kind = ClusterDiscoveryType.STATIC if ip else ClusterDiscoveryType.STRICT_DNS
-    cluster = grpc_cluster(name, endpoints, cluster_type=kind)
+    cluster = grpc_cluster(
+        name, endpoints, cluster_type=kind, max_concurrent_streams=EXT_PROC_STREAMS_PER_CONNECTION
+    )
     if replicas > 1:
         cluster.health_checks = [_replica_health_check()]
         cluster.outlier_detection = _replica_outlier_detection()
