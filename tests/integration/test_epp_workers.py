@@ -58,13 +58,13 @@ class Admin:
         self._base, self._client = base, client
 
     async def pool(self) -> dict[str, Any]:
-        return (await self._client.get(f"{self._base}/debug/pool")).json()  # type: ignore[no-any-return]
+        return (await self._client.get(f"{self._base}/debug/pool")).json()
 
     async def inflight(self) -> int:
         return sum(e["inflight_requests"] for e in (await self.pool())["endpoints"])
 
     async def workers(self) -> dict[str, Any]:
-        return (await self.pool())["workers"]  # type: ignore[no-any-return]
+        return (await self.pool())["workers"]
 
 
 async def until(check: Any, what: str, timeout_s: float = 30.0) -> None:
