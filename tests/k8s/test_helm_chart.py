@@ -36,7 +36,8 @@ if importlib.util.find_spec("helm_sdkpy") is None:
 
 # Non-default values: another namespace, plaintext, no shared store, other replicas and weights.
 CUSTOM = {
-    "epp": {"replicas": 3},
+    # The workers sized to the CPU request, rounded up (epp/workers.py).
+    "epp": {"replicas": 3, "resources": {"requests": {"cpu": "1500m"}}},
     "bbr": {"replicas": 1},
     "mtls": {"enabled": False},
     "sharedState": {"enabled": False},
@@ -53,6 +54,8 @@ CUSTOM = {
 # Values Helm must refuse (values.schema.json), each with the path it breaks.
 BAD_VALUES: list[tuple[str, Obj]] = [
     ("epp.replicas", {"epp": {"replicas": 0}}),
+    ("epp.workers", {"epp": {"workers": 0}}),
+    ("epp.workers: a word", {"epp": {"workers": "many"}}),
     ("envoy.enabled", {"envoy": {"enabled": "yes"}}),
     ("unknown top-level key", {"replica": 2}),
     ("config.pools[0].engine", {"config": {"pools": [{"name": "p", "engine": "llamacpp"}]}}),
@@ -124,6 +127,7 @@ def test_values_reach_the_objects_and_every_object_validates(helm: Obj) -> None:
     pool = parsed.pools[0]
     assert pool.kubernetes is not None and pool.kubernetes.namespace == "ml-serving"
     assert pool.epp.replicas == 3 == _find(objs, "Deployment", "epp")["spec"]["replicas"]
+    assert pool.epp.workers == 2  # 1500m rounded up
     assert _find(objs, "Deployment", "bbr")["spec"]["replicas"] == 1
     assert config["profiles"]["default"]["weights"] == {"queue": 1, "kv-cache": 4}
     assert parsed.shared_state is None

@@ -19,6 +19,23 @@ The gateway configuration as written to the ConfigMap: config from the values, w
 Kubernetes pool's namespace (the release's, when left out), the EPP pool's replica count and
 the in-cluster shared-state store filled in, so each is set in one place.
 */}}
+{{/*
+The EPP's ext_proc workers (epp/workers.py): epp.workers when set, else the CPU request
+rounded up ("500m" -> 1, "2" -> 2, "1500m" -> 2).
+*/}}
+{{- define "ig.eppWorkers" -}}
+{{- if .Values.epp.workers -}}
+{{- .Values.epp.workers -}}
+{{- else -}}
+{{- $cpu := toString (((.Values.epp.resources).requests).cpu | default "1") -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- div (add (int (trimSuffix "m" $cpu)) 999) 1000 | max 1 -}}
+{{- else -}}
+{{- ceil (float64 $cpu) | int | max 1 -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "ig.config" -}}
 {{- $config := deepCopy .Values.config -}}
 {{- $eppPool := include "ig.eppPool" . -}}
@@ -27,7 +44,9 @@ the in-cluster shared-state store filled in, so each is set in one place.
 {{- $_ := set $pool.kubernetes "namespace" $.Release.Namespace -}}
 {{- end -}}
 {{- if eq $pool.name $eppPool -}}
-{{- $_ := set $pool "epp" (merge (dict "replicas" (int $.Values.epp.replicas)) ($pool.epp | default dict)) -}}
+{{- $workers := include "ig.eppWorkers" $ -}}
+{{- $workers = ternary $workers (int $workers) (eq $workers "auto") -}}
+{{- $_ := set $pool "epp" (merge (dict "replicas" (int $.Values.epp.replicas) "workers" $workers) ($pool.epp | default dict)) -}}
 {{- end -}}
 {{- end -}}
 {{- if .Values.sharedState.enabled -}}
