@@ -136,7 +136,9 @@ class WorkerProcesses:
         failures = 0
         while not self._stopping:
             started = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(*self._argv)
+            # Its own session: a terminal's Ctrl-C reaches this process, which stops the workers
+            # in order (and a worker restarted meanwhile would be a stray one).
+            proc = await asyncio.create_subprocess_exec(*self._argv, start_new_session=True)
             self._procs[slot] = proc
             code = await proc.wait()
             if self._stopping:

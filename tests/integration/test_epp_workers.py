@@ -132,3 +132,24 @@ async def test_a_killed_worker_is_replaced_and_releases_its_streams(gw: LocalGat
 
 async def _equals(read: Any, value: int) -> bool:
     return bool(await read() == value)
+
+
+async def test_sigterm_drains_the_workers_then_stops(gw: LocalGateway, admin: Admin) -> None:
+    """A clean stop: each worker drains (its held streams released, their responses carry on
+    to the end), then the workers and the scheduling process exit."""
+    epp = gw.procs["epp" if gw.single_hop else f"epp-{POOL}"].popen
+    pids = [w["pid"] for w in (await admin.workers())["linked"]]
+    async with gw.client() as client:
+        body = chat(LLAMA, "drain me", stream=True, max_tokens=200)
+        async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+            assert reply.status_code == 200
+            lines = reply.aiter_lines()
+            while not (await anext(lines)).startswith("data: "):
+                pass
+            epp.send_signal(signal.SIGTERM)
+            rest = [line async for line in lines]
+    assert "data: [DONE]" in rest  # not cut by the drain
+    assert await asyncio.to_thread(epp.wait, 30) == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
