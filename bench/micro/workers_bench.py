@@ -11,6 +11,7 @@ held when every request succeeded, the achieved rate is within 5 % of the offere
 p99 added is under 10 ms.
 
 python -m bench.micro.workers_bench --workers 1,2 [--rates 100,200,...] [--seconds 6] [--out FILE]
+python -m bench.micro.workers_bench --report FILE...    # the tables (median [min-max] over files)
 
 `--workers 0` runs the gateway without passing a worker count (the code before this feature,
 when this file is run from that code's checkout).
@@ -51,6 +52,8 @@ class Step:
     p99_ms: float
     p99_added_ms: float
     epp_cpu_ms_per_req: float | None
+    # The scheduling process alone (with workers: the part one core must carry, whatever N).
+    scheduler_cpu_ms_per_req: float | None = None
 
     @property
     def held(self) -> bool:
@@ -136,14 +139,16 @@ async def run_setup(
         await open_loop(gateway.url, ctx, body, 50, 2)  # warm: scrapes seen, connections open
         for rate in rates:
             pids = process_tree(epp)
-            cpu0 = cpu_seconds(pids)
+            cpu0, own0 = cpu_seconds(pids), cpu_seconds([epp])
             lat, errors, wall = await open_loop(gateway.url, ctx, body, rate, seconds)
             cpu = cpu_seconds(process_tree(epp)) - cpu0  # a replaced worker's time is lost: none expected
+            own = cpu_seconds([epp]) - own0
             done = len(lat) + errors
             p99 = percentile(lat, 99) or 0.0
             step = Step(
                 name, rate, len(lat) / wall if wall else 0.0, done, errors, percentile(lat, 50) or 0.0, p99,
                 p99 - direct_p99[rate], cpu * 1000 / done if done else None,
+                own * 1000 / done if done else None,
             )  # fmt: skip
             steps.append(step)
             print(json.dumps(asdict(step)), flush=True)
@@ -193,6 +198,66 @@ def summary(steps: Sequence[Step]) -> dict[str, Any]:
     return out
 
 
+def _spread(values: Sequence[float], digits: int = 2) -> str:
+    """median [min-max] over the rounds."""
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    mid = (
+        ordered[len(ordered) // 2]
+        if len(ordered) % 2
+        else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    )
+    if len(ordered) == 1:
+        return f"{mid:.{digits}f}"
+    return f"{mid:.{digits}f} [{ordered[0]:.{digits}f}-{ordered[-1]:.{digits}f}]"
+
+
+def report(paths: Sequence[Path]) -> str:
+    """Markdown tables over every round's JSON (`--out` files): the summary per setup, then
+    per offered rate the p99 added and the EPP CPU per request."""
+    rounds = [json.loads(p.read_text()) for p in paths]
+    setups = list(dict.fromkeys(s["setup"] for r in rounds for s in r["steps"]))
+    lines = [
+        "| setup | highest rate held, req/s | EPP CPU ms/req at 200 req/s | at the highest held | rounds |",
+        "|---|---|---|---|---|",
+    ]
+    for setup in setups:
+        mine = [[s for s in r["steps"] if s["setup"] == setup] for r in rounds]
+        mine = [m for m in mine if m]
+        best = [max((s["offered"] for s in m if s["held"]), default=0) for m in mine]
+        at200 = [
+            s["epp_cpu_ms_per_req"]
+            for m in mine
+            for s in m
+            if s["offered"] == 200 and s["epp_cpu_ms_per_req"]
+        ]
+        at_best = [
+            s["epp_cpu_ms_per_req"]
+            for m, b in zip(mine, best, strict=True)
+            for s in m
+            if s["offered"] == b and s["epp_cpu_ms_per_req"]
+        ]
+        lines.append(
+            f"| {setup} | {_spread(best, 0)} | {_spread(at200)} | {_spread(at_best)} | {len(mine)} |"
+        )
+    rates = sorted({s["offered"] for r in rounds for s in r["steps"]})
+    lines += ["", "| setup | " + " | ".join(f"{r}/s" for r in rates) + " |", "|---|" + "---|" * len(rates)]
+    for setup in setups:
+        cells = []
+        for rate in rates:
+            steps = [s for r in rounds for s in r["steps"] if s["setup"] == setup and s["offered"] == rate]
+            if not steps:
+                cells.append("-")
+                continue
+            added = _spread([s["p99_added_ms"] for s in steps], 1)
+            cpu = _spread([s["epp_cpu_ms_per_req"] for s in steps if s["epp_cpu_ms_per_req"]], 2)
+            held = sum(s["held"] for s in steps)
+            cells.append(f"{added} ms / {cpu} ms ({held}/{len(steps)} held)")
+        lines.append(f"| {setup} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m bench.micro.workers_bench", description=__doc__.split("\n")[0]
@@ -202,7 +267,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="per step")
     ap.add_argument("--label", default="after", help="setup name prefix (e.g. before / after)")
     ap.add_argument("--out", type=Path, help="write every step and the summary as JSON here")
+    ap.add_argument("--report", type=Path, nargs="+", help="only print the tables of these --out files")
     args = ap.parse_args(argv)
+    if args.report:
+        print(report(args.report), end="")
+        return 0
     workers = [int(w) for w in args.workers.split(",")]
     rates = [int(r) for r in args.rates.split(",")]
     steps = asyncio.run(run(workers, rates, args.seconds, args.label))
