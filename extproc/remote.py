@@ -217,7 +217,10 @@ class ProcessorHost:
         for session in list(self.sessions):
             if session.conn.transport is not None:
                 session.conn.transport.abort()
-        await asyncio.sleep(0)  # let connection_lost run
+        for _ in range(100):  # connection_lost runs on a later loop turn: its releases first
+            if not self.sessions:
+                break
+            await asyncio.sleep(0.01)
         if self.path:
             try:
                 os.unlink(self.path)
