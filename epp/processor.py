@@ -314,6 +314,13 @@ class EppProcessor:
         except RequestError as exc:
             return bad_request(str(exc))
 
+    @property
+    def answers_response_headers(self) -> bool:
+        """Whether `on_response_headers` may return headers (the decision header the client
+        asked for, conformance mode's served-endpoint header): a worker (epp/workers.py) then
+        waits for the answer; otherwise it only reports the event."""
+        return self._explain is not None or self._ctx.conformance_test_mode
+
     def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
         if self._address is None:
             return None

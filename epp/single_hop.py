@@ -114,6 +114,10 @@ class SingleHopProcessor:
             attrs["gen_ai.request.model"] = self._routed.requested
         return attrs
 
+    @property
+    def answers_response_headers(self) -> bool:
+        return self._pool is not None and self._pool.answers_response_headers
+
     def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
         return self._pool.on_response_headers(headers) if self._pool is not None else None
 

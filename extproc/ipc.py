@@ -6,8 +6,9 @@ socket as one frame per event: a 4-byte big-endian length, then a msgpack array 
 is the message kind. The deciding process runs the service's own `Processor` per stream id
 (extproc/remote.py `ProcessorHost`), so the decision code is the single process's, unchanged.
 
-Worker -> decider: HELLO(pid), REQUEST(sid, headers, body), RESPONSE_HEADERS(sid, headers),
-CLOSE(sid, completed). Decider -> worker: SETTINGS({max_body_bytes}), ROUTE(sid, ...),
+Worker -> decider: HELLO(pid), REQUEST(sid, headers, body), RESPONSE_HEADERS(sid, headers,
+wants_reply), CLOSE(sid, completed). Decider -> worker: SETTINGS({max_body_bytes}), ROUTE(sid,
+..., answers_headers: whether the worker must wait for HEADERS_REPLY),
 REFUSE(sid, status, message, code, headers), HEADERS_REPLY(sid, headers | None),
 FAILED(sid, message) (the decision raised: the worker fails that stream with a gRPC status).
 """
@@ -79,7 +80,9 @@ class FrameDecoder:
         return out
 
 
-def route_message(sid: int, route: RequestRoute) -> list[Any]:
+def route_message(sid: int, route: RequestRoute, answers_headers: bool = True) -> list[Any]:
+    """`answers_headers`: the processor may set response headers (the worker then awaits its
+    answer to RESPONSE_HEADERS; otherwise it only reports them)."""
     return [
         ROUTE,
         sid,
@@ -88,6 +91,7 @@ def route_message(sid: int, route: RequestRoute) -> list[Any]:
         route.metadata,
         route.clear_route_cache,
         route.body,
+        answers_headers,
     ]
 
 
@@ -98,7 +102,7 @@ def refuse_message(sid: int, error: ErrorResponse) -> list[Any]:
 def decision_from(message: list[Any]) -> RequestRoute | ErrorResponse:
     """A ROUTE or REFUSE message as the processor's answer it carries."""
     if message[0] == ROUTE:
-        _, _, set_headers, remove, metadata, clear, body = message
+        _, _, set_headers, remove, metadata, clear, body, _ = message
         return RequestRoute(
             set_headers=set_headers,
             remove_headers=tuple(remove),

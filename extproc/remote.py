@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import grpc
@@ -87,7 +87,7 @@ class _WorkerSession:
             if kind == ipc.REQUEST:
                 self._on_request(message[1], message[2], message[3])
             elif kind == ipc.RESPONSE_HEADERS:
-                self._on_response_headers(message[1], message[2])
+                self._on_response_headers(message[1], message[2], bool(message[3]))
             elif kind == ipc.CLOSE:
                 self._on_close(message[1], bool(message[2]))
             elif kind == ipc.HELLO:
@@ -123,9 +123,11 @@ class _WorkerSession:
         if isinstance(outcome, ErrorResponse):
             self.conn.send(ipc.refuse_message(sid, outcome))
         else:
-            self.conn.send(ipc.route_message(sid, outcome))
+            processor = self._streams.get(sid)
+            answers = getattr(processor, "answers_response_headers", True)  # unknown: ask
+            self.conn.send(ipc.route_message(sid, outcome, answers))
 
-    def _on_response_headers(self, sid: int, headers: dict[str, str]) -> None:
+    def _on_response_headers(self, sid: int, headers: dict[str, str], wants_reply: bool) -> None:
         processor = self._streams.get(sid)
         extra = None
         if processor is not None:
@@ -133,7 +135,8 @@ class _WorkerSession:
             if not isinstance(answer, dict) and answer is not None:
                 raise ipc.FrameError("a deciding processor must answer response headers at once")
             extra = answer
-        self.conn.send([ipc.HEADERS_REPLY, sid, extra])
+        if wants_reply:
+            self.conn.send([ipc.HEADERS_REPLY, sid, extra])
 
     def _on_close(self, sid: int, completed: bool) -> None:
         processor = self._streams.pop(sid, None)
@@ -332,6 +335,7 @@ class RemoteProcessor:
         self._link = link
         self.max_body_bytes = link.max_body_bytes
         self._sid = 0  # set once the request was handed over
+        self._answers_headers = False  # the decision said response headers may get an answer
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         sid = self._link.next_id()
@@ -343,14 +347,29 @@ class RemoteProcessor:
             raise StreamAbort(grpc.StatusCode.UNAVAILABLE, UNREACHABLE) from None
         if answer[0] == ipc.FAILED:
             raise StreamAbort(grpc.StatusCode.INTERNAL, str(answer[2]))
+        if answer[0] == ipc.ROUTE:
+            self._answers_headers = bool(answer[7])
         return ipc.decision_from(answer)
 
-    async def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
+    def on_response_headers(
+        self, headers: dict[str, str]
+    ) -> dict[str, str] | Awaitable[dict[str, str] | None] | None:
+        """Reported in order (a retry's move, the prefill slot's release happen there before
+        the close); awaited only when the decision may answer with headers."""
         if not self._sid:
             return None
+        if not self._answers_headers:
+            try:
+                self._link.send([ipc.RESPONSE_HEADERS, self._sid, headers, False])
+            except SchedulerUnavailable:  # the request's accounting ended with the link
+                pass
+            return None
+        return self._answered_headers(headers)
+
+    async def _answered_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
         try:
-            answer = await self._link.call(self._sid, [ipc.RESPONSE_HEADERS, self._sid, headers])
-        except SchedulerUnavailable:  # the request's accounting ended with the link
+            answer = await self._link.call(self._sid, [ipc.RESPONSE_HEADERS, self._sid, headers, True])
+        except SchedulerUnavailable:
             return None
         extra: dict[str, str] | None = answer[2]
         return extra

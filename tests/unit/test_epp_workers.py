@@ -18,10 +18,11 @@ from epp.pool import Endpoint, Metrics, Pool
 from epp.processor import EppProcessor
 from epp.scheduling.weighted import WeightedScheduler
 from epp.telemetry import Telemetry
+from epp.trust import HeaderPolicy
 from epp.workers import parse_workers, resolve_workers, usable_cpus
 from extproc import ipc
 from extproc.errors import ErrorResponse
-from extproc.headers import DESTINATION_HEADER
+from extproc.headers import DECISION_HEADER, DESTINATION_HEADER
 from extproc.remote import ProcessorHost, RemoteProcessor, SchedulerLink
 from extproc.stream import RequestRoute, StreamAbort
 from gateway.config import ConfigError, parse_config
@@ -239,3 +240,24 @@ def test_usable_cpus_reads_the_cgroup_quota(tmp_path: Path) -> None:
     assert usable_cpus(cpu_max) == min(2, usable_cpus(tmp_path / "absent"))
     cpu_max.write_text("max 100000\n")
     assert usable_cpus(cpu_max) == usable_cpus(tmp_path / "absent")
+
+
+async def test_response_headers_wait_for_an_answer_only_when_the_decision_has_one(tmp_path: Path) -> None:
+    """A client that asked for the decision header gets it through the worker; other requests'
+    response headers are only reported (no round trip before the response goes on)."""
+    ctx = make_ctx(Clock())
+    ctx.header_policy = HeaderPolicy(decision_header=True)
+    host, link = await linked(tmp_path, ctx)
+    asked, plain = RemoteProcessor(link), RemoteProcessor(link)
+    await asked.on_request({"x-gateway-decision": "true"}, request_body(random.Random(1)))
+    await plain.on_request({}, request_body(random.Random(2)))
+    assert plain.on_response_headers({":status": "200"}) is None
+    answer = asked.on_response_headers({":status": "200"})
+    assert asyncio.iscoroutine(answer)
+    explained = await answer
+    assert explained is not None and explained[DECISION_HEADER].startswith("chosen=")
+    asked.on_close(True)
+    plain.on_close(True)
+    await until(lambda: ctx.pool.inflight_total() == 0, "both closed")
+    link.close()
+    await host.stop()
