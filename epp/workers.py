@@ -42,22 +42,35 @@ from gateway.supervise import Backoff, report_failure, spawn
 
 log = logging.getLogger(__name__)
 
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def usable_cpus(cpu_max: Path = CGROUP_CPU_MAX) -> int:
-    """The CPUs this process may use: its affinity mask, capped by a cgroup v2 CPU quota
-    (`cpu.max` "QUOTA PERIOD", rounded up) when one is set."""
+def cgroup_cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (cgroup v2 `cpu.max`, else v1
+    `cpu/cpu.cfs_quota_us` over `cpu.cfs_period_us`); None when there is none."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+
+
+def usable_cpus(root: Path = CGROUP_ROOT) -> int:
+    """The CPUs this process may use: its affinity mask, capped by its cgroup's CPU quota
+    (rounded up) when one is set."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    try:
-        quota, period = cpu_max.read_text().split()[:2]
-        if quota != "max":
-            cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
+    quota = cgroup_cpu_quota(root)
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
     return max(1, cpus)
 
 

@@ -235,11 +235,20 @@ def test_workers_setting_and_flag() -> None:
 
 
 def test_usable_cpus_reads_the_cgroup_quota(tmp_path: Path) -> None:
-    cpu_max = tmp_path / "cpu.max"
-    cpu_max.write_text("150000 100000\n")
-    assert usable_cpus(cpu_max) == min(2, usable_cpus(tmp_path / "absent"))
-    cpu_max.write_text("max 100000\n")
-    assert usable_cpus(cpu_max) == usable_cpus(tmp_path / "absent")
+    unlimited = usable_cpus(tmp_path / "absent")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert usable_cpus(v2) == min(2, unlimited)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert usable_cpus(v2) == unlimited
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("50000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cpus(v1.parent) == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert usable_cpus(v1.parent) == unlimited
 
 
 async def test_response_headers_wait_for_an_answer_only_when_the_decision_has_one(tmp_path: Path) -> None:
