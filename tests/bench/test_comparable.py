@@ -4,68 +4,17 @@ count) says "not comparable" or "stale: re-run" instead of a change and a verdic
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.harness.gateway_policies import DEFAULT_REVISION
-from bench.harness.loadgen import RequestResult
-from bench.harness.scenario import parse_scenario
-from bench.harness.summary import REPORTING_SEEDS, SUMMARIES_DIR, build_summary, load_summaries, write_summary
+from bench.harness.summary import SUMMARIES_DIR, load_summaries
 from bench.reports.comparable import options, replica_count, row_default, why_not_comparable
-from bench.reports.report import shipped_default
 from bench.reports.scorecard import REPLICAS, check_scenario, figures_of, scorecard_for
+from tests.bench.replica_summaries import earlier, today, write
 
 REPO = Path(__file__).parents[2]
-
-
-def _results(scale: float, n: int = 40) -> list[RequestResult]:
-    return [
-        RequestResult(i, "chat", i * 0.3, i * 0.3, 0.001, scale * (i + 1), scale * (i + 1) + 1, [0.01],
-                      50, 50, 200, None, f"pod-{i % 2}")
-        for i in range(n)
-    ]  # fmt: skip
-
-
-def today(**changes: Any) -> dict[str, Any]:
-    """The policy config of a run of today's default; `changes` override its keys."""
-    return {"profile": shipped_default(), "default_revision": DEFAULT_REVISION, "single_hop": True, **changes}
-
-
-def earlier() -> dict[str, Any]:
-    """A 2026-12-02-style run: two-hop, no default_revision, the GIE weights."""
-    profile = copy.deepcopy(shipped_default())
-    profile["weights"] = {"queue": 2, "kv-cache": 2, "prefix-cache": 3}
-    return {"profile": profile, "single_hop": False}
-
-
-def write(
-    root: Path, policy: str, config: dict[str, Any], scale: float, *opts: str, commit: str = "c1"
-) -> None:
-    """Summaries of `policy` on a toy scenario, reporting seeds, TTFT proportional to `scale`;
-    `opts` go into the recorded command (`replicas=2` as `--target-opt replicas=2`)."""
-    scenario = parse_scenario(
-        {
-            "name": "bursty",
-            "fleet": {"pods": [{"model": "m", "profile": "h100-llama3.1-8b", "replicas": 2}]},
-            "workload": {"kind": "chat", "model": "m"},
-            "arrivals": {"pattern": "poisson", "rate": 2},
-            "duration_s": 12,
-        },
-        "quick",
-    )
-    command = ["python", "-m", "bench", "run", "--policy", "epp-default", "--label", policy]
-    for opt in opts:
-        command += ["--target-opt", opt]
-    for k, seed in enumerate(REPORTING_SEEDS):
-        summary = build_summary(
-            scenario=scenario.with_seed(seed), policy=policy, policy_config=config,
-            results=_results(scale * (1 + 0.01 * k)), run={"command": command},
-            env={"git": {"commit": commit}, "packages": {}},
-        )  # fmt: skip
-        write_summary(root, summary)
 
 
 def _rows(root: Path) -> dict[str, tuple[str, str]]:
