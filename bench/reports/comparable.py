@@ -44,8 +44,10 @@ NAMING_OPTIONS = frozenset(
     }
 )
 # What sets the replica count (and the shared store every replica set uses); a replica row
-# differs from one EPP's row in these alone.
-REPLICA_OPTIONS = frozenset({"--replicas", "replicas", "shared_state"})
+# differs from one EPP's row in these alone. `--store-rtt-ms` (bench sim) is the virtual store's
+# round trip: the network the replica set runs on, which one EPP has none of; a gateway setting
+# of the store (`shared_publish_ms`) is a shape option and must match.
+REPLICA_OPTIONS = frozenset({"--replicas", "replicas", "shared_state", "--store-rtt-ms"})
 REPLICAS_IN_NAME = re.compile(r"-(\d+)replicas?(?:$|-)")
 
 

@@ -133,8 +133,8 @@ def render_table(scenarios: Sequence[str], runs: Mapping[str, Mapping[str, Runs]
 def commands(
     runs: Mapping[str, Mapping[str, Runs]], scenarios: Sequence[str], wanted: Sequence[str]
 ) -> list[str]:
-    """The distinct commands behind the rows (from the summaries), the scenario as `<scenario>`
-    and the seeds left out."""
+    """The distinct commands behind the rows (from the summaries), the scenario as `<scenario>`;
+    the seeds and the output folders left out."""
     found = set()
     for scenario in scenarios:
         policies = runs.get(scenario, {})
@@ -143,19 +143,22 @@ def commands(
                 continue
             for r in rs:
                 words = [str(w) for w in (r.get("run", {}).get("command") or [])]
-                text = " ".join(_without_seeds(words))
+                text = " ".join(_shown_command(words))
                 found.add(re.sub(rf"\b{re.escape(scenario)}\.yaml\b", "<scenario>.yaml", text))
     return sorted(found)
 
 
-def _without_seeds(words: Sequence[str]) -> list[str]:
+OMITTED = ("--seed", "--seeds", "--summaries", "--results")  # options with a value, left out
+
+
+def _shown_command(words: Sequence[str]) -> list[str]:
     out: list[str] = []
     skip = False
     for word in words:
         if skip:
             skip = False
             continue
-        if word in ("--seed", "--seeds"):
+        if word in OMITTED:
             skip = True
             continue
         out.append(word)
@@ -170,7 +173,7 @@ def _command_lines(runs: Mapping[str, Mapping[str, Runs]], scenarios: Sequence[s
     found = commands(runs, scenarios, _policies(goal))
     if not found:
         return []
-    return ["", "Commands (from the summaries; seeds: the reporting ones):", "", "```", *found, "```"]
+    return ["", "Commands (from the summaries; the seeds are those in the table):", "", "```", *found, "```"]
 
 
 def render_virtual(runs: Mapping[str, Mapping[str, Runs]], scenarios: Sequence[str], source: str) -> str:

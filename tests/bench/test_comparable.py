@@ -99,7 +99,8 @@ def test_virtual_rows_of_two_commits_are_not_comparable(tmp_path: Path) -> None:
 def test_options_leave_out_naming_and_the_replica_count() -> None:
     run = {"run": {"command": ["python", "-m", "bench", "sim", "--scenario", "x.yaml", "--policy", "epp-default",
                                "--gateway-ms", "0", "--label", "epp-default-4replicas", "--replicas", "4",
-                               "--seeds", "reporting", "--target-opt", "scrape_ms=20"]}}  # fmt: skip
+                               "--seeds", "reporting", "--target-opt", "scrape_ms=20",
+                               "--store-rtt-ms", "0.3"]}}  # fmt: skip
     assert options(run) == {"--gateway-ms": "0", "scrape_ms": "20"}
     assert replica_count("epp-default-4replicas", run) == 4
     assert replica_count("epp-default-8replicas", {}) == 8 and replica_count("epp-default", {}) == 1
