@@ -11,6 +11,10 @@ Figures are over the reporting seeds: the median and the [min-max] range. A win 
 outside the spread: a cut is hit when the medians' change meets the goal AND every seed of
 ours is below every seed of the baseline; "below every peer" needs the same separation from
 each peer. Parity (uniform) and closeness to the oracle compare medians.
+
+Two of our rows (N replicas and one EPP, precise and approximate) are compared only when they
+ran the same default (bench/reports/comparable.py); otherwise the row says why ("not
+comparable: ..." or "stale: re-run ...") and gives no change and no verdict.
 """
 
 from __future__ import annotations
