@@ -112,13 +112,17 @@ async def held_streams(
         yield held
 
 
+def epp_cluster(gw: LocalGateway, pool: str) -> str:
+    """The Envoy cluster of the pool's EPP replicas."""
+    return SINGLE_HOP_CLUSTER if gw.single_hop else f"epp-{pool}"
+
+
 async def _health_flags(gw: LocalGateway, pool: str, replica: int) -> str:
     """Envoy's health flags for the pool's `replica`-th EPP replica ("healthy", "/failed_active_hc", ...)."""
     port = gw.epp_replica_ports[pool][replica]
     async with httpx.AsyncClient(timeout=2) as admin:
         text = (await admin.get(f"http://127.0.0.1:{gw.admin_port}/clusters")).text
-    cluster = SINGLE_HOP_CLUSTER if gw.single_hop else f"epp-{pool}"
-    prefix = f"{cluster}::127.0.0.1:{port}::health_flags::"
+    prefix = f"{epp_cluster(gw, pool)}::127.0.0.1:{port}::health_flags::"
     return next((line.removeprefix(prefix) for line in text.splitlines() if line.startswith(prefix)), "")
 
 

@@ -29,6 +29,7 @@ from tests.reliability.replica_helpers import (
     Replica,
     dead_out_of_rotation,
     envoy_counter,
+    epp_cluster,
     held_streams,
     in_rotation,
     replicas_of,
@@ -44,8 +45,7 @@ FLEET = {
     "time_scale": 2.0,
     "pods": [{"name": "llama", "model": LLAMA, "profile": "h100-llama3.1-8b", "replicas": 2}],
 }
-TTL_MS, KEY_PREFIX = 1000, "igw:faults"
-TAG = f"{KEY_PREFIX}:{{{POOL}}}"  # the pool's keys (epp/shared_state.py)
+TTL_MS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +57,36 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def gw(redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalGateway]:
-    shared = {"redis": redis.url, "publishIntervalMs": 20, "ttlMs": TTL_MS, "keyPrefix": KEY_PREFIX}
+def _key_prefix(single_hop: bool) -> str:
+    return f"igw:faults-{'single-hop' if single_hop else 'two-hop'}"
+
+
+def _shape(gw: LocalGateway) -> str:
+    return "single-hop" if gw.single_hop else "two-hop"
+
+
+def _tag(gw: LocalGateway) -> str:
+    """The prefix of the pool's keys in the store (epp/shared_state.py)."""
+    return f"{_key_prefix(gw.single_hop)}:{{{POOL}}}"
+
+
+@pytest.fixture(scope="module", params=["two-hop", "single-hop"])
+def gw(
+    redis: RedisServer, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalGateway]:
+    single_hop = request.param == "single-hop"
+    shared = {
+        "redis": redis.url,
+        "publishIntervalMs": 20,
+        "ttlMs": TTL_MS,
+        "keyPrefix": _key_prefix(single_hop),
+    }
     gateway = start_local_gateway(
         tmp_path_factory.mktemp("replica-faults"),
         fleet=FLEET,
         config_extra={"sharedState": shared},
         epp_replicas=2,
+        single_hop=single_hop,
     )
     try:
         yield gateway
@@ -96,10 +118,10 @@ async def _disconnected(replica: Replica) -> bool:
     return await replica.up() == 0
 
 
-async def _both_subscribed(store: aioredis.Redis) -> bool:
+async def _both_subscribed(store: aioredis.Redis, gw: LocalGateway) -> bool:
     """Both replicas listen on the pool's picks channel (their subscriptions are up)."""
     try:
-        [(_, listeners)] = await store.pubsub_numsub(f"{TAG}:picks")
+        [(_, listeners)] = await store.pubsub_numsub(f"{_tag(gw)}:picks")
     except (aioredis.ConnectionError, OSError):
         return False
     return bool(listeners == 2)
@@ -134,7 +156,7 @@ async def test_redis_stopped_and_restarted_under_load(
     gw: LocalGateway, replicas: list[Replica], redis: RedisServer, store: aioredis.Redis
 ) -> None:
     await until_each(replicas, _connected, "connected, one peer")
-    await until_awaited(lambda: _both_subscribed(store), "both replicas subscribed to the picks")
+    await until_awaited(lambda: _both_subscribed(store, gw), "both replicas subscribed to the picks")
     async with gw.client() as client:
         load = Load(client, LLAMA, workers=3, max_requests=400, max_s=120.0)
         async with load.running():
@@ -153,7 +175,7 @@ async def test_redis_stopped_and_restarted_under_load(
             restarted = time.monotonic()
             await until_each(replicas, _connected, "gateway_shared_state_up 1 and its peer seen again")
             rejoin_s = time.monotonic() - restarted
-            await until_awaited(lambda: _both_subscribed(store), "both replicas subscribed again")
+            await until_awaited(lambda: _both_subscribed(store, gw), "both replicas subscribed again")
             await _routes_more(replicas, 3)
         assert load.failures() == {}, load.outcomes  # not one 5xx or reset through the outage
         assert load.sent < 400, "the load hit its bound before the test ended"
@@ -178,6 +200,7 @@ async def test_redis_stopped_and_restarted_under_load(
     record_figures(
         "redis_stopped_and_restarted_under_load",
         {
+            "shape": _shape(gw),
             "requests": load.sent,
             "served_while_down": served_down,
             "down_seen_s": down_s,
@@ -195,7 +218,7 @@ async def test_a_replica_killed_between_bursts_costs_no_request(
     live, dead = replicas
     await until_each(replicas, _connected, "connected, one peer")
     await settled(replicas)
-    cluster = f"cluster.epp-{POOL}"
+    cluster = f"cluster.{epp_cluster(gw, POOL)}"
     refused_before = await envoy_counter(gw, f"{cluster}.upstream_cx_connect_fail")
     before = await live.routed()
     gw.procs[dead.name].popen.send_signal(signal.SIGKILL)
@@ -207,7 +230,9 @@ async def test_a_replica_killed_between_bursts_costs_no_request(
         )
     codes = [r.status_code for r in replies]
     refused = await envoy_counter(gw, f"{cluster}.upstream_cx_connect_fail") - refused_before
-    record_figures("replica_killed_between_bursts", {"codes": codes, "refused_connections": refused})
+    record_figures(
+        "replica_killed_between_bursts", {"shape": _shape(gw), "codes": codes, "refused_connections": refused}
+    )
     assert codes == [200] * burst, codes
     assert await live.routed() - before == burst  # every one routed by the survivor
 
@@ -219,7 +244,7 @@ async def test_a_replica_killed_between_bursts_costs_no_request(
     # and Envoy sends it streams again.
     gw.restart(dead.name)
     await until_each(replicas, _connected, "connected again, one peer")
-    await until_awaited(lambda: _both_subscribed(store), "both replicas subscribed to the picks")
+    await until_awaited(lambda: _both_subscribed(store, gw), "both replicas subscribed to the picks")
     await until_awaited(lambda: in_rotation(gw, POOL, 1), "Envoy's health check passes the restarted replica")
     # Envoy's balancer takes it back a moment after its flags read healthy (~1.5 s seen):
     # one request at a time, every one served, until it routes one.
@@ -233,9 +258,9 @@ async def test_a_replica_killed_between_bursts_costs_no_request(
         await until_awaited(routes_again, "the restarted replica routes requests again")
 
 
-async def _held_counts(store: aioredis.Redis, replica_id: str) -> dict[str, int]:
+async def _held_counts(store: aioredis.Redis, tag: str, replica_id: str) -> dict[str, int]:
     """The requests a replica's hash in the store holds per pod (its published in-flight)."""
-    fields = cast("dict[str, str]", await store.hgetall(f"{TAG}:inflight:{replica_id}"))  # decoded
+    fields = cast("dict[str, str]", await store.hgetall(f"{tag}:inflight:{replica_id}"))  # decoded
     requests = {k: int(v.split(",")[0]) for k, v in fields.items() if k != "_" and not k.startswith("busy:")}
     return {pod: n for pod, n in requests.items() if n}
 
@@ -245,8 +270,9 @@ async def test_a_replica_killed_mid_burst_leaves_no_reservations(
 ) -> None:
     live, dead = replicas
     await until_each(replicas, _connected, "connected, one peer")
-    await until_awaited(lambda: _both_subscribed(store), "both replicas subscribed to the picks")
+    await until_awaited(lambda: _both_subscribed(store, gw), "both replicas subscribed to the picks")
     dead_id, live_id = (await dead.shared())["replica"], (await live.shared())["replica"]
+    tag = _tag(gw)
     burst, after = 12, 12
     async with gw.client() as client:
         async with held_streams(client, LLAMA, burst, max_tokens=2000) as held:
@@ -261,7 +287,7 @@ async def test_a_replica_killed_mid_burst_leaves_no_reservations(
             killed = time.monotonic()
             gw.procs[dead.name].popen.wait(5)
             # Its hash in the store expires within the TTL of its last publish (-2: already gone).
-            assert await store.pttl(f"{TAG}:inflight:{dead_id}") <= TTL_MS
+            assert await store.pttl(f"{tag}:inflight:{dead_id}") <= TTL_MS
             # Mid-burst: more requests arrive while Envoy still lists the dead replica.
             late = await asyncio.gather(
                 *(client.post("/v1/chat/completions", json=chat(LLAMA, f"late {i}")) for i in range(after))
@@ -275,13 +301,14 @@ async def test_a_replica_killed_mid_burst_leaves_no_reservations(
             await until_awaited(own_only, "the dead replica's share leaves the survivor's picture")
             gone_s = time.monotonic() - killed
             assert await live.peers() == 0
-            assert await store.exists(f"{TAG}:inflight:{dead_id}") == 0
-            assert await store.smembers(f"{TAG}:replicas") == {live_id}
+            assert await store.exists(f"{tag}:inflight:{dead_id}") == 0
+            assert await store.smembers(f"{tag}:replicas") == {live_id}
             outcomes = await asyncio.gather(*(h.finish() for h in held))
     late_codes = [r.status_code for r in late]
     record_figures(
         "replica_killed_mid_burst",
         {
+            "shape": _shape(gw),
             "held_by_dead": own,
             "burst": burst,
             "outcomes": outcomes,
@@ -298,7 +325,7 @@ async def test_a_replica_killed_mid_burst_leaves_no_reservations(
     await settled([live])
 
     async def published_zero() -> bool:
-        return await _held_counts(store, live_id) == {}
+        return await _held_counts(store, tag, live_id) == {}
 
     await until_awaited(published_zero, "the survivor publishes zero in flight")
     await until_awaited(lambda: dead_out_of_rotation(gw, POOL, 1), "Envoy ejects the dead replica")
