@@ -8,6 +8,7 @@ python -m bench sim --scenario bench/scenarios/uniform.yaml --policy epp-default
     [--seeds ...] [--pods-scale K] [--duration-s S]   # virtual time (bench/vtime/), no sleeps
 python -m bench sim-report                         # docs/benchmarks/virtual-time.md from the summaries
 python -m bench report [--summaries bench/summaries] [--mode quick] [--root .]   # README + docs/benchmarks*
+    [--replicas-campaign DIR]                      # docs/benchmarks/replicas.md: real-time replicas campaign
 python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
 python -m bench serve --scenario bench/scenarios/uniform.yaml --policy epp-default  # for other load generators
 python -m bench overhead                                          # load generator self-test
@@ -58,6 +59,7 @@ from bench.harness.summary import (
 from bench.harness.targets import FLEET_NEEDS, POLICIES, TargetContext, fleet_needs, load_plugins, make_target
 from bench.micro.overhead import measure_overhead, render_overhead
 from bench.reports.pages import render_report
+from bench.reports.replicas import render_page as render_replicas_page
 from bench.reports.report import run_from, save_run, write_section
 from bench.vtime.cli import VIRTUAL_SUMMARIES, cmd_sim
 from bench.vtime.cli import add_parser as add_sim_parser
@@ -375,6 +377,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep.add_argument("--results", help="raw results for the plots (e.g. bench/results); default: no plots")
     rep.add_argument("--root", default=".", help="the repository whose README.md and docs/ are rewritten")
     rep.add_argument("--baseline", default="round-robin")
+    rep.add_argument(
+        "--replicas-campaign",
+        help="results root of one replicas campaign for docs/benchmarks/replicas.md's real-time table "
+        "(default: the newest bench/results-committed/*-replicas/)",
+    )
 
     tr = sub.add_parser("trace", help="print a scenario's trace statistics")
     tr.add_argument("--scenario", required=True)
@@ -404,6 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if virtual.exists():  # virtual-time runs (bench sim): their own page, apart from these tables
                 render_doc(args.summaries, virtual, args.mode, Path(args.root) / VIRTUAL_DOC)
                 print(f"rendered the virtual-time tables into {Path(args.root) / VIRTUAL_DOC}")
+            if virtual.exists() or args.replicas_campaign:  # replicas vs one EPP, virtual and real time
+                page = render_replicas_page(args.root, virtual, args.replicas_campaign, args.mode)
+                print(f"rendered the replica tables into {page}")
             return 0
         if args.command == "sim":
             return cmd_sim(args, run_seeds(args))

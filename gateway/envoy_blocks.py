@@ -33,6 +33,7 @@ from envoy_data_plane.envoy.config.core.v3 import (
     HeaderValue,
     HeaderValueOption,
     Http2ProtocolOptions,
+    RetryPolicy,
     SocketAddress,
     TransportSocket,
 )
@@ -185,6 +186,7 @@ def ext_processor(
     *,
     failure_mode_allow: bool = False,
     initial_metadata: list[HeaderValue] | None = None,
+    retry_policy: RetryPolicy | None = None,
 ) -> ExternalProcessor:
     """An ext_proc filter's configuration calling `cluster`; callers set further fields."""
     return ExternalProcessor(
@@ -192,6 +194,7 @@ def ext_processor(
             envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=cluster),
             timeout=seconds(timeout_s),
             initial_metadata=initial_metadata or [],
+            retry_policy=retry_policy,
         ),
         failure_mode_allow=failure_mode_allow,
         processing_mode=mode,

@@ -63,6 +63,10 @@ from envoy_data_plane.envoy.config.core.v3 import (
     TransportSocket,
     TypedExtensionConfig,
 )
+from envoy_data_plane.envoy.config.core.v3 import RetryPolicy as CoreRetryPolicy
+from envoy_data_plane.envoy.config.core.v3 import (
+    RetryPolicyRetryHostPredicate as CoreRetryPolicyRetryHostPredicate,
+)
 from envoy_data_plane.envoy.config.listener.v3 import Listener
 from envoy_data_plane.envoy.config.route.v3 import (
     DirectResponseAction,
@@ -217,6 +221,24 @@ def _replica_outlier_detection() -> OutlierDetection:
 EXT_PROC_STREAMS_PER_CONNECTION = 4
 
 
+def replica_retry_policy(replicas: int) -> CoreRetryPolicy | None:
+    """With several EPP replicas, an ext_proc stream that could not reach one (it died and
+    Envoy's health check has not seen it yet: connection refused) opens on another: nothing
+    reached the dead one, so the request is routed as if it never had been."""
+    if replicas < 2:
+        return None
+    return CoreRetryPolicy(
+        retry_on="connect-failure,refused-stream,reset-before-request",
+        num_retries=min(replicas - 1, RETRIES),
+        retry_host_predicate=[
+            CoreRetryPolicyRetryHostPredicate(
+                name="envoy.retry_host_predicates.previous_hosts", typed_config=pack(PreviousHostsPredicate())
+            )
+        ],
+        host_selection_retry_max_attempts=3,
+    )
+
+
 def ext_proc_cluster(
     name: str, host: str, port: int, tls: ExtProcTls | None, *, replicas: int = 1
 ) -> Cluster:
@@ -289,12 +311,13 @@ def pool_processing_mode(
 
 
 def _ext_proc_filter(
-    name: str, cluster: str, topo: Topology, *, response_headers: bool, buffered: bool
+    name: str, cluster: str, topo: Topology, *, response_headers: bool, buffered: bool, replicas: int = 1
 ) -> HttpFilter:
     config = ext_processor(
         cluster,
         topo.ext_proc_timeout_s,
         pool_processing_mode(response_headers=response_headers, buffered=buffered),
+        retry_policy=replica_retry_policy(replicas),
     )
     config.status_on_error = HttpStatus(code=StatusCode.ServiceUnavailable)
     config.allow_mode_override = False
@@ -457,6 +480,7 @@ def _pool_routes(config: GatewayConfig, topo: Topology, path: RouteMatch) -> lis
                 grpc_service=GrpcService(
                     envoy_grpc=GrpcServiceEnvoyGrpc(cluster_name=f"epp-{pool.name}"),
                     timeout=seconds(topo.ext_proc_timeout_s),
+                    retry_policy=replica_retry_policy(pool.epp.replicas),
                 ),
                 failure_mode_allow=pool.failure_mode == "FailOpen",
                 # Response headers + trailers: the EPP holds the request's in-flight slot until
@@ -830,7 +854,14 @@ def _routing_filters(config: GatewayConfig, topo: Topology) -> list[HttpFilter]:
         # Off the entry route (Envoy's own replies, direct responses) it must not hold the
         # response: the default skips response headers, `_single_hop_entry` asks for them.
         return [
-            _ext_proc_filter(EPP_FILTER, SINGLE_HOP_CLUSTER, topo, response_headers=False, buffered=buffered)
+            _ext_proc_filter(
+                EPP_FILTER,
+                SINGLE_HOP_CLUSTER,
+                topo,
+                response_headers=False,
+                buffered=buffered,
+                replicas=config.pools[0].epp.replicas,  # every pool names the same count
+            )
         ]
     return [
         _ext_proc_filter(BBR_FILTER, "bbr", topo, response_headers=False, buffered=buffered),
@@ -839,7 +870,12 @@ def _routing_filters(config: GatewayConfig, topo: Topology) -> list[HttpFilter]:
         # Outside pool routes (e.g. Envoy's own reply to a malformed request, which has no
         # route) the EPP must not hold the response: the default skips response headers.
         _ext_proc_filter(
-            EPP_FILTER, f"epp-{config.pools[0].name}", topo, response_headers=False, buffered=buffered
+            EPP_FILTER,
+            f"epp-{config.pools[0].name}",
+            topo,
+            response_headers=False,
+            buffered=buffered,
+            replicas=config.pools[0].epp.replicas,
         ),
     ]
 

@@ -27,6 +27,9 @@ import matplotlib.pyplot as plt
 from bench.harness.loadgen import RequestResult, RunResult
 from bench.harness.stats import Spread, change_pct, summarize
 from bench.harness.summary import REPORTING_SEEDS, load_summaries
+from bench.reports.comparable import ADAPTER_ONLY_THRESHOLDS as ADAPTER_ONLY_THRESHOLDS  # re-exported
+from bench.reports.comparable import ran
+from bench.reports.comparable import shipped_default as shipped_default  # re-exported
 
 BASELINE = "round-robin"
 
@@ -175,43 +178,11 @@ def baseline_for(
 SHIPPED_PREFIX = "epp-default"  # the shipped default profile and its variants (replicas, precise, +tok)
 
 
-def shipped_default() -> dict[str, Any]:
-    """The shipped default profile's weights and thresholds, as a run summary records them."""
-    from gateway.profiles import DEFAULT
-
-    return json.loads(
-        json.dumps(
-            {"weights": dict(DEFAULT.weights), "thresholds": DEFAULT.thresholds.model_dump(by_alias=True)}
-        )
-    )
-
-
-# Added with adapter placement (issue #28); they change nothing for a request without an adapter
-# (virtual time: uniform, mixed-gpu, shared-prefix and bursty identical before and after).
-ADAPTER_ONLY_THRESHOLDS = ("adapterPlacement", "adapterSlotMs")
-
-
 def ran_earlier_default(policy: str, runs: Sequence[Mapping[str, Any]]) -> bool:
     """An `epp-default*` row some of whose runs used another default profile than today's."""
     if not policy.startswith(SHIPPED_PREFIX):
         return False
-    from bench.harness.gateway_policies import DEFAULT_REVISION
-
-    current = shipped_default()
-    for r in runs:
-        config = r.get("policy", {}).get("config") or {}
-        profile = config.get("profile") or {}
-        thresholds = dict(profile.get("thresholds") or {})
-        if not (r.get("scenario", {}).get("workload") or {}).get("adapters"):
-            # Thresholds that act on LoRA requests alone: a run without adapters that predates
-            # them ran what today's default runs on its traffic.
-            for key in ADAPTER_ONLY_THRESHOLDS:
-                thresholds.setdefault(key, current["thresholds"].get(key))
-        if {"weights": profile.get("weights"), "thresholds": thresholds} != current:
-            return True
-        if config.get("default_revision") != DEFAULT_REVISION:  # an earlier request path or ledger
-            return True
-    return False
+    return any(not ran(policy, r).is_current() for r in runs)
 
 
 def render_table(policies: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str = BASELINE) -> str:

@@ -11,6 +11,10 @@ Figures are over the reporting seeds: the median and the [min-max] range. A win 
 outside the spread: a cut is hit when the medians' change meets the goal AND every seed of
 ours is below every seed of the baseline; "below every peer" needs the same separation from
 each peer. Parity (uniform) and closeness to the oracle compare medians.
+
+Two of our rows (N replicas and one EPP, precise and approximate) are compared only when they
+ran the same default (bench/reports/comparable.py); otherwise the row says why ("not
+comparable: ..." or "stale: re-run ...") and gives no change and no verdict.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from bench.harness.stats import Spread
 from bench.harness.summary import REPORTING_SEEDS, load_summaries
+from bench.reports.comparable import Runs, earlier_default, why_not_comparable
 from bench.reports.report import spread
 
 OURS = "epp-default"
@@ -124,8 +129,12 @@ def check_family(figures: Figures) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
-def check_scenario(scenario: str, figures: Figures) -> list[tuple[str, str, bool | None]]:
-    """(what, figures, hit) rows for one scenario; hit None when a policy's runs are missing."""
+def check_scenario(
+    scenario: str, figures: Figures, runs: Mapping[str, Runs] | None = None
+) -> list[tuple[str, str, bool | None]]:
+    """(what, figures, hit) rows for one scenario; hit None when a policy's runs are missing or
+    two rows compared ran different defaults. `runs`: each policy's summaries, which say what
+    default they ran (bench/reports/comparable.py); without them rows are taken as comparable."""
     if scenario.startswith(FAMILY_PREFIX):
         return check_family(figures)
     rows: list[tuple[str, str, bool | None]] = []
@@ -177,46 +186,76 @@ def check_scenario(scenario: str, figures: Figures) -> list[tuple[str, str, bool
         else:
             within = gap is not None and gap <= factor - 1.0
             rows.append((f"TTFT P95 within {factor:g}x the oracle's", text, within))
-    return rows + check_replicas(figures) + check_precise(figures)
+    return rows + check_replicas(figures, runs) + check_precise(figures, runs)
 
 
-def check_replicas(figures: Figures) -> list[tuple[str, str, bool | None]]:
+def refused(runs: Mapping[str, Runs] | None, a: str, b: str, *, replicas_differ: bool = False) -> str | None:
+    """Why rows `a` and `b` may not be compared ("not comparable: ..." or "stale: re-run ..."),
+    None when they may (or when the summaries are not at hand)."""
+    if runs is None or a not in runs or b not in runs:
+        return None
+    return why_not_comparable(a, runs[a], b, runs[b], replicas_differ=replicas_differ)
+
+
+def noted(text: str, runs: Mapping[str, Runs] | None, name: str) -> str:
+    """`text`, with a note when the compared rows both ran an earlier default."""
+    note = None if runs is None or name not in runs else earlier_default(name, runs[name])
+    return text if note is None else f"{text}; {note}"
+
+
+def check_replicas(
+    figures: Figures, runs: Mapping[str, Runs] | None = None
+) -> list[tuple[str, str, bool | None]]:
     """N EPP replicas (`epp-default-Nreplicas`) vs one: TTFT P95 and P50 medians within +5 %.
     One is `epp-default-1replica` where the replicas campaign ran its own baseline (same commit
     and session: replicas are compared on one machine state), else `epp-default`."""
-    one = figures.get(f"{OURS}-1replica") or figures.get(OURS, {})
+    one_name = f"{OURS}-1replica" if f"{OURS}-1replica" in figures else OURS
+    one = figures.get(one_name, {})
     rows: list[tuple[str, str, bool | None]] = []
     for n in REPLICAS:
-        many = figures.get(f"{OURS}-{n}replicas")
+        many_name = f"{OURS}-{n}replicas"
+        many = figures.get(many_name)
         if many is None:
             continue
+        reason = refused(runs, many_name, one_name, replicas_differ=True)
         for metric in ("ttft_p95", "ttft_p50"):
             o, m = one.get(metric), many.get(metric)
             label = f"{n} EPP replicas: TTFT {metric[-3:].upper()} within +5 % of one"
+            if reason is not None:
+                rows.append((label, reason, None))
+                continue
             if o is None or m is None:
                 rows.append((label, "run missing", None))
                 continue
             change = _change(m.median, o.median)
-            text = f"{_fmt_s(m)} vs {_fmt_s(o)}: {_fmt_pct(change)}"
+            text = noted(f"{_fmt_s(m)} vs {_fmt_s(o)}: {_fmt_pct(change)}", runs, one_name)
             rows.append((label, text, change is not None and change <= REPLICA_MARGIN))
     return rows
 
 
-def check_precise(figures: Figures) -> list[tuple[str, str, bool | None]]:
+def check_precise(
+    figures: Figures, runs: Mapping[str, Runs] | None = None
+) -> list[tuple[str, str, bool | None]]:
     """The precise index (KV events) vs the approximate one on the same tokenizing fleet: the
     P95 change, a finding rather than a goal (hit when precise is not worse)."""
     precise = figures.get(PRECISE, {}).get("ttft_p95")
     approx = figures.get(APPROXIMATE_SAME_FLEET, {}).get("ttft_p95")
     if precise is None or approx is None:
         return []
+    label = "TTFT P95, precise vs approximate prefix (same fleet)"
+    reason = refused(runs, PRECISE, APPROXIMATE_SAME_FLEET)
+    if reason is not None:
+        return [(label, reason, None)]
     change = _change(precise.median, approx.median)
-    text = f"precise {_fmt_s(precise)} vs approximate {_fmt_s(approx)}: {_fmt_pct(change)}"
-    return [
-        ("TTFT P95, precise vs approximate prefix (same fleet)", text, change is not None and change <= 0)
-    ]
+    text = noted(
+        f"precise {_fmt_s(precise)} vs approximate {_fmt_s(approx)}: {_fmt_pct(change)}", runs, PRECISE
+    )
+    return [(label, text, change is not None and change <= 0)]
 
 
-def render_scorecard(scenarios: Mapping[str, Figures]) -> str:
+def render_scorecard(
+    scenarios: Mapping[str, Figures], runs: Mapping[str, Mapping[str, Runs]] | None = None
+) -> str:
     seeds = ", ".join(map(str, REPORTING_SEEDS))
     lines = [
         "## Targets: hit or missed",
@@ -225,13 +264,16 @@ def render_scorecard(scenarios: Mapping[str, Figures]) -> str:
         "shipped default profile, is ours: each run records the weights it ran, and runs from",
         "before the current default are marked in the scenario sections;",
         f"steady-window TTFT, median [min-max] over the reporting seeds {seeds}; a win counts only",
-        "outside the spread).",
+        "outside the spread). Two of our rows are compared only when they ran the same default",
+        "(profile, `default_revision`, single- or two-hop, options but the replica count):",
+        'otherwise the row says "not comparable" or "stale: re-run" instead of a change.',
         "",
         "| scenario | target | figures | result |",
         "|---|---|---|---|",
     ]
     for scenario in sorted(scenarios):
-        for what, text, hit in check_scenario(scenario, scenarios[scenario]):
+        own = None if runs is None else runs.get(scenario)
+        for what, text, hit in check_scenario(scenario, scenarios[scenario], own):
             result = "n/a" if hit is None else ("hit" if hit else "**missed**")
             lines.append(f"| {scenario} | {what} | {text} | {result} |")
     return "\n".join(lines) + "\n"
@@ -242,4 +284,4 @@ def scorecard_for(summaries_dir: str | Path, mode: str = "quick") -> str | None:
     runs = load_summaries(summaries_dir, mode, REPORTING_SEEDS)
     if not runs:
         return None
-    return render_scorecard({name: figures_of(policies) for name, policies in runs.items()})
+    return render_scorecard({name: figures_of(policies) for name, policies in runs.items()}, runs)

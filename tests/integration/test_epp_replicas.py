@@ -11,8 +11,6 @@ served, on local counts. The tests run in file order (the last one kills a repli
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import signal
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -22,9 +20,15 @@ import pytest
 
 from devstack.launch import LocalGateway, start_local_gateway
 from devstack.redis_server import RedisServer, start_redis
-from gateway.envoy_config import SINGLE_HOP_CLUSTER
 from tests.integration.conftest import chat
-from tests.reliability.gateway_helpers import metric_value
+from tests.reliability.replica_helpers import (
+    Replica,
+    dead_out_of_rotation,
+    held_streams,
+    replicas_of,
+    settled,
+)
+from tests.waiting import until_awaited as until
 
 LLAMA, POOL = "llama-3.1-8b-instruct", "llama-3-1-8b-instruct"
 FLEET = {
@@ -66,68 +70,10 @@ def gw(
         gw.stop()
 
 
-class Replica:
-    """One EPP replica through its admin port."""
-
-    def __init__(self, name: str, port: int, client: httpx.AsyncClient) -> None:
-        self.name, self._base, self._client = name, f"http://127.0.0.1:{port}", client
-
-    async def pool(self) -> dict[str, Any]:
-        return (await self._client.get(f"{self._base}/debug/pool")).json()  # type: ignore[no-any-return]
-
-    async def inflight(self) -> int:
-        """Total in-flight as this replica schedules on it: its own plus its peers'."""
-        return sum(e["inflight_requests"] for e in (await self.pool())["endpoints"])
-
-    async def local(self) -> int:
-        return sum(c[0] for c in (await self.pool())["local_inflight"].values())
-
-    async def metric(self, metric: str, **labels: str) -> float:
-        return metric_value((await self._client.get(f"{self._base}/metrics")).text, metric, **labels)
-
-    async def routed(self) -> float:
-        return await self.metric("inference_objective_request_total", model_name=LLAMA)
-
-
 @pytest.fixture
 async def replicas(gw: LocalGateway) -> AsyncIterator[list[Replica]]:
     async with httpx.AsyncClient(timeout=5) as client:
-        ports = gw.epp_replica_metrics_ports[POOL]
-        yield [
-            Replica(name, port, client) for name, port in zip(gw.epp_replica_names(POOL), ports, strict=True)
-        ]
-
-
-async def until(check: Any, what: str, timeout_s: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, f"{what}: not within {timeout_s} s"
-        await asyncio.sleep(0.02)
-
-
-@contextlib.asynccontextmanager
-async def held_streams(client: httpx.AsyncClient, n: int) -> AsyncIterator[None]:
-    """`n` streamed answers, each open past its first token until the block ends (then aborted)."""
-    readers = []  # kept referenced: a line iterator garbage-collected mid-stream closes the stream
-    async with contextlib.AsyncExitStack() as stack:
-        for i in range(n):
-            body = chat(LLAMA, f"hold {i}", stream=True, max_tokens=3000)
-            r = await stack.enter_async_context(client.stream("POST", "/v1/chat/completions", json=body))
-            assert r.status_code == 200
-            lines = r.aiter_lines()
-            readers.append(lines)
-            while not (await anext(lines)).startswith("data: "):
-                pass
-        yield
-
-
-async def settled(replicas: list[Replica]) -> None:
-    for replica in replicas:
-
-        async def zero(replica: Replica = replica) -> bool:
-            return await replica.inflight() == 0
-
-        await until(zero, f"{replica.name}: in-flight back to 0")
+        yield replicas_of(gw, POOL, LLAMA, client)
 
 
 async def test_requests_through_envoy_land_on_both_replicas(
@@ -160,7 +106,7 @@ async def test_requests_through_envoy_land_on_both_replicas(
 async def test_each_replica_counts_the_other_replicas_requests(
     gw: LocalGateway, replicas: list[Replica]
 ) -> None:
-    async with gw.client() as client, held_streams(client, 4):
+    async with gw.client() as client, held_streams(client, LLAMA, 4):
         for r in replicas:
 
             async def sees_all(r: Replica = r) -> bool:
@@ -190,7 +136,7 @@ async def test_requests_are_served_while_redis_is_down(
                 await until(failed, f"{r.name} counts the Redis failure")
                 assert await r.metric("gateway_shared_state_up", inference_pool=POOL) == 0
             # Still scheduling, on local counts only: each sees exactly its own stream.
-            async with held_streams(client, 2):
+            async with held_streams(client, LLAMA, 2):
                 own = [await r.local() for r in replicas]
                 assert [await r.inflight() for r in replicas] == own and sum(own) == 2
     finally:
@@ -209,7 +155,7 @@ async def test_a_killed_replica_stops_counting_and_the_other_serves(
 ) -> None:
     live, dead = replicas
     async with gw.client() as client:
-        async with held_streams(client, 4):
+        async with held_streams(client, LLAMA, 4):
             await until(lambda: _equals(dead.inflight, 4), "the doomed replica sees all 4")
             own = await dead.local()
             assert own >= 1
@@ -220,7 +166,7 @@ async def test_a_killed_replica_stops_counting_and_the_other_serves(
             assert await live.local() == 4 - own
             assert await live.metric("gateway_shared_state_peers", inference_pool=POOL) == 0
         # Envoy's health check takes the dead replica out of rotation; then every request lands.
-        await until(lambda: _dead_out_of_rotation(gw), "Envoy ejects the dead replica")
+        await until(lambda: dead_out_of_rotation(gw, POOL, 1), "Envoy ejects the dead replica")
         before = await live.routed()
         for i in range(8):
             assert (await client.post("/v1/chat/completions", json=chat(LLAMA, f"k{i}"))).status_code == 200
@@ -230,12 +176,3 @@ async def test_a_killed_replica_stops_counting_and_the_other_serves(
 
 async def _equals(read: Any, value: int) -> bool:
     return bool(await read() == value)
-
-
-async def _dead_out_of_rotation(gw: LocalGateway) -> bool:
-    dead_port = gw.epp_replica_ports[POOL][1]
-    async with httpx.AsyncClient(timeout=2) as admin:
-        text = (await admin.get(f"http://127.0.0.1:{gw.admin_port}/clusters")).text
-    cluster = SINGLE_HOP_CLUSTER if gw.single_hop else f"epp-{POOL}"
-    prefix = f"{cluster}::127.0.0.1:{dead_port}::health_flags::"
-    return any(line.startswith(prefix) and "failed" in line for line in text.splitlines())

@@ -101,3 +101,45 @@ def test_single_hop_names_one_epp_for_every_pool(tmp_path: Path) -> None:
     assert clusters == ["epp"]
     with pytest.raises(SystemExit, match="replaces --bbr"):
         render_yaml([*argv, "--bbr", "127.0.0.1:9004"])
+
+
+def _grpc_services(node: Any) -> list[dict[str, Any]]:
+    """Every `grpc_service` block in a rendered bootstrap (ext_proc filters and their per-route overrides)."""
+    if isinstance(node, list):
+        return [s for item in node for s in _grpc_services(item)]
+    if not isinstance(node, dict):
+        return []
+    found = [node["grpc_service"]] if isinstance(node.get("grpc_service"), dict) else []
+    return found + [s for key, value in node.items() if key != "grpc_service" for s in _grpc_services(value)]
+
+
+@pytest.mark.parametrize("single_hop", [False, True], ids=["two-hop", "single-hop"])
+def test_an_ext_proc_stream_that_cannot_reach_a_replica_opens_on_another(
+    tmp_path: Path, single_hop: bool
+) -> None:
+    """A replica killed before Envoy's health check saw it refuses the next stream's
+    connection: with several replicas Envoy retries the stream on another (a different host,
+    nothing sent yet), so the request is not failed; one EPP has nowhere else to go."""
+    config = yaml.safe_load((ROOT / "envoy/example-gateway.yaml").read_text())
+    llama, qwen = config["pools"]
+    llama["epp"]["replicas"] = 2
+    argv = ["--config", str(tmp_path / "gateway.yaml"), *TLS]
+    if single_hop:
+        qwen.pop("failureMode")
+        qwen["epp"] = llama["epp"]  # one EPP (two replicas) serves every pool
+        argv += ["--single-hop", "127.0.0.1:9002"]
+    else:
+        argv += ["--bbr", "127.0.0.1:9004", "--epp", "llama=127.0.0.1:9002", "--epp", "qwen=127.0.0.1:9003"]
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    services = _grpc_services(yaml.safe_load(render_yaml(argv))["static_resources"])
+    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    for service in services:
+        by_cluster.setdefault(service["envoy_grpc"]["cluster_name"], []).append(service)
+    replicated = by_cluster["epp"] if single_hop else by_cluster["epp-llama"]
+    for service in replicated:
+        policy = service["retry_policy"]
+        assert policy["retry_on"] == "connect-failure,refused-stream,reset-before-request"
+        assert policy["num_retries"] == 1
+        assert policy["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
+    if not single_hop:
+        assert all("retry_policy" not in s for s in by_cluster["epp-qwen"] + by_cluster["bbr"])
