@@ -179,6 +179,7 @@ class EppApp:
         # More than one worker: they serve the streams, this process decides (epp/workers.py).
         self.worker_count = 1 if shared is not None else resolve_workers(workers or pool_config.epp.workers)
         self._worker_options = worker_options or {}
+        self._workers_setting = pool_config.epp.workers  # read at start, like sharedState
         self.workers: WorkerFront | None = None
         # /debug/pool's "workers": this app's own, or (single-hop) those of the process serving it.
         self.workers_debug: Callable[[], dict[str, Any]] | None = None
@@ -238,6 +239,8 @@ class EppApp:
             return
         if config.shared_state != self._shared_config:
             log.warning("sharedState changed: it is read at start; restart the EPP to apply it")
+        if config.pool(self.pool_name).epp.workers != self._workers_setting and self._shared is None:
+            log.warning("epp.workers changed: it is read at start; restart the EPP to apply it")
         self.scheduler = build_scheduler(config, self.scheduler)
         self.ctx.scheduler = self.scheduler
         self._apply(config)
