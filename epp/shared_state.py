@@ -42,6 +42,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -236,6 +237,48 @@ def parse_totals(flat: list[Any]) -> dict[str, tuple[int, int]]:
     return {pod.decode(): (requests, tokens) for pod, requests, tokens in zip(it, it, it, strict=False)}
 
 
+@dataclass(frozen=True)
+class Outgoing:
+    """What one round trip sends (the script's ARGV beyond the keys and ids): this replica's
+    counts ("pod requests,tokens" and "busy:pod ms" lines), its routing decisions, scrapes and
+    picks since the last call (msgpack, b"" = none), and whether it reads the stream. Built by
+    `SharedState.outgoing`; the live loop sends it to Redis, the virtual-time store
+    (bench/vtime/shared_store.py) does what the script does with it."""
+
+    counts: bytes
+    decisions: bytes
+    scrapes: bytes
+    picks: bytes
+    reading: bool
+
+
+class RoundTripCadence:
+    """When a replica sends its next round trip (`SharedState.run`'s rule, also followed by the
+    virtual-time store): at once when its counts, decisions, scrapes or picks changed since the
+    last one (checked every `publishIntervalMs`), else every `idleIntervalMs`; while Redis is
+    down, every half TTL (a dead Redis costs a connect attempt, not 50 a second)."""
+
+    def __init__(self, config: SharedStateConfig) -> None:
+        self.interval_s = config.publish_interval_ms / 1000
+        self.idle_s = config.idle_interval_ms / 1000
+        self.retry_s = max(self.idle_s, config.ttl_ms / 2000)
+        self.published: Mapping[str, tuple[int, int]] | None = None
+        self.published_busy: Mapping[str, int] = {}
+        self.last = -math.inf
+        self.ok = True
+
+    def due(
+        self, now: float, local: Mapping[str, tuple[int, int]], busy: Mapping[str, int], news: bool
+    ) -> bool:
+        changed = local != self.published or busy != self.published_busy or news
+        return (changed and self.ok) or now - self.last >= (self.idle_s if self.ok else self.retry_s)
+
+    def sent(
+        self, now: float, local: Mapping[str, tuple[int, int]], busy: Mapping[str, int], ok: bool
+    ) -> None:
+        self.published, self.published_busy, self.last, self.ok = local, busy, now, ok
+
+
 class SharedState:
     """Publishes this replica's in-flight per pod and feeds the others' into the Pool; with a
     `prefix_index`, shares its routing decisions too and teaches the index the others'."""
@@ -265,6 +308,9 @@ class SharedState:
             self.prefix_index.on_add = self._on_add
         self.config = config
         self.replica_id = replica_id or default_replica_id()
+        # The clocks scrapes are carried on (wall) and kept on (monotonic, the pool's).
+        self.wall_clock: Callable[[], float] = time.time
+        self.mono_clock: Callable[[], float] = time.monotonic
         # One connection, no hidden retries: the loop's own cadence retries.
         self._redis = ScriptConnection(config.redis, _SCRIPT, config.timeout_ms / 1000)
         tag = f"{config.key_prefix}:{{{pool_name}}}"
@@ -277,13 +323,14 @@ class SharedState:
         # `_subscription` and count until the next round trip replaces their totals.
         self._picks: list[tuple[str, int, int]] = []
         self._wake: asyncio.Future[None] | None = None
+        self.wake_hook: Callable[[], None] | None = None  # a pick to tell (virtual time's loop)
         self._pushed = False  # a peer's pick counted since our last round trip
         self.picks_learned = 0
         self._subscription: Subscription | None = None
         self._listen_task: asyncio.Task[None] | None = None
         if config.push_picks:
             self._subscription = Subscription(
-                config.redis, self._channel.encode(), config.timeout_ms / 1000, self._on_peer_picks
+                config.redis, self._channel.encode(), config.timeout_ms / 1000, self.apply_peer_picks
             )
             pool.pick_hook = self._on_pick
         self.peers: list[str] = []  # the other live replicas' ids
@@ -329,8 +376,10 @@ class SharedState:
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
+        if self.wake_hook is not None:
+            self.wake_hook()
 
-    def _on_peer_picks(self, payload: bytes) -> None:
+    def apply_peer_picks(self, payload: bytes) -> None:
         """Another replica's picks, as it made them: counted now (Pool.add_remote_pick)."""
         try:
             sender, picks = msgpack.unpackb(payload)
@@ -349,42 +398,74 @@ class SharedState:
         if self.on_scrape is not None:
             self._scrapes[address] = (metrics, sent_at)
 
-    async def _round_trip(
+    def has_news(self) -> bool:
+        """Decisions, scrapes or picks of ours to send, or a peer's pick counted since the last
+        round trip (whose totals the next one replaces)."""
+        return bool(self._outbox) or bool(self._scrapes) or bool(self._picks) or self._pushed
+
+    def has_picks(self) -> bool:
+        """Picks of ours made since the last payload was built (`run` sends them at once)."""
+        return bool(self._picks)
+
+    def outgoing(
         self, local: Mapping[str, tuple[int, int]], busy: Mapping[str, int] | None = None
-    ) -> bool:
+    ) -> Outgoing:
+        """This replica's payload for one round trip; takes its queued decisions, scrapes and
+        picks (lost if the call fails: the index is a guess anyway, the next scrape replaces a
+        scrape, the next round trip's counts carry the picks)."""
         decisions = b""
         if self._outbox:
             decisions = msgpack.packb([[a, list(h)] for a, h in self._outbox])
-            self._outbox.clear()  # lost if the call fails: the index is a guess anyway
+            self._outbox.clear()
         scrapes = b""
         if self._scrapes:
-            wall, mono = time.time(), time.monotonic()
+            wall, mono = self.wall_clock(), self.mono_clock()
             scrapes = msgpack.packb(
                 [encode_scrape(a, m, t, wall, mono) for a, (m, t) in self._scrapes.items()]
             )
-            self._scrapes.clear()  # lost if the call fails: the next scrape replaces it
-        config, me = self.config, self.replica_id
+            self._scrapes.clear()
         lines = [f"{pod} {r},{t}" for pod, (r, t) in list(local.items())[:MAX_PODS_PER_CALL]]
         lines += [f"busy:{pod} {ms}" for pod, ms in list((busy or {}).items())[:MAX_PODS_PER_CALL]]
-        counts = "\n".join(lines)
-        reading = b"1" if self.prefix_index is not None or self.on_scrape is not None else b"0"
         picks = b""
         if self._picks:
-            picks = msgpack.packb([me, self._picks])
-            self._picks = []  # lost if the call fails: the next round trip's counts carry them
+            picks = msgpack.packb([self.replica_id, self._picks])
+            self._picks = []
         self._pushed = False
+        reading = self.prefix_index is not None or self.on_scrape is not None
+        return Outgoing("\n".join(lines).encode(), decisions, scrapes, picks, reading)
+
+    async def _round_trip(
+        self, local: Mapping[str, tuple[int, int]], busy: Mapping[str, int] | None = None
+    ) -> bool:
+        out = self.outgoing(local, busy)
+        config, me = self.config, self.replica_id
         args = [b"%d" % config.ttl_ms, me.encode(), self._hash_prefix.encode(), self._last_id.encode()]
-        args += (decisions, b"%d" % config.prefix_stream_max_len, reading, counts.encode(), scrapes)
-        args += (self._channel.encode(), picks)
+        args += (out.decisions, b"%d" % config.prefix_stream_max_len, b"1" if out.reading else b"0")
+        args += (out.counts, out.scrapes, self._channel.encode(), out.picks)
         keys = [k.encode() for k in (self._set_key, self._hash_prefix + me, self._stream_key)]
         try:  # bounded by timeoutMs
-            peers, totals, blobs, last_id, scrape_blobs, busy_flat = await self._redis.evalsha(keys, args)
+            reply = await self._redis.evalsha(keys, args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            return False
+        return self.apply_reply(reply)
+
+    @property
+    def last_read(self) -> str:
+        """The last stream entry id this replica read ("" = none yet)."""
+        return self._last_id
+
+    def apply_reply(self, reply: Any) -> bool:
+        """Take the script's reply: the peers, their counts and busy summed per pod, their
+        decisions and scrapes since our last read. False (and local counts only) when malformed."""
+        try:
+            peers, totals, blobs, last_id, scrape_blobs, busy_flat = reply
             remote_busy = parse_busy(busy_flat)
             if totals != self._totals:  # unchanged (idle peers): nothing to parse
                 self.remote, self._totals = parse_totals(totals), totals
             self.peers = [_text(p) for p in peers]
             self._last_id = _text(last_id)
-        except (RedisError, OSError, TimeoutError, ValueError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             self._failed(exc)
             return False
         self._learn(blobs)
@@ -417,7 +498,7 @@ class SharedState:
         apply = self.on_scrape
         if apply is None or not blobs:
             return
-        wall, mono = time.time(), time.monotonic()
+        wall, mono = self.wall_clock(), self.mono_clock()
         for blob in blobs:
             try:
                 decoded = [decode_scrape(entry, wall, mono) for entry in msgpack.unpackb(blob)]
@@ -445,31 +526,16 @@ class SharedState:
         self.connected = False
 
     async def run(self) -> None:
-        interval = self.config.publish_interval_ms / 1000
-        idle = self.config.idle_interval_ms / 1000
-        # Down: retry every half TTL, so a dead Redis costs a connect attempt, not 50 a second.
-        retry = max(idle, self.config.ttl_ms / 2000)
+        cadence = RoundTripCadence(self.config)
         loop = asyncio.get_running_loop()
-        published: Mapping[str, tuple[int, int]] | None = None
-        published_busy: Mapping[str, int] = {}
-        last, ok = -math.inf, True
         while True:
             local, busy = self.pool.local_inflight(), self.pool.local_busy_ms()
             now = loop.time()
-            changed = (
-                local != published
-                or busy != published_busy
-                or bool(self._outbox)
-                or bool(self._scrapes)
-                or bool(self._picks)
-                or self._pushed
-            )
-            if (changed and ok) or now - last >= (idle if ok else retry):
-                ok = await self._round_trip(local, busy)
-                published, published_busy, last = local, busy, now
-            if self._picks and ok:
+            if cadence.due(now, local, busy, self.has_news()):
+                cadence.sent(now, local, busy, await self._round_trip(local, busy))
+            if self.has_picks() and cadence.ok:
                 continue  # picks made during the round trip: publish them now
-            await self._sleep(loop, interval)
+            await self._sleep(loop, cadence.interval_s)
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
         """`seconds`, or less when this replica picks (its picks wake the loop)."""
