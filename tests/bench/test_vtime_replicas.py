@@ -61,7 +61,7 @@ async def test_the_virtual_script_answers_as_the_redis_script(redis: RedisServer
     hashes = live["a"][1].hashes("m", "a shared system prompt " * 40)
 
     async def step(name: str) -> None:
-        pool, _, state = live[name]
+        _, _, state = live[name]
         assert await state.sync_once()
         vpool, _, vstate = virtual[name]
         out = vstate.outgoing(vpool.local_inflight(), vpool.local_busy_ms())
@@ -127,7 +127,7 @@ def test_a_silent_replica_expires_from_the_virtual_store() -> None:
 
 
 def test_one_replica_is_the_single_epp() -> None:
-    single, _, router = run_one(SCENARIO, "epp-default", gateway_ms=0.0)
+    single, _, _ = run_one(SCENARIO, "epp-default", gateway_ms=0.0)
     one, _, one_router = run_one(SCENARIO, "epp-default", gateway_ms=0.0, replicas=1)
     key = [(r.index, r.pod, r.ttft_s, r.e2e_s) for r in single]
     assert key == [(r.index, r.pod, r.ttft_s, r.e2e_s) for r in one]
