@@ -38,17 +38,21 @@ class _Entry:
 class _Hash:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     busy: dict[str, int] = field(default_factory=dict)
+    lora: dict[str, int] = field(default_factory=dict)  # "pod/adapter" -> requests
     expires_at: float = 0.0  # EPP seconds
 
 
 def parse_counts(counts: bytes) -> _Hash:
-    """The script's reading of ARGV[8]: "pod requests,tokens" and "busy:pod ms" lines."""
+    """The script's reading of ARGV[8]: "pod requests,tokens", "busy:pod ms" and
+    "lora:pod/adapter n" lines."""
     out = _Hash()
     for line in counts.decode().split("\n"):
         pod, _, value = line.partition(" ")
         if not pod or not value:
             continue
-        if pod.startswith("busy:"):
+        if pod.startswith("lora:"):
+            out.lora[pod[5:]] = max(0, int(value.split(",", 1)[0]))
+        elif pod.startswith("busy:"):
             out.busy[pod[5:]] = max(0, int(value.split(",", 1)[0]))
         else:
             requests, _, tokens = value.partition(",")
@@ -78,6 +82,7 @@ class StoreScript:
         peers: list[bytes] = []
         totals: dict[str, list[int]] = {}
         busy: dict[str, int] = {}
+        lora: dict[str, int] = {}
         for replica in list(self.members):
             if replica == me:
                 continue
@@ -93,6 +98,8 @@ class StoreScript:
                 total[1] += tokens
             for pod, ms in held.busy.items():
                 busy[pod] = busy.get(pod, 0) + ms
+            for key, n in held.lora.items():
+                lora[key] = lora.get(key, 0) + n
         if out.decisions or out.scrapes:
             self.stream.append(_Entry(next(self._ids), me, out.decisions, out.scrapes))
             del self.stream[: max(0, len(self.stream) - self.stream_max_len)]
@@ -114,7 +121,10 @@ class StoreScript:
         busy_flat: list[Any] = []
         for pod, ms in busy.items():
             busy_flat += [pod.encode(), ms]
-        return [peers, flat, blobs, last.encode(), scrapes, busy_flat]
+        lora_flat: list[Any] = []
+        for key, n in lora.items():
+            lora_flat += [key.encode(), n]
+        return [peers, flat, blobs, last.encode(), scrapes, busy_flat, lora_flat]
 
 
 class _ReplicaLoop:
@@ -139,7 +149,7 @@ class _ReplicaLoop:
         now = store.epp_now()
         local, busy = state.pool.local_inflight(), state.pool.local_busy_ms()
         if self.cadence.due(now, local, busy, state.has_news()):
-            out = state.outgoing(local, busy)
+            out = state.outgoing(local, busy, state.local_lora())
             self.in_flight = True
             self.round_trips += 1
             last_read = state.last_read
@@ -170,8 +180,11 @@ class _ReplicaLoop:
         self.store.after(self.cadence.interval_s, lambda: self.tick(generation))
 
     def wake(self) -> None:
+        """A pick of this replica: its loop runs as soon as the decision has returned (the live
+        loop resumes on the event loop after the request's handler yields)."""
         if not self.in_flight:
-            self.tick()
+            generation = self.sleep_generation
+            self.store.after(0.0, lambda: self.tick(generation))
 
 
 class VirtualSharedStore:
