@@ -17,6 +17,7 @@ from bench.vtime.loop import TIMER, Events
 from bench.vtime.shared_store import StoreScript, VirtualSharedStore
 from devstack.redis_server import RedisServer, start_redis
 from epp.pool import Endpoint, Pool
+from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.prefix import PrefixIndex
 from epp.shared_state import SharedState
 from gateway.config import SharedStateConfig
@@ -38,7 +39,10 @@ def _replica(url: str, prefix: str, name: str) -> tuple[Pool, PrefixIndex, Share
     pool = Pool([Endpoint(POD_A, frozenset({"m"})), Endpoint(POD_B, frozenset({"m"}))])
     index = PrefixIndex()
     config = SharedStateConfig.model_validate({"redis": url, "keyPrefix": prefix})
-    state = SharedState(pool, "p", config, CollectorRegistry(), replica_id=name, prefix_index=index)
+    residency = AdapterResidency(clock=pool.clock)
+    state = SharedState(
+        pool, "p", config, CollectorRegistry(), replica_id=name, prefix_index=index, residency=residency
+    )
     return pool, index, state
 
 
@@ -48,6 +52,7 @@ def _picture(pool: Pool, state: SharedState) -> dict[str, Any]:
         "peers": list(state.peers),
         "remote": dict(state.remote),
         "learned": state.learned,
+        "lora": state.residency.in_flight(POD_A) if state.residency is not None else None,
         "inflight": {a: (s.inflight_requests, s.inflight_tokens) for a, s in by.items()},
     }
 
@@ -64,11 +69,14 @@ async def test_the_virtual_script_answers_as_the_redis_script(redis: RedisServer
         _, _, state = live[name]
         assert await state.sync_once()
         vpool, _, vstate = virtual[name]
-        out = vstate.outgoing(vpool.local_inflight(), vpool.local_busy_ms())
+        out = vstate.outgoing(vpool.local_inflight(), vpool.local_busy_ms(), vstate.local_lora())
         assert vstate.apply_reply(script.call(0.0, vstate.replica_id, vstate.last_read, out))
 
     for replicas in (live, virtual):
         replicas["a"][0].on_routed(POD_A, 10)
+        residency = replicas["a"][2].residency
+        assert residency is not None
+        residency.on_routed(POD_A, "sql", 40)
         replicas["a"][0].on_routed(POD_A, 20)
         replicas["a"][1].add(POD_A, hashes)
         replicas["b"][0].on_routed(POD_B, 7)
@@ -79,6 +87,8 @@ async def test_the_virtual_script_answers_as_the_redis_script(redis: RedisServer
         assert _picture(*live[name][::2]) == _picture(*virtual[name][::2])
     assert virtual["b"][2].remote == {POD_A: (2, 30)} and virtual["a"][2].remote == {POD_B: (1, 7)}
     assert virtual["b"][1].match(hashes, POD_A) == len(hashes)
+    b_residency = virtual["b"][2].residency
+    assert b_residency is not None and b_residency.in_flight(POD_A) == {"sql": 1}  # a's, summed
     assert live["a"][2].last_read and virtual["a"][2].last_read
     for _, _, state in live.values():
         await state.stop()
@@ -104,14 +114,22 @@ def test_pushed_picks_reach_the_peer_after_the_round_trip() -> None:
     assert a.peers == ["b"] and b.peers == ["a"]
     t0 = events.now
     pool_a.on_routed(POD_A, 50, 0.004)  # pick_hook: wakes a's loop
+    assert a.residency is not None and b.residency is not None
+    a.residency.on_routed(POD_A, "sql", 30)  # the scheduler's part of the same routing
     _run_to(events, t0 + 0.0009)
     assert b.picks_learned == 0  # the call is on its way (0.5 ms) and so is the message
     _run_to(events, t0 + 0.0011)
     assert b.picks_learned == 1
     assert pool_b.snapshot().by_address()[POD_A].inflight_requests == 1
+    assert b.residency.in_flight(POD_A) == {"sql": 1}  # its adapter too: b places it where a did
+    assert b.residency.adapters(POD_A, 1) == ["sql"]
     _run_to(events, t0 + 0.5)
     assert b.remote == {POD_A: (1, 50)}  # the counts, once the push is replaced by the totals
     assert pool_b.snapshot().by_address()[POD_A].inflight_requests == 1  # counted once
+    assert b.residency.in_flight(POD_A) == {"sql": 1}
+    a.residency.on_finished(POD_A, "sql")
+    _run_to(events, t0 + 1.0)
+    assert b.residency.in_flight(POD_A) == {}  # a's round trip after the end: gone for b too
 
 
 def test_a_silent_replica_expires_from_the_virtual_store() -> None:
