@@ -6,7 +6,8 @@
 Reads `<summaries>/<mode>/<scenario>/<policy>[-<N>replicas]/seed-*.json` (`bench sim
 --replicas N`) and prints, per scenario and replica count, the steady-state TTFT P50 and P95
 over the seeds as median [min-max] and the change of each median vs one EPP; a change beyond
-`--limit-pct` (worse) is flagged `!`. Only scenarios with a one-replica row are shown.
+`--limit-pct` (worse) is flagged `!`. Only scenarios with a one-replica row and a replica run
+are shown.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def table(
         scenario = scenario_dir.name
         if not (scenario_dir / policy).is_dir():
             continue
+        if not any((scenario_dir / replica_label(policy, n)).is_dir() for n in counts if n > 1):
+            continue  # no replica run of this scenario
         base = load_row(root, mode, scenario, policy)
         for n in counts:
             row = load_row(root, mode, scenario, replica_label(policy, n))
