@@ -173,6 +173,7 @@ class EppApp:
                 self.telemetry.registry,
                 prefix_index=self.scheduler.prefix_index,  # kept across reloads (build_scheduler)
                 on_scrape=self._on_peer_scrape,
+                residency=self.scheduler.residency,  # kept across reloads too
             )
         self._shared_config = config.shared_state
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")

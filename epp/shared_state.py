@@ -42,6 +42,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -50,6 +51,7 @@ from redis.exceptions import RedisError
 
 from epp.pool import Metrics, Pool
 from epp.redis_script import ScriptConnection, Subscription, encode_command
+from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.prefix import PrefixIndex
 from gateway.config import SharedStateConfig
 from gateway.supervise import spawn
@@ -60,15 +62,17 @@ log = logging.getLogger(__name__)
 # ARGV: 1 ttl_ms, 2 this replica's id, 3 the prefix of every replica's hash key, 4 the last
 # stream id read ("" = none yet: read from the oldest kept), 5 this replica's decisions since
 # the last call (msgpack, "" = none), 6 the stream's cap, 7 whether to read the stream (0/1),
-# 8 this replica's counts ("pod requests,tokens" lines, and "busy:pod ms" lines: its pending
-# prefill milliseconds on the pod that no page shows yet; one argument whatever the pod count),
+# 8 this replica's counts ("pod requests,tokens" lines, "busy:pod ms" lines: its pending
+# prefill milliseconds on the pod that no page shows yet, and "lora:pod/adapter n" lines: its
+# requests in flight per pod and LoRA adapter; one argument whatever the pod count),
 # 9 this replica's scrapes since the last call (msgpack, "" = none), 10 the pool's picks channel,
 # 11 this replica's picks since the last call (msgpack, "" = none): published on the channel
 # once its hash holds them, so a peer that reads the hash after the message counts them once.
 # Returns {{the other live replicas' ids}, {pod, requests, tokens, ...: their counts summed per
 # pod (malformed values skipped)}, {the other replicas' decision blobs after ARGV[4]}, the last
-# stream id read, {their scrape blobs}, {pod, ms, ...: their busy milliseconds summed per pod}}.
-# A replica running an older script reads a "busy:pod" field as a pod it does not know. Summing here keeps the reply (and its parsing on the
+# stream id read, {their scrape blobs}, {pod, ms, ...: their busy milliseconds summed per pod},
+# {pod/adapter, requests, ...: their LoRA requests in flight summed per pod and adapter}}.
+# A replica running an older script reads a "busy:pod" or "lora:..." field as a pod it does not know. Summing here keeps the reply (and its parsing on the
 # EPP's event loop) one entry per pod however many replicas there are.
 _SCRIPT = """
 local ttl = tonumber(ARGV[1])
@@ -85,7 +89,7 @@ end
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('SADD', KEYS[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ttl * 100)
-local peers, totals, order, busy, busy_order = {}, {}, {}, {}, {}
+local peers, totals, order, busy, busy_order, lora, lora_order = {}, {}, {}, {}, {}, {}, {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if id ~= ARGV[2] then
     local vals = redis.call('HGETALL', ARGV[3] .. id)
@@ -96,7 +100,16 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
       for i = 1, #vals - 1, 2 do
         local requests, tokens = string.match(vals[i + 1], '^(-?%d+),?(-?%d*)$')
         local busy_pod = string.match(vals[i], '^busy:(.+)$')
-        if busy_pod then
+        local lora_key = string.match(vals[i], '^lora:(.+)$')
+        if lora_key then
+          if requests then
+            if lora[lora_key] == nil then
+              lora[lora_key] = 0
+              lora_order[#lora_order + 1] = lora_key
+            end
+            lora[lora_key] = lora[lora_key] + math.max(0, tonumber(requests))
+          end
+        elseif busy_pod then
           if requests then
             if busy[busy_pod] == nil then
               busy[busy_pod] = 0
@@ -157,7 +170,12 @@ end
 if ARGV[11] ~= nil and ARGV[11] ~= '' then
   redis.call('PUBLISH', ARGV[10], ARGV[11])
 end
-return {peers, flat, blobs, last, scrapes, busy_flat}
+local lora_flat = {}
+for _, key in ipairs(lora_order) do
+  lora_flat[#lora_flat + 1] = key
+  lora_flat[#lora_flat + 1] = lora[key]
+end
+return {peers, flat, blobs, last, scrapes, busy_flat, lora_flat}
 """
 
 # Pods per script call: Lua's unpack takes at most a few thousand values.
@@ -230,10 +248,63 @@ def parse_busy(flat: list[Any]) -> dict[str, float]:
     return {pod.decode(): ms / 1000.0 for pod, ms in zip(it, it, strict=False)}
 
 
+def parse_lora(flat: list[Any]) -> dict[str, dict[str, int]]:
+    """The script's summed LoRA counts (pod/adapter, requests, ...) -> pod -> adapter -> requests."""
+    it = iter(flat)
+    out: dict[str, dict[str, int]] = {}
+    for key, requests in zip(it, it, strict=False):
+        pod, _, adapter = _text(key).partition("/")
+        if adapter:
+            out.setdefault(pod, {})[adapter] = int(requests)
+    return out
+
+
 def parse_totals(flat: list[Any]) -> dict[str, tuple[int, int]]:
     """The script's summed counts (pod, requests, tokens, ...) -> pod -> (requests, tokens)."""
     it = iter(flat)
     return {pod.decode(): (requests, tokens) for pod, requests, tokens in zip(it, it, it, strict=False)}
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """What one round trip sends (the script's ARGV beyond the keys and ids): this replica's
+    counts ("pod requests,tokens" and "busy:pod ms" lines), its routing decisions, scrapes and
+    picks since the last call (msgpack, b"" = none), and whether it reads the stream. Built by
+    `SharedState.outgoing`; the live loop sends it to Redis, the virtual-time store
+    (bench/vtime/shared_store.py) does what the script does with it."""
+
+    counts: bytes
+    decisions: bytes
+    scrapes: bytes
+    picks: bytes
+    reading: bool
+
+
+class RoundTripCadence:
+    """When a replica sends its next round trip (`SharedState.run`'s rule, also followed by the
+    virtual-time store): at once when its counts, decisions, scrapes or picks changed since the
+    last one (checked every `publishIntervalMs`), else every `idleIntervalMs`; while Redis is
+    down, every half TTL (a dead Redis costs a connect attempt, not 50 a second)."""
+
+    def __init__(self, config: SharedStateConfig) -> None:
+        self.interval_s = config.publish_interval_ms / 1000
+        self.idle_s = config.idle_interval_ms / 1000
+        self.retry_s = max(self.idle_s, config.ttl_ms / 2000)
+        self.published: Mapping[str, tuple[int, int]] | None = None
+        self.published_busy: Mapping[str, int] = {}
+        self.last = -math.inf
+        self.ok = True
+
+    def due(
+        self, now: float, local: Mapping[str, tuple[int, int]], busy: Mapping[str, int], news: bool
+    ) -> bool:
+        changed = local != self.published or busy != self.published_busy or news
+        return (changed and self.ok) or now - self.last >= (self.idle_s if self.ok else self.retry_s)
+
+    def sent(
+        self, now: float, local: Mapping[str, tuple[int, int]], busy: Mapping[str, int], ok: bool
+    ) -> None:
+        self.published, self.published_busy, self.last, self.ok = local, busy, now, ok
 
 
 class SharedState:
@@ -250,8 +321,12 @@ class SharedState:
         replica_id: str | None = None,
         prefix_index: PrefixIndex | None = None,
         on_scrape: Callable[[str, Metrics, float], None] | None = None,
+        residency: AdapterResidency | None = None,
     ) -> None:
         self.pool = pool
+        # Adapter residency (epp/scheduling/lora.py): this replica's LoRA requests in flight per
+        # pod are published and pushed with its picks; the peers' are its remote share.
+        self.residency = residency
         self.prefix_index = prefix_index if config.prefix_index else None
         # A peer's scrape (address, metrics, sent_at): applied as if this replica had read it.
         self.on_scrape = on_scrape if config.share_scrapes else None
@@ -265,6 +340,9 @@ class SharedState:
             self.prefix_index.on_add = self._on_add
         self.config = config
         self.replica_id = replica_id or default_replica_id()
+        # The clocks scrapes are carried on (wall) and kept on (monotonic, the pool's).
+        self.wall_clock: Callable[[], float] = time.time
+        self.mono_clock: Callable[[], float] = time.monotonic
         # One connection, no hidden retries: the loop's own cadence retries.
         self._redis = ScriptConnection(config.redis, _SCRIPT, config.timeout_ms / 1000)
         tag = f"{config.key_prefix}:{{{pool_name}}}"
@@ -276,16 +354,20 @@ class SharedState:
         # carries them (and wakes at once for them while peers are live); the peers' arrive on
         # `_subscription` and count until the next round trip replaces their totals.
         self._picks: list[tuple[str, int, int]] = []
+        self._adapter_picks: list[tuple[str, str, int]] = []  # (pod, adapter, output tokens)
         self._wake: asyncio.Future[None] | None = None
+        self.wake_hook: Callable[[], None] | None = None  # a pick to tell (virtual time's loop)
         self._pushed = False  # a peer's pick counted since our last round trip
         self.picks_learned = 0
         self._subscription: Subscription | None = None
         self._listen_task: asyncio.Task[None] | None = None
         if config.push_picks:
             self._subscription = Subscription(
-                config.redis, self._channel.encode(), config.timeout_ms / 1000, self._on_peer_picks
+                config.redis, self._channel.encode(), config.timeout_ms / 1000, self.apply_peer_picks
             )
             pool.pick_hook = self._on_pick
+            if residency is not None:
+                residency.routed_hook = self._on_adapter_pick
         self.peers: list[str] = []  # the other live replicas' ids
         self.remote: dict[str, tuple[int, int]] = {}  # their counts summed per pod
         self._totals: list[Any] | None = None  # the script's reply they were parsed from
@@ -315,7 +397,13 @@ class SharedState:
 
     async def sync_once(self) -> bool:
         """One round trip: publish ours, read theirs. False (and local counts only) on failure."""
-        return await self._round_trip(self.pool.local_inflight(), self.pool.local_busy_ms())
+        return await self._round_trip(
+            self.pool.local_inflight(), self.pool.local_busy_ms(), self.local_lora()
+        )
+
+    def local_lora(self) -> dict[str, dict[str, int]]:
+        """This replica's LoRA requests in flight per pod and adapter ({} without residency)."""
+        return self.residency.local_active() if self.residency is not None else {}
 
     def _on_add(self, address: str, hashes: Sequence[int]) -> None:
         self._outbox.append((address, hashes))
@@ -329,17 +417,31 @@ class SharedState:
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
+        if self.wake_hook is not None:
+            self.wake_hook()
 
-    def _on_peer_picks(self, payload: bytes) -> None:
-        """Another replica's picks, as it made them: counted now (Pool.add_remote_pick)."""
+    def _on_adapter_pick(self, address: str, adapter: str, output_tokens: int) -> None:
+        """A LoRA pick of this replica (AdapterResidency.routed_hook): pushed with its pick."""
+        if self.peers:
+            self._adapter_picks.append((address, adapter, output_tokens))
+
+    def apply_peer_picks(self, payload: bytes) -> None:
+        """Another replica's picks, as it made them: counted now (Pool.add_remote_pick), and
+        their adapters in the residency (AdapterResidency.on_peer_routed)."""
         try:
-            sender, picks = msgpack.unpackb(payload)
+            message = msgpack.unpackb(payload)
+            sender, picks = message[0], message[1]
             if sender == self.replica_id:
                 return
             for address, ms, tokens in picks:
                 if isinstance(address, str) and address in self.pool:
                     self.pool.add_remote_pick(address, max(0, int(ms)) / 1000.0, max(0, int(tokens)))
                     self.picks_learned += 1
+                    self._pushed = True
+            residency = self.residency
+            for address, adapter, output_tokens in message[2] if len(message) > 2 else ():
+                if residency is not None and isinstance(adapter, str) and address in self.pool:
+                    residency.on_peer_routed(address, adapter, max(0, int(output_tokens)))
                     self._pushed = True
         except (ValueError, TypeError, msgpack.UnpackException):  # not ours: skip the message
             self.bad_entries += 1
@@ -349,48 +451,98 @@ class SharedState:
         if self.on_scrape is not None:
             self._scrapes[address] = (metrics, sent_at)
 
-    async def _round_trip(
-        self, local: Mapping[str, tuple[int, int]], busy: Mapping[str, int] | None = None
-    ) -> bool:
+    def has_news(self) -> bool:
+        """Decisions, scrapes or picks of ours to send, or a peer's pick counted since the last
+        round trip (whose totals the next one replaces)."""
+        return bool(self._outbox) or bool(self._scrapes) or self.has_picks() or self._pushed
+
+    def has_picks(self) -> bool:
+        """Picks of ours made since the last payload was built (`run` sends them at once)."""
+        return bool(self._picks) or bool(self._adapter_picks)
+
+    def outgoing(
+        self,
+        local: Mapping[str, tuple[int, int]],
+        busy: Mapping[str, int] | None = None,
+        lora: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> Outgoing:
+        """This replica's payload for one round trip; takes its queued decisions, scrapes and
+        picks (lost if the call fails: the index is a guess anyway, the next scrape replaces a
+        scrape, the next round trip's counts carry the picks)."""
         decisions = b""
         if self._outbox:
             decisions = msgpack.packb([[a, list(h)] for a, h in self._outbox])
-            self._outbox.clear()  # lost if the call fails: the index is a guess anyway
+            self._outbox.clear()
         scrapes = b""
         if self._scrapes:
-            wall, mono = time.time(), time.monotonic()
+            wall, mono = self.wall_clock(), self.mono_clock()
             scrapes = msgpack.packb(
                 [encode_scrape(a, m, t, wall, mono) for a, (m, t) in self._scrapes.items()]
             )
-            self._scrapes.clear()  # lost if the call fails: the next scrape replaces it
-        config, me = self.config, self.replica_id
+            self._scrapes.clear()
         lines = [f"{pod} {r},{t}" for pod, (r, t) in list(local.items())[:MAX_PODS_PER_CALL]]
         lines += [f"busy:{pod} {ms}" for pod, ms in list((busy or {}).items())[:MAX_PODS_PER_CALL]]
-        counts = "\n".join(lines)
-        reading = b"1" if self.prefix_index is not None or self.on_scrape is not None else b"0"
+        lines += [
+            f"lora:{pod}/{adapter} {n}"
+            for pod, adapters in list((lora or {}).items())[:MAX_PODS_PER_CALL]
+            for adapter, n in adapters.items()
+            if " " not in adapter and "\n" not in adapter
+        ]
         picks = b""
-        if self._picks:
-            picks = msgpack.packb([me, self._picks])
-            self._picks = []  # lost if the call fails: the next round trip's counts carry them
+        if self._picks or self._adapter_picks:
+            message: list[Any] = [self.replica_id, self._picks]
+            if self._adapter_picks:  # only then: a peer of an older version reads [sender, picks]
+                message.append(self._adapter_picks)
+            picks = msgpack.packb(message)
+            self._picks, self._adapter_picks = [], []
         self._pushed = False
+        reading = self.prefix_index is not None or self.on_scrape is not None
+        return Outgoing("\n".join(lines).encode(), decisions, scrapes, picks, reading)
+
+    async def _round_trip(
+        self,
+        local: Mapping[str, tuple[int, int]],
+        busy: Mapping[str, int] | None = None,
+        lora: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> bool:
+        out = self.outgoing(local, busy, lora)
+        config, me = self.config, self.replica_id
         args = [b"%d" % config.ttl_ms, me.encode(), self._hash_prefix.encode(), self._last_id.encode()]
-        args += (decisions, b"%d" % config.prefix_stream_max_len, reading, counts.encode(), scrapes)
-        args += (self._channel.encode(), picks)
+        args += (out.decisions, b"%d" % config.prefix_stream_max_len, b"1" if out.reading else b"0")
+        args += (out.counts, out.scrapes, self._channel.encode(), out.picks)
         keys = [k.encode() for k in (self._set_key, self._hash_prefix + me, self._stream_key)]
         try:  # bounded by timeoutMs
-            peers, totals, blobs, last_id, scrape_blobs, busy_flat = await self._redis.evalsha(keys, args)
+            reply = await self._redis.evalsha(keys, args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(exc)
+            return False
+        return self.apply_reply(reply)
+
+    @property
+    def last_read(self) -> str:
+        """The last stream entry id this replica read ("" = none yet)."""
+        return self._last_id
+
+    def apply_reply(self, reply: Any) -> bool:
+        """Take the script's reply: the peers, their counts and busy summed per pod, their
+        decisions and scrapes since our last read. False (and local counts only) when malformed."""
+        try:
+            peers, totals, blobs, last_id, scrape_blobs, busy_flat, lora_flat = reply
             remote_busy = parse_busy(busy_flat)
+            remote_lora = parse_lora(lora_flat)
             if totals != self._totals:  # unchanged (idle peers): nothing to parse
                 self.remote, self._totals = parse_totals(totals), totals
             self.peers = [_text(p) for p in peers]
             self._last_id = _text(last_id)
-        except (RedisError, OSError, TimeoutError, ValueError, TypeError, AttributeError) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             self._failed(exc)
             return False
         self._learn(blobs)
         self._apply_scrapes(scrape_blobs)
         self.pool.set_remote_inflight(self.remote)
         self.pool.set_remote_busy(remote_busy)
+        if self.residency is not None:
+            self.residency.set_remote_active(remote_lora)
         if not self.connected:
             log.info("shared state: connected (replica %s, %d peers)", self.replica_id, len(self.peers))
         self.connected = True
@@ -417,7 +569,7 @@ class SharedState:
         apply = self.on_scrape
         if apply is None or not blobs:
             return
-        wall, mono = time.time(), time.monotonic()
+        wall, mono = self.wall_clock(), self.mono_clock()
         for blob in blobs:
             try:
                 decoded = [decode_scrape(entry, wall, mono) for entry in msgpack.unpackb(blob)]
@@ -436,6 +588,8 @@ class SharedState:
         self._m_peers.set(0)
         self.peers, self.remote, self._totals = [], {}, None
         self.pool.set_remote_inflight({})
+        if self.residency is not None:
+            self.residency.set_remote_active({})
         if self.connected or self.errors in (1, 10, 100) or self.errors % 1000 == 0:
             log.warning(
                 "shared state: redis unavailable (%s: %s); scheduling on this replica's in-flight only",
@@ -445,31 +599,16 @@ class SharedState:
         self.connected = False
 
     async def run(self) -> None:
-        interval = self.config.publish_interval_ms / 1000
-        idle = self.config.idle_interval_ms / 1000
-        # Down: retry every half TTL, so a dead Redis costs a connect attempt, not 50 a second.
-        retry = max(idle, self.config.ttl_ms / 2000)
+        cadence = RoundTripCadence(self.config)
         loop = asyncio.get_running_loop()
-        published: Mapping[str, tuple[int, int]] | None = None
-        published_busy: Mapping[str, int] = {}
-        last, ok = -math.inf, True
         while True:
             local, busy = self.pool.local_inflight(), self.pool.local_busy_ms()
             now = loop.time()
-            changed = (
-                local != published
-                or busy != published_busy
-                or bool(self._outbox)
-                or bool(self._scrapes)
-                or bool(self._picks)
-                or self._pushed
-            )
-            if (changed and ok) or now - last >= (idle if ok else retry):
-                ok = await self._round_trip(local, busy)
-                published, published_busy, last = local, busy, now
-            if self._picks and ok:
+            if cadence.due(now, local, busy, self.has_news()):
+                cadence.sent(now, local, busy, await self._round_trip(local, busy, self.local_lora()))
+            if self.has_picks() and cadence.ok:
                 continue  # picks made during the round trip: publish them now
-            await self._sleep(loop, interval)
+            await self._sleep(loop, cadence.interval_s)
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
         """`seconds`, or less when this replica picks (its picks wake the loop)."""

@@ -3,13 +3,16 @@
     python -m bench sim --scenario bench/scenarios/uniform.yaml --policy round-robin \\
         --policy epp-default --policy oracle [--seeds reporting|tuning|N] [--seed N ...] \\
         [--pods-scale K] [--duration-s S] [--gateway-ms MS] [--as-recorded bench/summaries] \\
-        [--ttft-only] [--first-spike-s S] [--router-seed N] [--policy-module M]
+        [--ttft-only] [--first-spike-s S] [--router-seed N] [--policy-module M] \\
+        [--replicas N] [--store-rtt-ms MS]
 
 Summaries go to bench/summaries-virtual/<mode>/<scenario>/<policy>/seed-<n>.json (the schema
 of bench/harness/summary.py, `run.virtual: true`); a scaled run's scenario is named
 `<scenario>@<pods>pods`. `--as-recorded ROOT`: an `epp-*` policy runs with the profile and
 scrape settings its real-time summary (same scenario, policy, seed under ROOT) recorded, as
-the agreement table needs (bench/vtime/report.py).
+the agreement table needs (bench/vtime/report.py). `--replicas N` (any `epp-*` policy): N EPP
+replicas sharing state through the virtual store (bench/vtime/shared_store.py, round trip
+`--store-rtt-ms`), summaries under `<policy>-<N>replicas`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from bench.vtime.epp import DEFAULT_SCRAPE_AGE_S, VirtualEpp
 from bench.vtime.loop import Events, LoopStats, Router, simulate
 from bench.vtime.pods import build_pods, scaled_fleet
 from bench.vtime.routers import Oracle, RoundRobin
+from bench.vtime.shared_store import DEFAULT_RTT_MS
 from gateway.profiles import BUILTIN_PROFILE_DATA
 
 VIRTUAL_SUMMARIES = Path("bench/summaries-virtual")
@@ -74,7 +78,19 @@ def recorded_extra(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"profiles": {"recorded": body}, "defaultProfile": "recorded", "scrape": scrape}
 
 
-def make_router(policy: str, seed: int, scenario: Scenario, extra: Mapping[str, Any] | None) -> Router:
+def replica_label(policy: str, replicas: int) -> str:
+    """The summary label of `policy` run by `replicas` EPP replicas (one: the policy's own)."""
+    return policy if replicas == 1 else f"{policy}-{replicas}replicas"
+
+
+def make_router(
+    policy: str,
+    seed: int,
+    scenario: Scenario,
+    extra: Mapping[str, Any] | None,
+    replicas: int = 1,
+    store_rtt_ms: float = DEFAULT_RTT_MS,
+) -> Router:
     if policy == "round-robin":
         return RoundRobin(seed)
     if policy == "oracle":
@@ -82,7 +98,13 @@ def make_router(policy: str, seed: int, scenario: Scenario, extra: Mapping[str, 
     time_scale = float(scenario.fleet.get("time_scale", 1.0))
     config = dict(extra if extra is not None else epp_extra(policy))
     return VirtualEpp(
-        config, seed=seed, time_scale=time_scale, scrape_age_s=DEFAULT_SCRAPE_AGE_S, label=policy
+        config,
+        seed=seed,
+        time_scale=time_scale,
+        scrape_age_s=DEFAULT_SCRAPE_AGE_S,
+        label=replica_label(policy, replicas),
+        replicas=replicas,
+        store_rtt_ms=store_rtt_ms,
     )
 
 
@@ -120,16 +142,20 @@ def run_one(
     keep_itl: bool = True,
     until_first_tokens: bool = False,
     router_seed: int | None = None,
+    replicas: int = 1,
+    store_rtt_ms: float = DEFAULT_RTT_MS,
 ) -> tuple[list[Any], LoopStats, Router]:
     """One policy on one seeded scenario in virtual time: its results, loop stats and router.
-    `router_seed`: the router's random source (ties, scrape jitter); default the trace seed."""
+    `router_seed`: the router's random source (ties, scrape jitter); default the trace seed.
+    `replicas`: EPP replicas (epp-* policies) sharing state over a store `store_rtt_ms` away."""
     time_scale = float(scenario.fleet.get("time_scale", 1.0))
     if gateway_ms is None:
         gateway_ms = GATEWAY_MS["epp" if policy.startswith("epp-") else policy]
     clock = VirtualClock()
     events = Events(clock)
     pods = build_pods(scenario.fleet, clock)
-    router = make_router(policy, scenario.seed if router_seed is None else router_seed, scenario, extra)
+    seed = scenario.seed if router_seed is None else router_seed
+    router = make_router(policy, seed, scenario, extra, replicas, store_rtt_ms)
     trace = scenario.trace()
     limit_s = scenario.duration_s * 3 + 60 * time_scale  # bench run's max wall time, simulated
     results, stats = simulate(
@@ -211,6 +237,12 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
     if args.pods_scale < 1:
         print("--pods-scale must be an integer >= 1", file=sys.stderr)
         return 2
+    if args.replicas < 1 or (args.replicas > 1 and not all(p.startswith("epp-") for p in args.policy)):
+        print("--replicas must be >= 1, and above 1 only with epp-* policies", file=sys.stderr)
+        return 2
+    if not args.store_rtt_ms >= 0:
+        print("--store-rtt-ms must be >= 0", file=sys.stderr)
+        return 2
     if args.duration_s is not None and not args.duration_s > 0:
         print("--duration-s must be > 0", file=sys.stderr)
         return 2
@@ -240,6 +272,8 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
                 keep_itl=not args.ttft_only,
                 until_first_tokens=args.ttft_only,
                 router_seed=args.router_seed,
+                replicas=args.replicas,
+                store_rtt_ms=args.store_rtt_ms,
             )
             if args.router_seed is not None:
                 info["router_seed"] = args.router_seed
@@ -247,12 +281,13 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
                 info["ttft_only"] = (
                     "stopped once every request had its first token: no ITL; E2E of early finishers only"
                 )
-            summary = summarise(seeded, policy, results, stats, router, args.argv, args.gateway_ms, info)
+            label = replica_label(policy, args.replicas)
+            summary = summarise(seeded, label, results, stats, router, args.argv, args.gateway_ms, info)
             path = write_summary(args.summaries, summary)
             st = summary["stats"]["steady"]
             cpu = summary["run"]["decision_cpu"]
             print(
-                f"{seeded.name}/{policy}/seed-{seed}: {st['ok']}/{st['requests']} ok, TTFT P50/P95 "
+                f"{seeded.name}/{label}/seed-{seed}: {st['ok']}/{st['requests']} ok, TTFT P50/P95 "
                 f"{_ms(st['ttft_p50'])}/{_ms(st['ttft_p95'])}, decision CPU mean {cpu['mean_us'] or 0:.0f} us, "
                 f"wall {stats.wall_s:.1f} s for {stats.simulated_s:.1f} simulated s -> {path}"
             )
@@ -289,4 +324,11 @@ def add_parser(sub: Any) -> None:
         "--ttft-only", action="store_true", help="stop once every request has its first token (big runs)"
     )
     sim.add_argument("--router-seed", type=int, help="the routers' random source (default: the trace seed)")
+    sim.add_argument("--replicas", type=int, default=1, help="EPP replicas (epp-* policies), sharing state")
+    sim.add_argument(
+        "--store-rtt-ms",
+        type=float,
+        default=DEFAULT_RTT_MS,
+        help=f"replicas: the shared store's round trip, wall ms (default {DEFAULT_RTT_MS}: loopback Valkey)",
+    )
     sim.add_argument("--first-spike-s", type=float, help="bursty arrivals: move the first spike here")

@@ -39,6 +39,7 @@ from bench.harness.workloads import TraceRequest
 from bench.vtime.flow import Park, VirtualFlow
 from bench.vtime.loop import TIMER, Events, Routed
 from bench.vtime.pods import SimPod
+from bench.vtime.shared_store import DEFAULT_RTT_MS, VirtualSharedStore
 from devstack.launch import gateway_config_for
 from epp.app import EppApp
 from epp.config import parse_epp_config
@@ -51,6 +52,8 @@ from extproc.stream import RequestRoute
 
 T = TypeVar("T")
 DEFAULT_SCRAPE_AGE_S = 0.002  # a page's age when recorded: HTTP round trip plus parse, wall seconds
+VIRTUAL_REDIS = "redis://virtual-store:6379"  # sharedState.redis of virtual replicas: never dialled
+REPLICA_SEED_STRIDE = 10_000_000  # replica r's random sources: seed * 1000 + r * stride + ...
 
 
 def run_now(coro: Coroutine[Any, Any, T]) -> T | Park:
@@ -81,8 +84,24 @@ class _PodScrapes:
         self.idle = False  # the queued scrape ends a sleep longer than the fast interval
 
 
+class _Replica:
+    """One EPP replica: its apps (one per pool) and its scrape loops' state."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.apps: dict[str, EppApp] = {}
+        self.scrapes: dict[str, _PodScrapes] = {}
+        self.endpoints: dict[str, Endpoint] = {}
+        self.pool_of: dict[str, EppApp] = {}
+
+
 class VirtualEpp:
-    """Every pool's EPP for one run; routes like BBR (model -> pool) then that pool's EPP."""
+    """Every pool's EPP for one run; routes like BBR (model -> pool) then that pool's EPP.
+
+    `replicas` > 1: that many independent EPPs (each its own apps, scrape loops and seeded
+    random sources), sharing state through `VirtualSharedStore` (bench/vtime/shared_store.py)
+    as `sharedState` configures them; each request goes to one replica as Envoy gives ext_proc
+    streams out: round-robin over the replicas, from a random offset of the router seed."""
 
     name = "epp"
 
@@ -94,19 +113,25 @@ class VirtualEpp:
         time_scale: float = 1.0,
         scrape_age_s: float = DEFAULT_SCRAPE_AGE_S,
         label: str = "epp-default",
+        replicas: int = 1,
+        store_rtt_ms: float = DEFAULT_RTT_MS,
     ) -> None:
+        if replicas < 1:
+            raise ValueError("replicas must be >= 1")
         self.name = label
         self._config = dict(config)
+        if replicas > 1 and self._config.get("sharedState") is None:
+            self._config["sharedState"] = {"redis": VIRTUAL_REDIS}
         self._seed = seed
         self._ts = time_scale
         self._age = scrape_age_s
-        self._apps: dict[str, EppApp] = {}
+        self._replicas = [_Replica(r) for r in range(replicas)]
+        self._turn = random.Random(seed).randrange(replicas) if replicas > 1 else 0
+        self._rtt_ms = store_rtt_ms
+        self.store: VirtualSharedStore | None = None
         self._routes: dict[str, str] = {}  # model (base or adapter) -> pool name
         self._events: Events | None = None
         self._by_address: dict[str, SimPod] = {}
-        self._scrapes: dict[str, _PodScrapes] = {}
-        self._endpoints: dict[str, Endpoint] = {}
-        self._pool_of: dict[str, EppApp] = {}
         self.pick_cpu_ns: list[int] = []  # process time of each WeightedScheduler.pick
 
     # ---- setup ------------------------------------------------------------------------------
@@ -116,28 +141,41 @@ class VirtualEpp:
         config = gateway_config_for([p.describe() for p in pods], {}, self._config)
         parsed = parse_epp_config(config)
         self._routes = {model: route.pool for model, route in parsed.routes().items()}
+        if len(self._replicas) > 1:
+            self.store = VirtualSharedStore(events, self._ts, self._rtt_ms)
         with tempfile.TemporaryDirectory(prefix="vtime-epp-") as work:
             path = Path(work) / "gateway.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
-            for i, pool in enumerate(parsed.pools):
-                self._apps[pool.name] = app = EppApp(path, pool.name)  # no loop: nothing starts
-                self._wire(app, i)
-        for app in self._apps.values():
-            fast = app.scraper.cadence.fast_s
-            for ep in app.pool.endpoints():
-                self._endpoints[ep.address] = ep
-                self._pool_of[ep.address] = app
-                state = self._scrapes[ep.address] = _PodScrapes(self._by_address[ep.address], fast)
-                phase = app.scraper.rng.random() * fast  # the live loop's random first phase
-                self._schedule(app, state, events.now + phase * self._ts, idle=False)
+            for replica in self._replicas:
+                for i, pool in enumerate(parsed.pools):
+                    replica.apps[pool.name] = app = EppApp(path, pool.name)  # no loop: nothing starts
+                    self._wire(replica, app, i)
+        for replica in self._replicas:
+            for app in replica.apps.values():
+                fast = app.scraper.cadence.fast_s
+                for ep in app.pool.endpoints():
+                    replica.endpoints[ep.address] = ep
+                    replica.pool_of[ep.address] = app
+                    pod = self._by_address[ep.address]
+                    state = replica.scrapes[ep.address] = _PodScrapes(pod, fast)
+                    phase = app.scraper.rng.random() * fast  # the live loop's random first phase
+                    self._schedule(replica, app, state, events.now + phase * self._ts, idle=False)
+        if self.store is not None:
+            for replica in self._replicas:
+                for name, app in replica.apps.items():
+                    assert app.shared_state is not None
+                    self.store.attach(name, app.shared_state)
 
-    def _wire(self, app: EppApp, index: int) -> None:
+    def _wire(self, replica: _Replica, app: EppApp, index: int) -> None:
         clock = self._epp_clock
         app.pool.clock = clock
         app.scheduler.residency.clock = clock
-        app.scheduler.rng = random.Random(self._seed * 1000 + index)
-        app.scraper.rng = random.Random(self._seed * 1000 + 500 + index)
-        app.pool.routed_hook = self._wake
+        base = self._seed * 1000 + replica.index * REPLICA_SEED_STRIDE
+        app.scheduler.rng = random.Random(base + index)
+        app.scraper.rng = random.Random(base + 500 + index)
+        app.pool.routed_hook = lambda address: self._wake(replica, address)
+        if app.shared_state is not None:
+            app.shared_state.replica_id = f"replica-{replica.index}"
         assert self._events is not None
         flow = VirtualFlow(app.store.current().flow_control, self._events, self._ts)
         app.flow = app.ctx.flow = flow
@@ -158,10 +196,10 @@ class VirtualEpp:
         return self._events.now / self._ts
 
     def config(self) -> dict[str, object]:
-        app = next(iter(self._apps.values()))
+        app = next(iter(self._replicas[0].apps.values()))
         config = app.store.current()
         profile = config.scheduler_profiles()[config.default_profile]
-        return {
+        out: dict[str, object] = {
             "kind": "virtual",
             "epp": "epp.app.EppApp, EppProcessor per request",
             "default_profile": config.default_profile,
@@ -171,16 +209,22 @@ class VirtualEpp:
             "kv_events": False,
             "flow_control": config.flow_control.model_dump(by_alias=True),
         }
+        if self.store is not None:
+            states = [a.shared_state for r in self._replicas for a in r.apps.values() if a.shared_state]
+            out["replicas"] = len(self._replicas)
+            out["replica_routing"] = "round-robin per request from a random offset (Envoy's ext_proc cluster)"
+            out["shared_store"] = self.store.config(states)
+        return out
 
     # ---- scrapes ----------------------------------------------------------------------------
-    def _schedule(self, app: EppApp, state: _PodScrapes, at: float, *, idle: bool) -> None:
+    def _schedule(self, replica: _Replica, app: EppApp, state: _PodScrapes, at: float, *, idle: bool) -> None:
         assert self._events is not None
         state.pending += 1
         state.idle = idle
         generation = state.pending
-        self._events.at(at, TIMER, lambda: self._scrape(app, state, generation))
+        self._events.at(at, TIMER, lambda: self._scrape(replica, app, state, generation))
 
-    def _scrape(self, app: EppApp, state: _PodScrapes, generation: int) -> None:
+    def _scrape(self, replica: _Replica, app: EppApp, state: _PodScrapes, generation: int) -> None:
         if generation != state.pending:
             return  # replaced by a wake
         assert self._events is not None
@@ -188,22 +232,26 @@ class VirtualEpp:
         state.idle = False  # a scrape in flight is not a sleep a routed request could end
         page, sent_at = state.pod.page(), self._epp_clock()
         self._events.at(
-            self._events.now + self._age * self._ts, TIMER, lambda: self._record(app, state, page, sent_at)
+            self._events.now + self._age * self._ts,
+            TIMER,
+            lambda: self._record(replica, app, state, page, sent_at),
         )
 
-    def _record(self, app: EppApp, state: _PodScrapes, page: bytes, sent_at: float) -> None:
-        metrics = app.scraper.record_page(self._endpoints[state.address], page, state.speed, sent_at)
+    def _record(
+        self, replica: _Replica, app: EppApp, state: _PodScrapes, page: bytes, sent_at: float
+    ) -> None:
+        metrics = app.scraper.record_page(replica.endpoints[state.address], page, state.speed, sent_at)
         delay, state.interval = app.scraper.next_delay(state.address, state.interval, state.previous, metrics)
         state.previous = metrics
         next_at = max(self._epp_clock(), sent_at + delay)  # the live loop sleeps delay - elapsed
-        self._schedule(app, state, next_at * self._ts, idle=delay > app.scraper.cadence.fast_s)
+        self._schedule(replica, app, state, next_at * self._ts, idle=delay > app.scraper.cadence.fast_s)
 
-    def _wake(self, address: str) -> None:
+    def _wake(self, replica: _Replica, address: str) -> None:
         """A request was routed to `address`: end its idle sleep (Scraper.wake)."""
-        state = self._scrapes.get(address)
+        state = replica.scrapes.get(address)
         if state is None or not state.idle or self._events is None:
             return
-        self._schedule(self._pool_of[address], state, self._events.now, idle=False)
+        self._schedule(replica, replica.pool_of[address], state, self._events.now, idle=False)
 
     # ---- requests ---------------------------------------------------------------------------
     def route(self, index: int, req: TraceRequest, body: bytes) -> Routed:
@@ -218,7 +266,9 @@ class VirtualEpp:
             **req.headers,
             MODEL_HEADER: model,
         }
-        app = self._apps[pool]
+        replica = self._replicas[self._turn % len(self._replicas)]
+        self._turn += 1
+        app = replica.apps[pool]
         processor = EppProcessor(app.ctx)
         decision = processor.on_request(headers, body)
         outcome = run_now(decision)
@@ -246,7 +296,7 @@ class VirtualEpp:
     def flow_outcomes(self) -> dict[str, dict[str, int]]:
         """Requests that left each pool's flow-control queue, per band and outcome (its metrics)."""
         counts: dict[str, dict[str, int]] = {}
-        for app in self._apps.values():
+        for app in (a for r in self._replicas for a in r.apps.values()):
             for metric in app.flow.metrics.outcomes.collect():
                 for sample in metric.samples:
                     if sample.name.endswith("_total") and sample.value:

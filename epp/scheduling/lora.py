@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from epp.pool import EndpointState
@@ -179,6 +179,14 @@ class AdapterResidency:
         # Per pod, when this EPP's last request of an adapter there finished (a scrape older
         # than that which shows the adapter running shows a slot since released).
         self._finished: dict[str, OrderedDict[str, float]] = {}
+        # The other EPP replicas' requests in flight per pod and adapter (epp/shared_state.py):
+        # their pushed picks add one each, each round trip replaces them with their published
+        # counts; slots and in-flight read them beside this EPP's own, so every replica places
+        # an adapter where all of them send it.
+        self._remote: dict[str, dict[str, _Active]] = {}
+        # Called with (address, adapter, output tokens) for each of this EPP's routings (the
+        # shared state pushes them to the peers).
+        self.routed_hook: Callable[[str, str, int], None] | None = None
 
     # -- the sources ------------------------------------------------------------------------
     def touch(self, address: str, adapter: str, at: float) -> None:
@@ -216,14 +224,46 @@ class AdapterResidency:
         now = self.clock()
         self.touch(address, adapter, now)
         self._touch(self._routed, address, adapter, now)
-        pod = self._active.setdefault(address, {})
-        active = pod.get(adapter)
-        if active is None:
-            pod[adapter] = _Active(1, now, now, output_tokens)
-        else:
-            active.requests += 1
-            active.last_routed = now
-            active.last_output_tokens = output_tokens
+        _count(self._active.setdefault(address, {}), adapter, now, output_tokens)
+        if self.routed_hook is not None:
+            self.routed_hook(address, adapter, output_tokens)
+
+    def on_peer_routed(self, address: str, adapter: str, output_tokens: int = 0) -> None:
+        """Another replica just sent a request of `adapter` to `address` (its pushed pick): the
+        pod's most recently used adapter, one more request of it in flight there until the next
+        round trip's counts replace the peers' share."""
+        now = self.clock()
+        self.touch(address, adapter, now)
+        _count(self._remote.setdefault(address, {}), adapter, now, output_tokens)
+
+    def set_remote_active(self, counts: Mapping[str, Mapping[str, int]]) -> None:
+        """The other replicas' requests in flight per pod and adapter, summed (a round trip's
+        reply): they replace the peers' share; an adapter they run is in use there now."""
+        now = self.clock()
+        remote: dict[str, dict[str, _Active]] = {}
+        for address, adapters in counts.items():
+            held = self._remote.get(address, {})
+            pod: dict[str, _Active] = {}
+            for adapter, requests in adapters.items():
+                if requests <= 0:
+                    continue
+                old = held.get(adapter)
+                if old is None:
+                    pod[adapter] = _Active(requests, now, now, 0)
+                else:
+                    pod[adapter] = _Active(requests, old.since, old.last_routed, old.last_output_tokens)
+                self.touch(address, adapter, now)
+            if pod:
+                remote[address] = pod
+        self._remote = remote
+
+    def local_active(self) -> dict[str, dict[str, int]]:
+        """This EPP's own requests in flight per pod and adapter (what it publishes)."""
+        return {
+            address: {name: a.requests for name, a in pod.items()}
+            for address, pod in self._active.items()
+            if pod
+        }
 
     def on_finished(self, address: str, adapter: str) -> None:
         """One of this EPP's requests of `adapter` on `address` ended (once per `on_routed`)."""
@@ -241,8 +281,33 @@ class AdapterResidency:
                 finished.popitem(last=False)
 
     def in_flight(self, address: str) -> dict[str, int]:
-        """This EPP's requests in flight on the pod, per adapter."""
-        return {name: a.requests for name, a in self._active.get(address, {}).items()}
+        """The gateway's requests in flight on the pod, per adapter: this EPP's and, with
+        shared state, the other replicas'."""
+        out = {name: a.requests for name, a in self._active.get(address, {}).items()}
+        for name, a in self._remote.get(address, {}).items():
+            out[name] = out.get(name, 0) + a.requests
+        return out
+
+    def _all_active(self, address: str) -> dict[str, _Active]:
+        """This EPP's and the peers' requests in flight on the pod, per adapter."""
+        own = self._active.get(address, {})
+        remote = self._remote.get(address)
+        if not remote:
+            return own
+        out = dict(own)
+        for name, r in remote.items():
+            a = out.get(name)
+            if a is None:
+                out[name] = r
+            else:
+                newer = r if r.last_routed > a.last_routed else a
+                out[name] = _Active(
+                    a.requests + r.requests,
+                    min(a.since, r.since),
+                    newer.last_routed,
+                    newer.last_output_tokens,
+                )
+        return out
 
     def on_scrape(self, address: str, running: Iterable[str], sent_at: float) -> None:
         """A scrape sent at `sent_at` shows `running` adapters (waiting ones do not count)."""
@@ -295,7 +360,7 @@ class AdapterResidency:
     def retain(self, addresses: Iterable[str]) -> None:
         """Forget pods that left the pool (a pod that comes back starts with empty slots)."""
         keep = set(addresses)
-        for pods in (self._pods, self._routed, self._active, self._finished):
+        for pods in (self._pods, self._routed, self._active, self._finished, self._remote):
             for address in [a for a in pods if a not in keep]:
                 del pods[address]
         self.ids.retain(keep)
@@ -308,7 +373,7 @@ class AdapterResidency:
         there, by when their requests began. With `max_lora` slots the first `max_lora` hold
         one and the rest wait for a holder's requests to all end (vLLM runs at most
         `max_lora` adapters per batch)."""
-        active = self._active.get(address, {})
+        active = self._all_active(address)
         finished = self._finished.get(address)
         out: list[Slot] = []
         for name in sorted(running):
@@ -339,13 +404,24 @@ class _Active:
     last_output_tokens: int
 
 
+def _count(pod: dict[str, _Active], adapter: str, now: float, output_tokens: int) -> None:
+    """One more request of `adapter` in flight in `pod`'s counts, routed `now`."""
+    active = pod.get(adapter)
+    if active is None:
+        pod[adapter] = _Active(1, now, now, output_tokens)
+    else:
+        active.requests += 1
+        active.last_routed = now
+        active.last_output_tokens = output_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class Slot:
     """An adapter that holds, or waits for, a GPU slot on a pod (`AdapterResidency.slots`)."""
 
     adapter: str
-    requests: int  # this EPP's in flight (0: only another client's, seen running on the page)
-    last_routed: float | None  # this EPP's newest request of it there (None: none in flight)
+    requests: int  # the gateway's in flight (0: only another client's, seen running on the page)
+    last_routed: float | None  # the gateway's newest request of it there (None: none in flight)
     last_output_tokens: int  # that request's expected output tokens
     since: float
 
