@@ -265,12 +265,16 @@ class ScrapeConfig(_Model):
     # Observed-speed EWMAs lose half their weight per half-life; after 4 without a new
     # observation the pod's speed is unknown again (epp/pool.py).
     speed_half_life_ms: int = Field(default=10_000, ge=100, le=86_400_000, alias="speedHalfLifeMs")
-    # With sharedState, each replica waits its interval times the pool's live replica count, so
-    # the pods see about one scrape per interval from all of a pool's EPPs together: N replicas
-    # scraping every pod at the full rate multiplied the load on the servers' metrics endpoints
-    # by N (measured: docs/benchmarks/costs.md, "More than one EPP process"). The counts that move
-    # between scrapes (in-flight per pod) are shared, so each replica's picture stays current.
-    share_across_replicas: bool = Field(default=True, alias="shareAcrossReplicas")
+    # On: with sharedState, each replica waits its interval times the pool's live replica count,
+    # so the pods see about one scrape per interval from all of a pool's EPPs together (N
+    # replicas at the full rate multiply the load on the servers' metrics endpoints by N:
+    # docs/benchmarks/costs.md, "More than one EPP process"). Off by default: in virtual time
+    # (docs/benchmarks/replicas.md) replicas that read each pod only every N intervals route
+    # bursts worse than one EPP (bursty 4 replicas TTFT P50 +13 %, bursty-headroom and
+    # family-skewed-fleet P95 +6 to +10 %), while every replica scraping at the full rate (and
+    # taking its peers' pages too) routes within 3 % of one EPP; a metrics page costs the server
+    # far less than a worse burst costs its clients.
+    share_across_replicas: bool = Field(default=False, alias="shareAcrossReplicas")
 
     def max_interval(self) -> int:
         """The idle interval in ms: `maxIntervalMs`, or the default but never below intervalMs."""
