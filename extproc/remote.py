@@ -7,7 +7,9 @@ closes every stream it held as Envoy's end of stream would (`on_close(False)`), 
 accounting never outlives the process that carried the request.
 
 `SchedulerLink` and `RemoteProcessor` run in a worker: the `Processor` the worker's
-`ExtProcServicer` drives, forwarding each event and awaiting the answer. A worker that cannot
+`ExtProcServicer` drives, forwarding each event and awaiting the answer. A service may give
+the worker its request-local first step (`Prepare`, e.g. the EPP's parse): its result crosses
+with the request and the deciding side's `PreparedProcessor.on_prepared` starts after it. A worker that cannot
 reach the deciding process fails the stream with UNAVAILABLE at once (never waits for it).
 """
 
