@@ -390,7 +390,10 @@ class EppApp:
         self.workers = WorkerFront(
             self.worker_count,
             lambda: EppProcessor(self.ctx),
-            lambda: {"max_body_bytes": self.store.current().bbr.max_body_bytes},
+            lambda: {
+                "max_body_bytes": self.store.current().bbr.max_body_bytes,
+                "parse": self.ctx.parse_hints().to_wire(),  # the workers parse (epp/parse.py)
+            },
             host=self._host,
             port=self._port,
             tls=self._tls,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from epp.config import EppConfig
 from epp.flow_control import FlowController
+from epp.parse import ParseHints
 from epp.pool import Pool
 from epp.ranks import RankRouter
 from epp.scheduling.base import Scheduler
@@ -31,3 +32,12 @@ class EppContext:
     flow: FlowController | None = None  # the queue for a saturated pool (flowControl)
     tokenizers: PoolTokenizers | None = None  # the models' own tokenizers (epp/tokenize.py)
     ranks: RankRouter = field(default_factory=RankRouter)  # data-parallel pods' ranks (epp/ranks.py)
+    _hints: tuple[EppConfig, ParseHints] | None = field(default=None, repr=False)
+
+    def parse_hints(self) -> ParseHints:
+        """What a parse of this pool's requests reads (epp/parse.py), per configuration."""
+        config = self.config()
+        if self._hints is None or self._hints[0] is not config:
+            index = getattr(self.scheduler, "prefix_index", None)
+            self._hints = (config, ParseHints.for_pools(config, (self.pool_name,), index, unrouted=True))
+        return self._hints[1]

@@ -22,13 +22,13 @@ from epp.context import EppContext
 from epp.flow_control import FlowController, Outcome, Result, ticket_for
 from epp.flow_queue import band_of
 from epp.ledger import Commitment
+from epp.parse import ParsedBody, parse_body
 from epp.pool import Endpoint, PoolSnapshot
 from epp.ranks import RANK_HEADER
-from epp.request import InferenceRequest, RequestError, parse_request
+from epp.request import InferenceRequest, RequestError, request_from_fields
 from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.base import Decision
 from epp.scheduling.pd import pick_disaggregated
-from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, bad_request, rate_limited, unavailable
 from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
@@ -60,23 +60,35 @@ class EppProcessor:
         self._parsed: InferenceRequest | None = None
         self._decision: Decision | None = None
         self._scheduling_s = 0.0
-        self._body: dict | None = None  # the decoded request body
+        self._body: ParsedBody | None = None  # the parsed request body
+        self._sent_as: str | None = None  # the model a single-hop rewrite sends it as
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
-        if not body and MODEL_HEADER not in headers:
+        return await self.on_parsed(headers, parse_body(headers, body, self._ctx.parse_hints()))
+
+    async def on_prepared(
+        self, headers: dict[str, str], body: bytes, prepared: Any
+    ) -> RequestRoute | ErrorResponse:
+        """`on_request` with the parse done by an ext_proc worker (extproc/remote.py)."""
+        return await self.on_parsed(headers, ParsedBody.from_wire(prepared, body))
+
+    async def on_parsed(self, headers: dict[str, str], parsed: ParsedBody) -> RequestRoute | ErrorResponse:
+        """The decision for a parsed request (`on_request` parses here; an ext_proc worker of a
+        multi-core EPP parses in its own process and hands over the record, epp/parse.py)."""
+        if not parsed.raw and MODEL_HEADER not in headers:
             # Not an inference request (GET /v1/models, health): Envoy answers it on its own route.
             return RequestRoute()
         span = self._ctx.tracing.begin(SPAN_NAME, headers)  # None unless tracing is on
-        outcome = await self._decide(headers, self._parse(headers, body))
+        outcome = await self._decide(headers, self._parse(headers, parsed))
         # The upstream request carries this span as its parent (replacing BBR's traceparent).
         return self._ctx.tracing.finish_route(span, outcome, lambda: self.span_attributes(outcome))
 
     async def schedule(
-        self, headers: dict[str, str], data: dict[str, Any], route: ModelRoute
+        self, headers: dict[str, str], parsed: ParsedBody, route: ModelRoute, model: str
     ) -> RequestRoute | ErrorResponse:
-        """A body already decoded and routed to this pool (the single-hop EPP did BBR's part):
-        parse, schedule, admit (or queue). The caller traces."""
-        return await self._decide(headers, self._parse_routed(headers, data, route))
+        """A body already parsed and routed to this pool as `model` (the single-hop EPP did
+        BBR's part): schedule, admit (or queue). The caller traces."""
+        return await self._decide(headers, self._parse_routed(headers, parsed, route, model))
 
     async def _decide(
         self, headers: dict[str, str], request: InferenceRequest | ErrorResponse
@@ -115,7 +127,7 @@ class EppProcessor:
             return request
         if not self._ctx.scheduler.wants_tokens(request):
             return request
-        ids = await tokenizers.token_ids(request.target_model, body)
+        ids = await tokenizers.token_ids(request.target_model, body.data())
         if ids is None:
             return request
         return replace(request, token_ids=ids, prompt_tokens=max(1, len(ids)))
@@ -229,13 +241,13 @@ class EppProcessor:
 
     def _tagged_body(self, headers: dict[str, str], address: str) -> bytes | None:
         """/v1/responses without a `request_id`: name the producing pod in the response id."""
-        data = self._body
-        if (
-            data is None
-            or headers.get(":path", "").split("?", 1)[0] != RESPONSES_PATH
-            or "request_id" in data
-        ):
+        if self._body is None or headers.get(":path", "").split("?", 1)[0] != RESPONSES_PATH:
             return None
+        data = self._body.data()
+        if "request_id" in data:
+            return None
+        if self._sent_as is not None:  # a single-hop rewrite's model
+            data = {**data, "model": self._sent_as}
         return json.dumps({**data, "request_id": response_id_for(address)}, separators=(",", ":")).encode()
 
     def span_attributes(self, outcome: RequestRoute | ErrorResponse) -> Attributes:
@@ -271,13 +283,12 @@ class EppProcessor:
                 attrs[f"gateway.score.{scorer}"] = round(value, 6)
         return attrs
 
-    def _parse(self, headers: dict[str, str], body: bytes) -> InferenceRequest | ErrorResponse:
-        if not body:
-            return bad_request("an inference request needs a JSON body", "missing_body")
-        data = decode_json_object(body)
-        if isinstance(data, ErrorResponse):
-            return data
-        model = data.get("model") or headers.get(MODEL_HEADER)
+    def _parse(self, headers: dict[str, str], parsed: ParsedBody) -> InferenceRequest | ErrorResponse:
+        """The parsed body as this pool's request: its model routed here (or refused)."""
+        if parsed.error is not None:
+            return parsed.error
+        assert parsed.fields is not None
+        model = parsed.fields.model or headers.get(MODEL_HEADER)
         if not isinstance(model, str):
             return bad_request("'model' must be a string", "invalid_model")
         config = self._ctx.config()
@@ -292,17 +303,22 @@ class EppProcessor:
                 )
             # The reference EPP's contract: the route chose this pool; the pods validate the name.
             route = ModelRoute(pool.name, pool.models[0].name, None)
-        return self._parse_routed(headers, data, route)
+        return self._parse_routed(headers, parsed, route)
 
     def _parse_routed(
-        self, headers: dict[str, str], data: dict[str, Any], route: ModelRoute
+        self, headers: dict[str, str], parsed: ParsedBody, route: ModelRoute, model: str | None = None
     ) -> InferenceRequest | ErrorResponse:
-        self._body = data
+        if parsed.error is not None:
+            return parsed.error
+        assert parsed.fields is not None
+        self._body = parsed
+        if model is not None and model != parsed.fields.model:
+            self._sent_as = model
         config = self._ctx.config()
         objective = self._ctx.header_policy.objective(headers, route.base_model)  # epp/trust.py
         try:
-            return parse_request(
-                data,
+            return request_from_fields(
+                parsed.fields,
                 request_id=headers.get("x-request-id") or uuid.uuid4().hex,
                 target_model=route.base_model,
                 adapter=route.adapter,
@@ -310,6 +326,8 @@ class EppProcessor:
                 objective=objective.name,
                 priority=objective.priority,
                 session_key=headers.get(config.session_affinity.header.lower()),
+                model=model,
+                prefix=parsed.prefix,
             )
         except RequestError as exc:
             return bad_request(str(exc))

@@ -38,7 +38,9 @@ class RankRouter:
     def pick(self, request: InferenceRequest, address: str, size: int) -> tuple[int, tuple[int, ...]]:
         """The rank for `request` on the pod at `address` with `size` ranks, and the prompt's
         block hashes (for `on_routed`)."""
-        hashes = self.index.hashes(request.target_model, request.prompt, adapter=request.adapter)
+        hashes = self.index.hashes(
+            request.target_model, request.prompt, adapter=request.adapter, known=request.prefix
+        )
         keys = [rank_key(address, r) for r in range(size)]
         matched = self.index.match_counts(hashes, keys) if hashes else [0] * size
         busy = [self.inflight[k] for k in keys]

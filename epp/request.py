@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from epp.scheduling.prefix import PromptHashes
 
 # A deterministic, dependency-free token estimate: ~4 characters per token is what
 # OpenAI documents for English text, and it is all the gateway needs to weigh load.
@@ -37,6 +40,9 @@ class InferenceRequest:
     # The prompt as the engine tokenizes it (epp/tokenize.py), when the model has a tokenizer
     # and the profile scores with the precise KV index; None otherwise.
     token_ids: tuple[int, ...] | None = None
+    # The prompt's block hashes, when the parse computed them (epp/parse.py): the prefix index
+    # uses them where they fit its key, instead of hashing the prompt again.
+    prefix: PromptHashes | None = None
 
     @property
     def expected_output_tokens(self) -> int:
@@ -119,6 +125,84 @@ def prompt_text(body: Mapping[str, Any]) -> str:
         raise RequestError("'prompt' must be a string or an array of strings") from None
 
 
+@dataclass(frozen=True, slots=True)
+class BodyFields:
+    """What scheduling reads of a decoded body, before any configuration is applied: pure and
+    request-local, so an ext_proc worker can read it (epp/parse.py) and the deciding process
+    `request_from_fields` it, exactly as `parse_request` would have."""
+
+    # The body's "model": its string, None when absent or null, False / True for another
+    # JSON value that is falsy / truthy (both are refused, but a falsy one falls back to
+    # the model header where the EPP reads one).
+    model: str | bool | None
+    max_tokens: int | None
+    prompt: str
+    previous_response_id: str | None
+    error: str | None = None  # the first bad field after `model`, in `parse_request`'s order
+
+
+def _model_field(value: Any) -> str | bool | None:
+    if value is None or isinstance(value, str):
+        return value
+    return bool(value)
+
+
+def read_fields(body: Mapping[str, Any]) -> BodyFields:
+    """The scheduling fields of a decoded body; a bad one is recorded in `error` (the fields
+    after it are left empty), as `parse_request` would raise it after checking the model."""
+    model = _model_field(body.get("model"))
+    try:
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+            raise RequestError("'max_tokens' must be an integer")
+        if not isinstance(body.get("stream", False), bool):  # refused here, with a clear 400
+            raise RequestError("'stream' must be a boolean")
+        text = prompt_text(body)
+        previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise RequestError("'previous_response_id' must be a string")
+    except RequestError as exc:
+        return BodyFields(model, None, "", None, str(exc))
+    return BodyFields(model, max_tokens, text, previous)
+
+
+def request_from_fields(
+    fields: BodyFields,
+    *,
+    request_id: str,
+    target_model: str,
+    adapter: str | None,
+    headers: Mapping[str, str],
+    objective: str | None = None,
+    priority: int = 0,
+    session_key: str | None = None,
+    model: str | bool | None = None,
+    prefix: PromptHashes | None = None,
+) -> InferenceRequest:
+    """The scheduling view of a body's fields; raises RequestError on bad fields. `model`:
+    the name the request is sent as when a rewrite replaced the body's."""
+    model = fields.model if model is None else model
+    if not isinstance(model, str) or not model:
+        raise RequestError("'model' must be a non-empty string")
+    if fields.error is not None:
+        raise RequestError(fields.error)
+    return InferenceRequest(
+        request_id=request_id,
+        model=model,
+        target_model=target_model,
+        adapter=adapter,
+        prompt=fields.prompt,
+        prompt_tokens=max(1, len(fields.prompt) // CHARS_PER_TOKEN),
+        max_tokens=fields.max_tokens,
+        objective=objective,
+        priority=priority,
+        headers=headers,
+        session_key=session_key or None,
+        previous_response_id=fields.previous_response_id,
+        prefix=prefix,
+    )
+
+
 def parse_request(
     body: Mapping[str, Any],
     *,
@@ -131,29 +215,13 @@ def parse_request(
     session_key: str | None = None,
 ) -> InferenceRequest:
     """Build the scheduling view of a decoded JSON body; raises RequestError on bad fields."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise RequestError("'model' must be a non-empty string")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
-        raise RequestError("'max_tokens' must be an integer")
-    if not isinstance(body.get("stream", False), bool):  # refused here, with a clear 400
-        raise RequestError("'stream' must be a boolean")
-    text = prompt_text(body)
-    previous = body.get("previous_response_id")
-    if previous is not None and not isinstance(previous, str):
-        raise RequestError("'previous_response_id' must be a string")
-    return InferenceRequest(
+    return request_from_fields(
+        read_fields(body),
         request_id=request_id,
-        model=model,
         target_model=target_model,
         adapter=adapter,
-        prompt=text,
-        prompt_tokens=max(1, len(text) // CHARS_PER_TOKEN),
-        max_tokens=max_tokens,
+        headers=headers,
         objective=objective,
         priority=priority,
-        headers=headers,
-        session_key=session_key or None,
-        previous_response_id=previous,
+        session_key=session_key,
     )

@@ -22,12 +22,13 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from epp.app import EppApp, SharedRuntime
 from epp.config import EppConfig
+from epp.parse import ParsedBody, ParseHints, parse_body
 from epp.processor import SPAN_NAME, EppProcessor
 from epp.workers import WorkerFront, add_workers_argument, resolve_workers, worker_options
-from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, unavailable
 from extproc.headers import ROUTING_HEADERS
 from extproc.server import (
@@ -58,18 +59,28 @@ class SingleHopProcessor:
         self._routed: RoutedModel | None = None
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
-        if not body:
+        return await self.on_parsed(headers, parse_body(headers, body, self._epp.parse_hints()))
+
+    async def on_prepared(
+        self, headers: dict[str, str], body: bytes, prepared: Any
+    ) -> RequestRoute | ErrorResponse:
+        """`on_request` with the parse done by an ext_proc worker (extproc/remote.py)."""
+        return await self.on_parsed(headers, ParsedBody.from_wire(prepared, body))
+
+    async def on_parsed(self, headers: dict[str, str], parsed: ParsedBody) -> RequestRoute | ErrorResponse:
+        """The decision for a parsed request (parsed here, or by an ext_proc worker, epp/parse.py)."""
+        if not parsed.raw:
             # Nothing to route on (GET on a served path): Envoy re-routes and answers its JSON 404.
             return RequestRoute(clear_route_cache=True)
         span = self._epp.tracing.begin(SPAN_NAME, headers)  # None unless tracing is on
-        outcome = await self._route(headers, body)
+        outcome = await self._route(headers, parsed)
         return self._epp.tracing.finish_route(span, outcome, lambda: self._span_attributes(outcome))
 
-    async def _route(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
-        data = decode_json_object(body)  # the only parse of this body
-        if isinstance(data, ErrorResponse):
-            return data
-        routed = self._epp.router.resolve(self._epp.store.current(), data)
+    async def _route(self, headers: dict[str, str], parsed: ParsedBody) -> RequestRoute | ErrorResponse:
+        if parsed.error is not None:
+            return parsed.error
+        assert parsed.fields is not None
+        routed = self._epp.router.resolve_model(self._epp.store.current(), parsed.fields.model)
         if isinstance(routed, ErrorResponse):
             return routed
         self._routed = routed
@@ -77,20 +88,20 @@ class SingleHopProcessor:
         if app is None:
             return unavailable(f"pool '{routed.route.pool}' is not served by this EPP yet", "pool_not_served")
         self._pool = EppProcessor(app.ctx)
-        picked = await self._pool.schedule(headers, data, routed.route)
+        picked = await self._pool.schedule(headers, parsed, routed.route, routed.model)
         if isinstance(picked, ErrorResponse):
             return picked
         set_headers = {**routed.headers(), **picked.set_headers}
+        body = picked.body  # the pool's own rewrite (a /v1/responses id naming the pod) has the model
+        if body is None and routed.body_changed:
+            body = encode_body({**parsed.data(), "model": routed.model})
         return RequestRoute(
             set_headers=set_headers,
             # Envoy's strip filter removed them already; never trust a client's copy anyway.
             remove_headers=tuple(h for h in headers if h in ROUTING_HEADERS and h not in set_headers),
             metadata=picked.metadata,
             clear_route_cache=True,
-            # The pool's own rewrite (a /v1/responses id naming the pod) already carries the model.
-            body=picked.body
-            if picked.body is not None
-            else (encode_body(data) if routed.body_changed else None),
+            body=body,
         )
 
     def _span_attributes(self, outcome: RequestRoute | ErrorResponse) -> Attributes:
@@ -166,6 +177,7 @@ class SingleHopEpp:
             for pool in config.pools
         }
         self.router = ModelRouter()
+        self._hints: tuple[EppConfig, frozenset[str], ParseHints] | None = None
         self.servicer = ExtProcServicer(lambda: SingleHopProcessor(self), name="epp-single-hop")
         self.store.subscribe(self._on_config)
         self._watcher = FileWatcher(self.store, config_path)
@@ -195,7 +207,23 @@ class SingleHopEpp:
         finally:
             self._starting.discard(name)
         self.apps[name] = app
+        if self.workers is not None:  # their parse hashes its models' prompts too
+            self.workers.push_settings()
         log.info("pool %s added by a reload: served (metrics port %d)", name, app.metrics_port)
+
+    def parse_hints(self) -> ParseHints:
+        """What a parse reads (epp/parse.py): the routes of the pools served now."""
+        config, pools = self.store.current(), frozenset(self.apps)
+        if self._hints is None or self._hints[0] is not config or self._hints[1] != pools:
+            index = next((getattr(a.scheduler, "prefix_index", None) for a in self.apps.values()), None)
+            self._hints = (config, pools, ParseHints.for_pools(config, pools, index))
+        return self._hints[2]
+
+    def _worker_settings(self) -> dict[str, Any]:
+        return {
+            "max_body_bytes": self.store.current().bbr.max_body_bytes,
+            "parse": self.parse_hints().to_wire(),
+        }
 
     @property
     def metrics_ports(self) -> dict[str, int]:
@@ -208,7 +236,7 @@ class SingleHopEpp:
             self.workers = WorkerFront(
                 self.worker_count,
                 lambda: SingleHopProcessor(self),
-                lambda: {"max_body_bytes": self.store.current().bbr.max_body_bytes},
+                self._worker_settings,
                 host=self._host,
                 port=self._port,
                 tls=self._tls,

@@ -2,7 +2,8 @@
 
 `python -m epp.worker --socket PATH --port 9002 [--host ...] [TLS flags]`: serves Envoy's
 ext_proc streams on the EPP's port (SO_REUSEPORT, shared with the other workers) and asks the
-scheduling process at PATH for every decision (extproc/remote.py). Its gRPC health is SERVING
+scheduling process at PATH for every decision (extproc/remote.py), after parsing the request
+itself (epp/parse.py: JSON, fields, prompt hashes), so that process only decides. Its gRPC health is SERVING
 only while that link is up. Without the link a stream fails at once with UNAVAILABLE (Envoy then
 applies the pool's failure mode). It exits when its scheduling process is gone, and drains on
 SIGTERM.
@@ -17,6 +18,7 @@ import os
 
 from grpc_health.v1 import health_pb2
 
+from epp.parse import WorkerParser
 from extproc.remote import RemoteProcessor, SchedulerLink
 from extproc.server import GrpcService, start_grpc_service, tls_from_arguments, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer
@@ -67,7 +69,8 @@ async def serve(args: argparse.Namespace) -> None:
         asyncio.get_running_loop().create_task(_set_health(grpc, up))
 
     link = SchedulerLink(args.socket, on_change=on_change)
-    servicer = ExtProcServicer(lambda: RemoteProcessor(link), name=f"epp-worker-{os.getpid()}")
+    parse = WorkerParser()  # the request-local first step of every decision (epp/parse.py)
+    servicer = ExtProcServicer(lambda: RemoteProcessor(link, parse), name=f"epp-worker-{os.getpid()}")
     gone = asyncio.Event()
     linker = asyncio.get_running_loop().create_task(keep_linked(link, parent, gone))
     # Serve only once decisions can be made.

@@ -5,12 +5,13 @@ scraper, ledger, in-flight counts, prefix and KV index, adapter residency, flow-
 shared state, metrics, admin, health) and starts N workers (`python -m epp.worker`). Each
 worker serves Envoy's ext_proc streams on the EPP's port (every worker binds it with
 SO_REUSEPORT: the kernel spreads Envoy's connections over them) and does the protocol work:
-gRPC, the ext_proc messages, body accumulation, header maps. For each stream it hands the
-scheduling process the request's headers and body over a Unix socket, then the response headers
+gRPC, the ext_proc messages, body accumulation, header maps, and the request's own parse
+(epp/parse.py: JSON, fields, prompt hashes). For each stream it hands the scheduling process
+the request's headers, body and parsed record over a Unix socket, then the response headers
 and the stream's end (extproc/ipc.py, extproc/remote.py). The scheduling process runs the same
-`EppProcessor` per stream as the single process does, in the order the events arrive, so N
-workers decide exactly what one process decides for the same arrivals (tests/unit/test_epp_workers.py
-checks the picks of both paths are equal).
+`EppProcessor` per stream as the single process does, from its decide step, in the order the
+events arrive, so N workers decide exactly what one process decides for the same arrivals
+(tests/unit/test_epp_workers.py checks the picks of both paths are equal).
 
 Supervision: a worker that exits is restarted; its socket's end releases every stream it held
 (the in-flight slots, ledger entries and prefill slots return as at a stream's end). A stop

@@ -6,8 +6,10 @@ socket as one frame per event: a 4-byte big-endian length, then a msgpack array 
 is the message kind. The deciding process runs the service's own `Processor` per stream id
 (extproc/remote.py `ProcessorHost`), so the decision code is the single process's, unchanged.
 
-Worker -> decider: HELLO(pid), REQUEST(sid, headers, body), RESPONSE_HEADERS(sid, headers,
-wants_reply), CLOSE(sid, completed). Decider -> worker: SETTINGS({max_body_bytes}), ROUTE(sid,
+Worker -> decider: HELLO(pid), REQUEST(sid, headers, body, prepared: the service's
+request-local step done in the worker, e.g. the EPP's parsed body (epp/parse.py), or None),
+RESPONSE_HEADERS(sid, headers,
+wants_reply), CLOSE(sid, completed). Decider -> worker: SETTINGS({max_body_bytes, ...: what the service's step reads}), ROUTE(sid,
 ..., answers_headers: whether the worker must wait for HEADERS_REPLY),
 REFUSE(sid, status, message, code, headers), HEADERS_REPLY(sid, headers | None),
 FAILED(sid, message) (the decision raised: the worker fails that stream with a gRPC status).

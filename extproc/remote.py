@@ -7,7 +7,9 @@ closes every stream it held as Envoy's end of stream would (`on_close(False)`), 
 accounting never outlives the process that carried the request.
 
 `SchedulerLink` and `RemoteProcessor` run in a worker: the `Processor` the worker's
-`ExtProcServicer` drives, forwarding each event and awaiting the answer. A worker that cannot
+`ExtProcServicer` drives, forwarding each event and awaiting the answer. A service may give
+the worker its request-local first step (`Prepare`, e.g. the EPP's parse): its result crosses
+with the request and the deciding side's `PreparedProcessor.on_prepared` starts after it. A worker that cannot
 reach the deciding process fails the stream with UNAVAILABLE at once (never waits for it).
 """
 
@@ -18,7 +20,7 @@ import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 import grpc
 
@@ -85,7 +87,7 @@ class _WorkerSession:
         kind = message[0]
         try:
             if kind == ipc.REQUEST:
-                self._on_request(message[1], message[2], message[3])
+                self._on_request(message[1], message[2], message[3], message[4] if len(message) > 4 else None)
             elif kind == ipc.RESPONSE_HEADERS:
                 self._on_response_headers(message[1], message[2], bool(message[3]))
             elif kind == ipc.CLOSE:
@@ -100,13 +102,17 @@ class _WorkerSession:
             if self.conn.transport is not None:
                 self.conn.transport.abort()
 
-    def _on_request(self, sid: int, headers: dict[str, str], body: bytes) -> None:
+    def _on_request(self, sid: int, headers: dict[str, str], body: bytes, prepared: Any) -> None:
         if sid in self._streams:
             raise ipc.FrameError(f"stream {sid} asked twice")
         processor = self._host.factory()
         self._streams[sid] = processor
         self.requests += 1
-        task = asyncio.get_running_loop().create_task(processor.on_request(headers, body))
+        if prepared is not None and isinstance(processor, PreparedProcessor):
+            decision = processor.on_prepared(headers, body, prepared)
+        else:
+            decision = processor.on_request(headers, body)
+        task = asyncio.get_running_loop().create_task(decision)
         self._pending[sid] = task
         task.add_done_callback(lambda t: self._answer(sid, t))
 
@@ -161,6 +167,22 @@ class _WorkerSession:
         for sid in streams:
             self._on_close(sid, False)
         self._host.on_lost(self)
+
+
+@runtime_checkable
+class PreparedProcessor(Protocol):
+    """A processor whose request-local first step (parsing the body) may run in the worker:
+    `on_prepared` gets the worker's result (`Prepare`'s) beside the headers and body, and
+    decides exactly as `on_request` would after doing that step itself."""
+
+    async def on_prepared(
+        self, headers: dict[str, str], body: bytes, prepared: Any
+    ) -> RequestRoute | ErrorResponse: ...
+
+
+# A worker's request-local step: (headers, body, the deciding process's settings) -> what
+# crosses the link beside them (msgpack-able), or None to send the request as it is.
+Prepare = Callable[[dict[str, str], bytes, dict[str, Any]], Any]
 
 
 def _close(processor: Processor, completed: bool) -> None:
@@ -245,6 +267,7 @@ class SchedulerLink:
     def __init__(self, path: str, on_change: Callable[[bool], None] | None = None) -> None:
         self.path = path
         self.max_body_bytes = 0  # until the first SETTINGS: nothing is accepted
+        self.settings: dict[str, Any] = {}  # the last SETTINGS (a new object at each change)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[list[Any]]] = {}
         self._conn: _Connection | None = None
@@ -288,6 +311,7 @@ class SchedulerLink:
     def _on_message(self, message: list[Any]) -> None:
         kind = message[0]
         if kind == ipc.SETTINGS:
+            self.settings = message[1]
             self.max_body_bytes = int(message[1]["max_body_bytes"])
             if not self._ready.is_set():
                 self._ready.set()
@@ -331,17 +355,19 @@ UNREACHABLE = "the EPP worker cannot reach its scheduling process"
 class RemoteProcessor:
     """A worker stream's processor: every event goes to the deciding process."""
 
-    def __init__(self, link: SchedulerLink) -> None:
+    def __init__(self, link: SchedulerLink, prepare: Prepare | None = None) -> None:
         self._link = link
+        self._prepare = prepare  # the service's request-local step, run here (PreparedProcessor)
         self.max_body_bytes = link.max_body_bytes
         self._sid = 0  # set once the request was handed over
         self._answers_headers = False  # the decision said response headers may get an answer
 
     async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
         sid = self._link.next_id()
+        prepared = self._prepare(headers, body, self._link.settings) if self._prepare is not None else None
         try:
             self._sid = sid
-            answer = await self._link.call(sid, [ipc.REQUEST, sid, headers, body])
+            answer = await self._link.call(sid, [ipc.REQUEST, sid, headers, body, prepared])
         except SchedulerUnavailable:
             self._sid = 0  # nothing to close there
             raise StreamAbort(grpc.StatusCode.UNAVAILABLE, UNREACHABLE) from None

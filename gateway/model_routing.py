@@ -80,7 +80,15 @@ class ModelRouter:
     def resolve(self, config: GatewayConfig, data: dict[str, Any]) -> RoutedModel | ErrorResponse:
         """Validate `model`, apply the rewrites, find the route. A rewrite is written into
         `data["model"]`, so the caller re-serialises only when `body_changed`."""
-        model = data.get("model")
+        routed = self.resolve_model(config, data.get("model"))
+        if isinstance(routed, RoutedModel) and routed.body_changed:
+            data["model"] = routed.model
+        return routed
+
+    def resolve_model(self, config: GatewayConfig, model: Any) -> RoutedModel | ErrorResponse:
+        """`resolve` for the body's "model" value alone (the body is not touched:
+        `body_changed` says that it must be re-written with the chosen model)."""
+        given = model
         if model is None or model == "":
             if config.bbr.default_model is None:
                 return bad_request("the request must name a 'model'", "model_required")
@@ -92,10 +100,7 @@ class ModelRouter:
         route = routes.get(chosen)
         if route is None:
             return ErrorResponse(404, f"The model '{model}' does not exist", "model_not_found")
-        changed = chosen != data.get("model")
-        if changed:
-            data["model"] = chosen
-        return RoutedModel(model, chosen, route, changed)
+        return RoutedModel(model, chosen, route, chosen != given)
 
     def _rewrite(self, config: GatewayConfig, routes: Mapping[str, ModelRoute], model: str) -> str:
         """The model to send the request to: an InferenceModelRewrite rule's weighted pick, else

@@ -4,13 +4,14 @@ request rate held with p99 added latency under 10 ms.
 The full single-hop gateway (Envoy + one EPP, streamed bodies) fronts one fast stub pod
 (bench/micro/overhead_gateway.py's, which answers at once with a few SSE tokens), so what is
 left is the proxy path. For each setup an open-loop client offers a stepped request rate
-(1 KB bodies) for a few seconds per step; per step: achieved rate, p50/p99 latency, p99 added
+(1 KB bodies unless --body-bytes) for a few seconds per step; per step: achieved rate, p50/p99 latency, p99 added
 (minus the direct-to-stub p99 at that rate, measured first), errors, and the CPU time of every
 EPP process (the scheduling process and its workers; /proc utime+stime) per request. A rate is
 held when every request succeeded, the achieved rate is within 5 % of the offered one and the
 p99 added is under 10 ms.
 
-python -m bench.micro.workers_bench --workers 1,2 [--rates 100,200,...] [--seconds 6] [--out FILE]
+python -m bench.micro.workers_bench --workers 1,2 [--rates 100,200,...] [--seconds 6] [--body-bytes 1024]
+    [--out FILE]
 python -m bench.micro.workers_bench --report FILE...    # the tables (median [min-max] over files)
 
 `--workers 0` runs the gateway without passing a worker count (the code before this feature,
@@ -127,6 +128,7 @@ async def run_setup(
     rates: Sequence[int],
     seconds: float,
     direct_p99: dict[int, float],
+    body_bytes: int = 1024,
 ) -> list[Step]:
     pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
     extra: dict[str, Any] = {"epp_workers": workers} if workers > 0 else {}
@@ -134,7 +136,7 @@ async def run_setup(
     steps = []
     try:
         ctx = ssl.create_default_context(cafile=str(gateway.certs.ca))
-        body = request_body(1024, 4)
+        body = request_body(body_bytes, 4)
         epp = gateway.procs["epp"].popen.pid
         await open_loop(gateway.url, ctx, body, 50, 2)  # warm: scrapes seen, connections open
         for rate in rates:
@@ -159,14 +161,17 @@ async def run_setup(
     return steps
 
 
-async def run(workers: Sequence[int], rates: Sequence[int], seconds: float, label: str) -> list[Step]:
+async def run(
+    workers: Sequence[int], rates: Sequence[int], seconds: float, label: str, body_bytes: int = 1024
+) -> list[Step]:
     work = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     stub_proc, stub = await start_stub(4)
     steps: list[Step] = []
     try:
         direct_p99 = {}
         for rate in rates:
-            lat, _, _ = await open_loop(f"http://{stub}", False, request_body(1024, 4), rate, min(seconds, 3))
+            body = request_body(body_bytes, 4)
+            lat, _, _ = await open_loop(f"http://{stub}", False, body, rate, min(seconds, 3))
             direct_p99[rate] = percentile(lat, 99) or 0.0
             print(
                 json.dumps({"setup": "direct to stub", "offered": rate, "p99_ms": direct_p99[rate]}),
@@ -174,7 +179,7 @@ async def run(workers: Sequence[int], rates: Sequence[int], seconds: float, labe
             )
         for count in workers:
             name = f"{label} (no --workers)" if count == 0 else f"{label} workers={count}"
-            steps += await run_setup(name, count, work, stub, rates, seconds, direct_p99)
+            steps += await run_setup(name, count, work, stub, rates, seconds, direct_p99, body_bytes)
     finally:
         stub_proc.terminate()
         await stub_proc.wait()
@@ -284,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts (0: do not pass one)")
     ap.add_argument("--rates", default=",".join(map(str, RATES)), help="offered req/s steps")
     ap.add_argument("--seconds", type=float, default=6.0, help="per step")
+    ap.add_argument("--body-bytes", type=int, default=1024, help="request body size (a chat prompt of 'x's)")
     ap.add_argument("--label", default="after", help="setup name prefix (e.g. before / after)")
     ap.add_argument("--out", type=Path, help="write every step and the summary as JSON here")
     ap.add_argument("--report", type=Path, nargs="+", help="only print the tables of these --out files")
@@ -293,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     workers = [int(w) for w in args.workers.split(",")]
     rates = [int(r) for r in args.rates.split(",")]
-    steps = asyncio.run(run(workers, rates, args.seconds, args.label))
+    steps = asyncio.run(run(workers, rates, args.seconds, args.label, args.body_bytes))
     result = {"steps": [asdict(s) | {"held": s.held} for s in steps], "summary": summary(steps)}
     print(json.dumps(result["summary"], indent=1))
     if args.out:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import takewhile
 
 import xxhash
@@ -67,6 +68,27 @@ def prompt_hashes(
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class PromptHashes:
+    """A prompt's block hashes computed ahead of the decision (by the process that parsed the
+    request: an ext_proc worker of a multi-core EPP, epp/parse.py), with the key they were
+    computed for; used only where the decision would compute exactly these."""
+
+    model: str
+    adapter: str | None
+    block_chars: int
+    max_blocks: int
+    hashes: tuple[int, ...]
+
+    def fits(self, model: str, adapter: str | None, block_chars: int, max_blocks: int) -> bool:
+        return (
+            self.block_chars == block_chars
+            and self.max_blocks == max_blocks
+            and self.model == model
+            and self.adapter == adapter
+        )
+
+
 class PrefixIndex:
     """Per-pod LRU sets of block hashes; all methods are synchronous and O(blocks)."""
 
@@ -90,9 +112,19 @@ class PrefixIndex:
         self.on_add: Callable[[str, Sequence[int]], None] | None = None
 
     def hashes(
-        self, model: str, prompt: str, block_chars: int | None = None, adapter: str | None = None
+        self,
+        model: str,
+        prompt: str,
+        block_chars: int | None = None,
+        adapter: str | None = None,
+        known: PromptHashes | None = None,
     ) -> tuple[int, ...]:
-        return prompt_hashes(model, prompt, block_chars or self.block_chars, self.max_blocks, adapter)
+        """`prompt_hashes` at this index's block size (or `block_chars`); `known` when it was
+        computed for exactly that key (the same prompt: it comes with the request)."""
+        chars = block_chars or self.block_chars
+        if known is not None and known.fits(model, adapter, chars, self.max_blocks):
+            return known.hashes
+        return prompt_hashes(model, prompt, chars, self.max_blocks, adapter)
 
     def add(self, address: str, hashes: Sequence[int]) -> None:
         """This process routed a prompt with these blocks to `address`: `learn` it, and tell

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from epp.kv_index import KVIndex
 from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
@@ -46,6 +47,9 @@ class ScoringContext:
     # Filled by `predicted-ttft`: per candidate, the seconds this request's own prefill takes
     # there (at least one engine step), which the pick commits to the pod's ledger (epp/ledger.py).
     prefill_s: list[float] = field(default_factory=list)
+    # `_matched_blocks`' answer for the (request, candidates) it was asked about: the prefix
+    # scorers and predicted-ttft read the same counts, looked up once per decision.
+    matched: list[Any] = field(default_factory=list, compare=False)
 
 
 Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]
@@ -179,7 +183,19 @@ def _matched_blocks(
 ) -> tuple[list[int], list[int | None]]:
     """Per pod, the request's leading blocks it holds, and the precise index's block size in
     tokens when the count comes from the pod's own KV events (None: from the approximate index,
-    blocks of `ctx.block_chars` characters; 0 blocks without hashes)."""
+    blocks of `ctx.block_chars` characters; 0 blocks without hashes). Looked up once per
+    (request, candidates): the callers only read it."""
+    memo = ctx.matched
+    if memo and memo[0] is request and memo[1] is candidates:
+        return memo[2]
+    out = _lookup_blocks(request, candidates, ctx)
+    memo[:] = [request, candidates, out]
+    return out
+
+
+def _lookup_blocks(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> tuple[list[int], list[int | None]]:
     hashes, approx = ctx.prefix_hashes, ctx.prefix_index
     addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
     if hashes and approx is not None:

@@ -158,7 +158,9 @@ class WeightedScheduler:
         self.prefix_index.set_capacity(state.endpoint.address, tokens * CHARS_PER_TOKEN // block_chars)
 
     def _hashes(self, request: InferenceRequest, block_chars: int) -> tuple[int, ...]:
-        return self.prefix_index.hashes(request.target_model, request.prompt, block_chars, request.adapter)
+        return self.prefix_index.hashes(
+            request.target_model, request.prompt, block_chars, request.adapter, request.prefix
+        )
 
     def _remember(self, request: InferenceRequest, block_chars: int, hashes: tuple[int, ...] | None) -> None:
         recent = self._recent

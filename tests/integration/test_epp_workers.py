@@ -103,6 +103,29 @@ async def test_streams_land_on_both_workers_and_are_counted_once(gw: LocalGatewa
     await until(lambda: _equals(admin.inflight, 0), "in-flight back to 0")
 
 
+async def test_bad_requests_get_openai_errors_from_the_workers_parse(gw: LocalGateway, admin: Admin) -> None:
+    """The workers parse the body (epp/parse.py): malformed JSON, a bad field and an unknown
+    model still get the OpenAI-style errors, and nothing stays counted."""
+    bad = [
+        (b'{"model": "' + LLAMA.encode() + b'", "messages": [', 400, "invalid_json"),
+        (b'{"model": "' + LLAMA.encode() + b'", "prompt": "hi", "stream": "yes"}', 400, None),
+        (b'{"model": "no-such-model", "prompt": "hi"}', 404, "model_not_found"),
+    ]
+    async with gw.client() as client:
+        for body, status, code in bad:
+            r = await client.post(
+                "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+            )
+            assert r.status_code == status, (body, r.text)
+            error = r.json()["error"]
+            assert error["message"], r.text
+            if code is not None:
+                assert error["code"] == code, r.text
+        ok = await client.post("/v1/chat/completions", json=chat(LLAMA, "still served", max_tokens=4))
+        assert ok.status_code == 200
+    await until(lambda: _equals(admin.inflight, 0), "in-flight back to 0")
+
+
 async def test_a_killed_worker_is_replaced_and_releases_its_streams(gw: LocalGateway, admin: Admin) -> None:
     async with gw.client() as client:
         async with held_streams(client, HELD):

@@ -6,16 +6,19 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
 
 from epp.config import parse_epp_config
 from epp.context import EppContext
+from epp.parse import WorkerParser
 from epp.pool import Endpoint, Metrics, Pool
 from epp.processor import EppProcessor
+from epp.scheduling import prefix as prefix_module
 from epp.scheduling.weighted import WeightedScheduler
 from epp.telemetry import Telemetry
 from epp.trust import HeaderPolicy
@@ -24,12 +27,16 @@ from extproc import ipc
 from extproc.errors import ErrorResponse
 from extproc.headers import DECISION_HEADER, DESTINATION_HEADER
 from extproc.remote import ProcessorHost, RemoteProcessor, SchedulerLink
-from extproc.stream import RequestRoute, StreamAbort
+from extproc.stream import ExtProcStream, RequestRoute, StreamAbort
 from gateway.config import ConfigError, parse_config
+from tests.unit.extproc_helpers import POST, body_msgs, headers_msg
 from tests.waiting import until
 
-CONFIG = parse_epp_config({"pools": [{"name": "llama", "models": [{"name": "llama"}]}]})
+CONFIG = parse_epp_config(
+    {"pools": [{"name": "llama", "models": [{"name": "llama", "adapters": ["sql", "chat"]}]}]}
+)
 PODS = [f"10.0.0.{i}:8000" for i in range(1, 5)]
+ADAPTERS = {PODS[0]: {"sql", "chat"}, PODS[1]: {"sql"}, PODS[2]: {"chat"}, PODS[3]: set()}
 
 
 class Clock:
@@ -43,7 +50,7 @@ class Clock:
 
 
 def make_ctx(clock: Clock) -> EppContext:
-    pool = Pool([Endpoint(a, frozenset({"llama"}), frozenset()) for a in PODS], clock=clock)
+    pool = Pool([Endpoint(a, frozenset({"llama"}), frozenset(ADAPTERS[a])) for a in PODS], clock=clock)
     for i, address in enumerate(PODS):
         pool.record_metrics(address, Metrics(waiting=0.0, kv_usage=0.05 * i, scraped_at=clock()))
     return EppContext(
@@ -52,19 +59,39 @@ def make_ctx(clock: Clock) -> EppContext:
 
 
 def request_body(rng: random.Random) -> bytes:
+    """Chat or completions, under the base model or one of its adapters, with one of a few
+    shared prefixes (or none): the prefix index and adapter placement both matter."""
     prefix = rng.choice(["You are a helpful assistant. " * 20, "Summarise this document: " * 30, ""])
     words = (
         f"{rng.choice(['alpha', 'beta', 'gamma', 'delta'])}{rng.randint(0, 99)}"
         for _ in range(rng.randint(50, 800))
     )
     text = prefix + " ".join(words)
+    model = rng.choice(["llama", "llama", "sql", "chat"])
+    if rng.random() < 0.3:
+        return json.dumps({"model": model, "prompt": text, "max_tokens": 32}).encode()
     return json.dumps(
-        {"model": "llama", "messages": [{"role": "user", "content": text}], "max_tokens": 64}
+        {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 64}
     ).encode()
 
 
-async def linked(tmp_path: Path, ctx: EppContext) -> tuple[ProcessorHost, SchedulerLink]:
-    host = ProcessorHost(lambda: EppProcessor(ctx), lambda: {"max_body_bytes": CONFIG.bbr.max_body_bytes})
+def settings_of(ctx: EppContext) -> Callable[[], dict[str, Any]]:
+    """What the EPP sends its workers (epp/app.py): the body limit and the parse's hints."""
+    return lambda: {"max_body_bytes": CONFIG.bbr.max_body_bytes, "parse": ctx.parse_hints().to_wire()}
+
+
+class ParsedByTheWorker(EppProcessor):
+    """The scheduling process's processor where every request must come parsed."""
+
+    async def on_request(self, headers: dict[str, str], body: bytes) -> RequestRoute | ErrorResponse:
+        assert not body, "a request with a body reached the scheduling process unparsed"
+        return await super().on_request(headers, body)
+
+
+async def linked(
+    tmp_path: Path, ctx: EppContext, processor: type[EppProcessor] = EppProcessor
+) -> tuple[ProcessorHost, SchedulerLink]:
+    host = ProcessorHost(lambda: processor(ctx), settings_of(ctx))
     await host.start(str(tmp_path / "decide.sock"))
     link = SchedulerLink(host.path)
     await link.connect()
@@ -98,16 +125,28 @@ def test_decisions_round_trip_as_they_were() -> None:
         assert ipc.decision_from(decoded) == outcome
 
 
-async def test_picks_through_the_link_equal_the_picks_in_one_process(tmp_path: Path) -> None:
-    """Same requests, same order, same instants: the worker path decides what one process
-    decides, because the scheduling process runs the same EppProcessor on the same picture."""
+async def test_picks_through_the_link_equal_the_picks_in_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same requests, same order, same instants: the worker path (the worker parses and hashes,
+    epp/parse.py) decides what one process decides, because both parse with the same function
+    and the scheduling process runs the same EppProcessor on the same picture. Prompts share
+    prefixes and ask for adapters; neither path hashes a prompt a second time."""
+    hashed_again: list[str] = []
+    rehash = prefix_module.prompt_hashes
+
+    def counted(model: str, *args: Any, **kwargs: Any) -> tuple[int, ...]:
+        hashed_again.append(model)
+        return rehash(model, *args, **kwargs)
+
+    monkeypatch.setattr(prefix_module, "prompt_hashes", counted)
     rng = random.Random(7)
     plan = []  # (request body, how many earlier open requests end before it)
     for _ in range(120):
         plan.append((request_body(rng), rng.choice([0, 0, 0, 1, 2])))
     direct_clock, remote_clock = Clock(), Clock()
     direct_ctx, remote_ctx = make_ctx(direct_clock), make_ctx(remote_clock)
-    host, link = await linked(tmp_path, remote_ctx)
+    host, link = await linked(tmp_path, remote_ctx, ParsedByTheWorker)
 
     async def run(clock: Clock, make: object) -> list[str]:
         picks: list[str] = []
@@ -130,11 +169,74 @@ async def test_picks_through_the_link_equal_the_picks_in_one_process(tmp_path: P
         return picks
 
     direct = await run(direct_clock, lambda: EppProcessor(direct_ctx))
-    remote = await run(remote_clock, lambda: RemoteProcessor(link))
+    parse = WorkerParser()
+    remote = await run(remote_clock, lambda: RemoteProcessor(link, parse))
     assert remote == direct
     assert len(set(direct)) > 1  # the plan exercises more than one pod
+    assert hashed_again == []  # every decision used the parse's hashes
+    # The pictures learned the same prefix blocks.
+    indexes = [cast(WeightedScheduler, c.scheduler).prefix_index for c in (direct_ctx, remote_ctx)]
+    assert indexes[0].memory_entries() == indexes[1].memory_entries() > 0
     await until(lambda: remote_ctx.pool.inflight_total() == 0, "closes applied")
     assert direct_ctx.pool.inflight_total() == 0
+    link.close()
+    await host.stop()
+
+
+BAD_REQUESTS: list[tuple[dict[str, str], bytes]] = [
+    ({}, b"{not json"),
+    ({}, b"\xff\xfe"),
+    ({}, b"[1, 2]"),
+    ({"x-gateway-model-name": "llama"}, b""),  # a POST without a body
+    ({}, b'{"model": 5, "prompt": "hi"}'),
+    ({}, b'{"model": "", "prompt": "hi"}'),
+    ({}, b'{"model": "mistral", "prompt": "hi"}'),  # a model this pool does not serve
+    ({}, b'{"model": "llama", "prompt": "hi", "stream": "yes"}'),
+    ({}, b'{"model": "llama", "prompt": 7}'),
+    ({}, b'{"model": "llama", "messages": "hi"}'),
+    ({}, b'{"model": "sql", "prompt": "hi", "max_tokens": "many"}'),
+    ({}, b'{"model": "llama", "input": "hi", "previous_response_id": 3}'),
+]
+
+
+async def test_bad_requests_get_the_same_errors_through_the_link(tmp_path: Path) -> None:
+    """Malformed JSON, a missing body, bad fields, an unknown model: the worker's parse refuses
+    them exactly as one process does (same status, message, code), and the scheduling process
+    counts the refusal (its telemetry) as one process would."""
+    direct_ctx, remote_ctx = make_ctx(Clock()), make_ctx(Clock())
+    host, link = await linked(tmp_path, remote_ctx, ParsedByTheWorker)
+    parse = WorkerParser()
+    for headers, body in BAD_REQUESTS:
+        direct = await EppProcessor(direct_ctx).on_request(dict(headers), body)
+        remote = await RemoteProcessor(link, parse).on_request(dict(headers), body)
+        assert isinstance(direct, ErrorResponse), body
+        assert remote == direct, body
+    assert remote_ctx.pool.inflight_total() == direct_ctx.pool.inflight_total() == 0
+    link.close()
+    await host.stop()
+
+
+async def test_a_too_large_body_is_refused_by_the_worker_as_by_one_process(tmp_path: Path) -> None:
+    """The body limit (bbr.maxRequestBodyBytes) holds in the worker's stream, with the same 413."""
+    ctx = make_ctx(Clock())
+    host = ProcessorHost(lambda: EppProcessor(ctx), lambda: {**settings_of(ctx)(), "max_body_bytes": 1000})
+    await host.start(str(tmp_path / "decide.sock"))
+    link = SchedulerLink(host.path)
+    await link.connect()
+    direct = EppProcessor(ctx)
+    direct.max_body_bytes = 1000
+    body = request_body(random.Random(3))
+    assert len(body) > 1000
+    answers = []
+    for processor in (direct, RemoteProcessor(link, WorkerParser())):
+        stream = ExtProcStream(processor)
+        responses = []
+        for msg in [headers_msg(POST), *body_msgs(body, chunk=400)]:
+            responses += [r async for r in stream.handle(msg)]
+        answers.append(responses)
+    assert answers[0] == answers[1]
+    assert answers[1][-1].immediate_response.status.code == 413
+    assert host.open_streams == 0 and ctx.pool.inflight_total() == 0  # never reached the decider
     link.close()
     await host.stop()
 
