@@ -31,7 +31,7 @@ from epp.shared_state import SharedState
 from epp.telemetry import Telemetry
 from epp.tokenize import PoolTokenizers
 from epp.trust import HeaderPolicy
-from epp.workers import WorkerFront, resolve_workers
+from epp.workers import WorkerFront, resolve_workers, start_worker_front
 from extproc.server import (
     GrpcService,
     StartupError,
@@ -387,20 +387,19 @@ class EppApp:
             self._tasks.append(spawn("config-file", f"config watch {self._watcher.path}", self._watcher.run))
 
     async def _start_workers(self) -> None:
-        self.workers = WorkerFront(
+        self.workers = await start_worker_front(
             self.worker_count,
             lambda: EppProcessor(self.ctx),
             lambda: {
                 "max_body_bytes": self.store.current().bbr.max_body_bytes,
                 "parse": self.ctx.parse_hints().to_wire(),  # the workers parse (epp/parse.py)
             },
+            self.store.subscribe,
             host=self._host,
             port=self._port,
             tls=self._tls,
             options=self._worker_options,
         )
-        self.store.subscribe(lambda _: self.workers.push_settings() if self.workers is not None else None)
-        await self.workers.start()
         self.port = self.workers.port
         self.workers_debug = self.workers.debug
 

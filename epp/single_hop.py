@@ -28,7 +28,7 @@ from epp.app import EppApp, SharedRuntime
 from epp.config import EppConfig
 from epp.parse import ParsedBody, ParseHints, parse_body
 from epp.processor import SPAN_NAME, EppProcessor
-from epp.workers import WorkerFront, add_workers_argument, resolve_workers, worker_options
+from epp.workers import WorkerFront, add_workers_argument, resolve_workers, start_worker_front, worker_options
 from extproc.errors import ErrorResponse, unavailable
 from extproc.headers import ROUTING_HEADERS
 from extproc.server import (
@@ -233,17 +233,16 @@ class SingleHopEpp:
         for app in self.apps.values():
             await app.start()
         if self.worker_count > 1:
-            self.workers = WorkerFront(
+            self.workers = await start_worker_front(
                 self.worker_count,
                 lambda: SingleHopProcessor(self),
                 self._worker_settings,
+                self.store.subscribe,
                 host=self._host,
                 port=self._port,
                 tls=self._tls,
                 options=self._worker_options,
             )
-            self.store.subscribe(lambda _: self.workers.push_settings() if self.workers is not None else None)
-            await self.workers.start()
             self.port = self.workers.port
             for app in self.apps.values():
                 app.workers_debug = self.workers.debug

@@ -303,3 +303,22 @@ class WorkerFront:
         if self._dir:
             os.rmdir(self._dir)
             self._dir = ""
+
+
+async def start_worker_front(
+    count: int,
+    factory: ProcessorFactory,
+    settings: Callable[[], dict[str, Any]],
+    subscribe: Callable[[Callable[[Any], None]], Any],
+    *,
+    host: str,
+    port: int,
+    tls: TlsFiles | None = None,
+    options: dict[str, str] | None = None,
+) -> WorkerFront:
+    """Start an EPP's workers, re-sending their settings on every configuration change
+    (`subscribe`: the config store's); returns once every worker is linked."""
+    front = WorkerFront(count, factory, settings, host=host, port=port, tls=tls, options=options)
+    subscribe(lambda _: front.push_settings())
+    await front.start()
+    return front
