@@ -49,6 +49,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
                 if single.get("default", 0) is None:
                     del single["default"]
             return single
+        if sorted(o.get("type", "") for o in options) == ["integer", "string"]:
+            # A count or a word ("auto"): Kubernetes' structural form of int-or-string; the
+            # services' own validation (the pydantic model) checks the word.
+            return {"x-kubernetes-int-or-string": True, **_structural(rest, defs)}
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP and not (key == "additionalProperties" and isinstance(value, dict)):
