@@ -3,11 +3,8 @@ one replica is the single EPP it always was."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from bench.probes.engine_check import VirtualClock
@@ -15,7 +12,7 @@ from bench.vtime.cli import run_one
 from bench.vtime.epp import VirtualEpp
 from bench.vtime.loop import TIMER, Events
 from bench.vtime.shared_store import StoreScript, VirtualSharedStore
-from devstack.redis_server import RedisServer, start_redis
+from devstack.redis_server import RedisServer
 from epp.pool import Endpoint, Pool
 from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.prefix import PrefixIndex
@@ -24,15 +21,6 @@ from gateway.config import SharedStateConfig
 from tests.bench.test_vtime import SCENARIO
 
 POD_A, POD_B = "10.0.0.1:8000", "10.0.0.2:8000"
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(Path(tmp_path_factory.mktemp("redis")))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _replica(url: str, prefix: str, name: str) -> tuple[Pool, PrefixIndex, SharedState]:

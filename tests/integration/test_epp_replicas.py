@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from devstack.launch import LocalGateway, start_local_gateway
-from devstack.redis_server import RedisServer, start_redis
+from devstack.redis_server import RedisServer
 from tests.integration.conftest import chat
 from tests.reliability.replica_helpers import (
     Replica,
@@ -36,15 +36,6 @@ FLEET = {
     "pods": [{"name": "llama", "model": LLAMA, "profile": "h100-llama3.1-8b", "replicas": 2}],
 }
 TTL_MS = 1000
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(tmp_path_factory.mktemp("redis"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module", params=["two-hop", "single-hop"])

@@ -21,7 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from devstack.launch import LocalGateway, start_local_gateway
-from devstack.redis_server import RedisServer, start_redis
+from devstack.redis_server import RedisServer
 from tests.integration.conftest import chat
 from tests.reliability.conftest import record_figures
 from tests.reliability.replica_helpers import (
@@ -46,15 +46,6 @@ FLEET = {
     "pods": [{"name": "llama", "model": LLAMA, "profile": "h100-llama3.1-8b", "replicas": 2}],
 }
 TTL_MS = 1000
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(tmp_path_factory.mktemp("redis"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _key_prefix(single_hop: bool) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +73,6 @@ def test_a_pool_adds_the_other_replicas_counts_to_its_own() -> None:
     assert state[POD_A].queue == 3  # all three unseen by the scrape
     assert state[POD_B].inflight_requests == 0
     assert pool.local_inflight() == {POD_A: (1, 100)} and pool.inflight(POD_A) == 1
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = start_redis(Path(tmp_path_factory.mktemp("redis")))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _replica(redis_url: str, name: str, ttl_ms: int = 300) -> tuple[Pool, SharedState]:
