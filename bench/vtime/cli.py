@@ -4,7 +4,7 @@
         --policy epp-default --policy oracle [--seeds reporting|tuning|N] [--seed N ...] \\
         [--pods-scale K] [--duration-s S] [--gateway-ms MS] [--as-recorded bench/summaries] \\
         [--ttft-only] [--first-spike-s S] [--router-seed N] [--policy-module M] \\
-        [--replicas N] [--store-rtt-ms MS]
+        [--replicas N] [--store-rtt-ms MS] [--workers N]
 
 Summaries go to bench/summaries-virtual/<mode>/<scenario>/<policy>/seed-<n>.json (the schema
 of bench/harness/summary.py, `run.virtual: true`); a scaled run's scenario is named
@@ -12,7 +12,10 @@ of bench/harness/summary.py, `run.virtual: true`); a scaled run's scenario is na
 scrape settings its real-time summary (same scenario, policy, seed under ROOT) recorded, as
 the agreement table needs (bench/vtime/report.py). `--replicas N` (any `epp-*` policy): N EPP
 replicas sharing state through the virtual store (bench/vtime/shared_store.py, round trip
-`--store-rtt-ms`), summaries under `<policy>-<N>replicas`.
+`--store-rtt-ms`), summaries under `<policy>-<N>replicas`. `--workers N`: every request takes
+the multi-core EPP's path (parsed by one of N ext_proc workers, the record through the IPC
+frame, `on_prepared` in the deciding process), summaries under `<label>-<N>workers`: its
+decisions must equal the one-process run's (tests/bench/test_vtime_workers.py).
 """
 
 from __future__ import annotations
@@ -78,9 +81,11 @@ def recorded_extra(config: Mapping[str, Any]) -> dict[str, Any]:
     return {"profiles": {"recorded": body}, "defaultProfile": "recorded", "scrape": scrape}
 
 
-def replica_label(policy: str, replicas: int) -> str:
-    """The summary label of `policy` run by `replicas` EPP replicas (one: the policy's own)."""
-    return policy if replicas == 1 else f"{policy}-{replicas}replicas"
+def replica_label(policy: str, replicas: int, workers: int = 0) -> str:
+    """The summary label of `policy` run by `replicas` EPP replicas (one: the policy's own),
+    each with `workers` ext_proc workers (0: the streams in the deciding process)."""
+    label = policy if replicas == 1 else f"{policy}-{replicas}replicas"
+    return label if workers == 0 else f"{label}-{workers}workers"
 
 
 def make_router(
@@ -90,6 +95,7 @@ def make_router(
     extra: Mapping[str, Any] | None,
     replicas: int = 1,
     store_rtt_ms: float = DEFAULT_RTT_MS,
+    workers: int = 0,
 ) -> Router:
     if policy == "round-robin":
         return RoundRobin(seed)
@@ -102,9 +108,10 @@ def make_router(
         seed=seed,
         time_scale=time_scale,
         scrape_age_s=DEFAULT_SCRAPE_AGE_S,
-        label=replica_label(policy, replicas),
+        label=replica_label(policy, replicas, workers),
         replicas=replicas,
         store_rtt_ms=store_rtt_ms,
+        workers=workers,
     )
 
 
@@ -144,10 +151,12 @@ def run_one(
     router_seed: int | None = None,
     replicas: int = 1,
     store_rtt_ms: float = DEFAULT_RTT_MS,
+    workers: int = 0,
 ) -> tuple[list[Any], LoopStats, Router]:
     """One policy on one seeded scenario in virtual time: its results, loop stats and router.
     `router_seed`: the router's random source (ties, scrape jitter); default the trace seed.
-    `replicas`: EPP replicas (epp-* policies) sharing state over a store `store_rtt_ms` away."""
+    `replicas`: EPP replicas (epp-* policies) sharing state over a store `store_rtt_ms` away.
+    `workers`: each request parsed by one of that many ext_proc workers, as `epp.workers` does."""
     time_scale = float(scenario.fleet.get("time_scale", 1.0))
     if gateway_ms is None:
         gateway_ms = GATEWAY_MS["epp" if policy.startswith("epp-") else policy]
@@ -155,7 +164,7 @@ def run_one(
     events = Events(clock)
     pods = build_pods(scenario.fleet, clock)
     seed = scenario.seed if router_seed is None else router_seed
-    router = make_router(policy, seed, scenario, extra, replicas, store_rtt_ms)
+    router = make_router(policy, seed, scenario, extra, replicas, store_rtt_ms, workers)
     trace = scenario.trace()
     limit_s = scenario.duration_s * 3 + 60 * time_scale  # bench run's max wall time, simulated
     results, stats = simulate(
@@ -240,6 +249,9 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
     if args.replicas < 1 or (args.replicas > 1 and not all(p.startswith("epp-") for p in args.policy)):
         print("--replicas must be >= 1, and above 1 only with epp-* policies", file=sys.stderr)
         return 2
+    if args.workers < 0 or (args.workers > 0 and not all(p.startswith("epp-") for p in args.policy)):
+        print("--workers must be >= 0, and above 0 only with epp-* policies", file=sys.stderr)
+        return 2
     if not args.store_rtt_ms >= 0:
         print("--store-rtt-ms must be >= 0", file=sys.stderr)
         return 2
@@ -274,6 +286,7 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
                 router_seed=args.router_seed,
                 replicas=args.replicas,
                 store_rtt_ms=args.store_rtt_ms,
+                workers=args.workers,
             )
             if args.router_seed is not None:
                 info["router_seed"] = args.router_seed
@@ -281,7 +294,7 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
                 info["ttft_only"] = (
                     "stopped once every request had its first token: no ITL; E2E of early finishers only"
                 )
-            label = replica_label(policy, args.replicas)
+            label = replica_label(policy, args.replicas, args.workers)
             summary = summarise(seeded, label, results, stats, router, args.argv, args.gateway_ms, info)
             path = write_summary(args.summaries, summary)
             st = summary["stats"]["steady"]
@@ -325,6 +338,13 @@ def add_parser(sub: Any) -> None:
     )
     sim.add_argument("--router-seed", type=int, help="the routers' random source (default: the trace seed)")
     sim.add_argument("--replicas", type=int, default=1, help="EPP replicas (epp-* policies), sharing state")
+    sim.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="ext_proc workers per EPP (epp.workers): each request parsed by one of them and "
+        "handed over as the IPC frame carries it (default 0: parsed in the deciding process)",
+    )
     sim.add_argument(
         "--store-rtt-ms",
         type=float,

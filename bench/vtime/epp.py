@@ -43,9 +43,11 @@ from bench.vtime.shared_store import DEFAULT_RTT_MS, VirtualSharedStore
 from devstack.launch import gateway_config_for
 from epp.app import EppApp
 from epp.config import parse_epp_config
+from epp.parse import WorkerParser
 from epp.pool import Endpoint, Metrics
 from epp.processor import EppProcessor
 from epp.scrape import SpeedTracker
+from extproc import ipc
 from extproc.errors import ErrorResponse
 from extproc.headers import DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
@@ -115,9 +117,12 @@ class VirtualEpp:
         label: str = "epp-default",
         replicas: int = 1,
         store_rtt_ms: float = DEFAULT_RTT_MS,
+        workers: int = 0,
     ) -> None:
         if replicas < 1:
             raise ValueError("replicas must be >= 1")
+        if workers < 0:
+            raise ValueError("workers must be >= 0")
         self.name = label
         self._config = dict(config)
         if replicas > 1 and self._config.get("sharedState") is None:
@@ -128,6 +133,10 @@ class VirtualEpp:
         self._replicas = [_Replica(r) for r in range(replicas)]
         self._turn = random.Random(seed).randrange(replicas) if replicas > 1 else 0
         self._rtt_ms = store_rtt_ms
+        # `epp.workers`: each replica's ext_proc workers, taking requests in turn (the live
+        # workers share one port: which one gets a stream does not matter, they hold no state).
+        self._parsers = [WorkerParser() for _ in range(workers)]
+        self._settings: dict[int, dict[str, Any]] = {}  # per app: what SETTINGS carries
         self.store: VirtualSharedStore | None = None
         self._routes: dict[str, str] = {}  # model (base or adapter) -> pool name
         self._events: Events | None = None
@@ -270,7 +279,10 @@ class VirtualEpp:
         self._turn += 1
         app = replica.apps[pool]
         processor = EppProcessor(app.ctx)
-        decision = processor.on_request(headers, body)
+        if self._parsers:
+            decision = processor.on_prepared(*self._through_worker(index, app, headers, body))
+        else:
+            decision = processor.on_request(headers, body)
         outcome = run_now(decision)
         if isinstance(outcome, Park):
             flow = app.flow
@@ -281,6 +293,20 @@ class VirtualEpp:
 
             return Routed(None, later=later)
         return self._answer(processor, outcome)
+
+    def _through_worker(
+        self, index: int, app: EppApp, headers: dict[str, str], body: bytes
+    ) -> tuple[dict[str, str], bytes, Any]:
+        """What the deciding process receives from a worker for this request: the worker's
+        parse (epp/parse.py `WorkerParser`, with the settings the app sends its workers) and
+        the REQUEST frame encoded and decoded as the Unix socket carries it (extproc/ipc.py)."""
+        settings = self._settings.get(id(app))
+        if settings is None:
+            settings = self._settings[id(app)] = {"parse": app.ctx.parse_hints().to_wire()}
+        prepared = self._parsers[index % len(self._parsers)](headers, body, settings)
+        (frame,) = ipc.FrameDecoder().feed(ipc.encode([ipc.REQUEST, index, headers, body, prepared]))
+        _, _, wire_headers, wire_body, wire_prepared = frame
+        return wire_headers, wire_body, wire_prepared
 
     def _answer(self, processor: EppProcessor, outcome: RequestRoute | ErrorResponse) -> Routed:
         """The EPP's answer as the loop takes it: a refusal's status, or the pod and callbacks."""
