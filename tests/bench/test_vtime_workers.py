@@ -5,11 +5,14 @@ in the deciding process); the run must equal the one-process run request for req
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.harness.scenario import load_scenario
+from bench.vtime import workers_table
 from bench.vtime.cli import replica_label, run_one
 from epp.parse import WorkerParser
 
@@ -46,3 +49,23 @@ def test_workers_decide_as_one_process(scenario: str, monkeypatch: pytest.Monkey
 
 def test_workers_and_replicas_decide_as_replicas_alone() -> None:
     assert _outcome("shared-prefix", 3, replicas=2) == _outcome("shared-prefix", 0, replicas=2)
+
+
+def _summary(root: Path, label: str, p95: float, commit: str = "a" * 40) -> None:
+    path = root / "quick" / "s" / label / "seed-1.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stats = {"steady": {"ttft_p50": 0.01, "ttft_p95": p95}}
+    run = {"engines": [{"pod": "p", "steps": 3}], "decisions": 9}
+    path.write_text(json.dumps({"env": {"git": {"commit": commit}}, "stats": stats, "run": run}))
+
+
+def test_workers_table_tells_a_different_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _summary(tmp_path, "epp-default", 0.1)
+    _summary(tmp_path, "epp-default-2workers", 0.1)
+    assert workers_table.main(["--summaries", str(tmp_path)]) == 0
+    assert "1 of 1 pairs the same run" in capsys.readouterr().out
+    _summary(tmp_path, "epp-default-2workers", 0.2)
+    assert workers_table.main(["--summaries", str(tmp_path)]) == 1
+    _summary(tmp_path, "epp-default-2workers", 0.2, commit="b" * 40)
+    assert workers_table.main(["--summaries", str(tmp_path)]) == 0
+    assert "not comparable" in capsys.readouterr().out
