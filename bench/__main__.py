@@ -61,7 +61,7 @@ from bench.micro.overhead import measure_overhead, render_overhead
 from bench.reports.pages import render_report
 from bench.reports.replicas import render_page as render_replicas_page
 from bench.reports.report import run_from, save_run, write_section
-from bench.vtime.cli import VIRTUAL_SUMMARIES, cmd_sim
+from bench.vtime.cli import REPLICA_SUMMARIES, VIRTUAL_SUMMARIES, cmd_sim
 from bench.vtime.cli import add_parser as add_sim_parser
 from bench.vtime.report import DOC as VIRTUAL_DOC
 from bench.vtime.report import add_parser as add_sim_report_parser
@@ -411,8 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if virtual.exists():  # virtual-time runs (bench sim): their own page, apart from these tables
                 render_doc(args.summaries, virtual, args.mode, Path(args.root) / VIRTUAL_DOC)
                 print(f"rendered the virtual-time tables into {Path(args.root) / VIRTUAL_DOC}")
-            if virtual.exists() or args.replicas_campaign:  # replicas vs one EPP, virtual and real time
-                page = render_replicas_page(args.root, virtual, args.replicas_campaign, args.mode)
+            replicas = Path(args.root) / REPLICA_SUMMARIES
+            if replicas.exists() or args.replicas_campaign:  # replicas vs one EPP, virtual and real time
+                page = render_replicas_page(args.root, replicas, args.replicas_campaign, args.mode)
                 print(f"rendered the replica tables into {page}")
             return 0
         if args.command == "sim":

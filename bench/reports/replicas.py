@@ -5,7 +5,7 @@ contention) 2, 4 and 8 replicas within +3 % of one EPP's TTFT P50 and P95 median
 scenario; in real time 2 replicas within +5 % of one on five scenarios, one EPP beside them in
 the same campaign. Both tables come from run summaries alone:
 
-- virtual: `bench/summaries-virtual/<mode>/<scenario>/epp-default` and
+- virtual: `bench/summaries-virtual-replicas/<mode>/<scenario>/epp-default` and
   `epp-default-<N>replicas`; rows compare only when they ran one commit and the same default
   (bench/reports/comparable.py), so the change is the replicas' alone;
 - real: one campaign's summaries (`<campaign>/<mode>/<scenario>/...`, a results root given on

@@ -12,7 +12,9 @@ of bench/harness/summary.py, `run.virtual: true`); a scaled run's scenario is na
 scrape settings its real-time summary (same scenario, policy, seed under ROOT) recorded, as
 the agreement table needs (bench/vtime/report.py). `--replicas N` (any `epp-*` policy): N EPP
 replicas sharing state through the virtual store (bench/vtime/shared_store.py, round trip
-`--store-rtt-ms`), summaries under `<policy>-<N>replicas`. `--workers N`: every request takes
+`--store-rtt-ms`), summaries under `<policy>-<N>replicas` in bench/summaries-virtual-replicas
+(any run naming `--replicas`, 1 included: that campaign's one-EPP rows stay out of the
+routing-alone tables). `--workers N`: every request takes
 the multi-core EPP's path (parsed by one of N ext_proc workers, the record through the IPC
 frame, `on_prepared` in the deciding process), summaries under `<label>-<N>workers`: its
 decisions must equal the one-process run's (tests/bench/test_vtime_workers.py).
@@ -42,6 +44,9 @@ from bench.vtime.shared_store import DEFAULT_RTT_MS
 from gateway.profiles import BUILTIN_PROFILE_DATA
 
 VIRTUAL_SUMMARIES = Path("bench/summaries-virtual")
+# Runs that name a replica count (`--replicas N`, 1 included): the replicas-vs-one-EPP campaign,
+# kept apart so its one-EPP rows never stand in for the routing-alone rows of the tables above.
+REPLICA_SUMMARIES = Path("bench/summaries-virtual-replicas")
 # The gateway's own latency per policy when --gateway-ms is not given, wall ms: "added p50" of
 # docs/benchmarks/costs.md "Gateway overhead" (concurrency 1, 1 KB): Envoy round-robin +1.90,
 # the full gateway (Envoy + BBR + EPP; the oracle sits where the EPP does) +7.12.
@@ -246,6 +251,9 @@ def cmd_sim(args: argparse.Namespace, seeds: list[int]) -> int:
     if args.pods_scale < 1:
         print("--pods-scale must be an integer >= 1", file=sys.stderr)
         return 2
+    if args.summaries is None:
+        args.summaries = str(VIRTUAL_SUMMARIES if args.replicas is None else REPLICA_SUMMARIES)
+    args.replicas = 1 if args.replicas is None else args.replicas
     if args.replicas < 1 or (args.replicas > 1 and not all(p.startswith("epp-") for p in args.policy)):
         print("--replicas must be >= 1, and above 1 only with epp-* policies", file=sys.stderr)
         return 2
@@ -332,12 +340,15 @@ def add_parser(sub: Any) -> None:
         "--gateway-ms", type=float, help="gateway latency per request, wall ms (default: measured)"
     )
     sim.add_argument("--as-recorded", help="epp-* policies run the config of this root's real-time summaries")
-    sim.add_argument("--summaries", default=str(VIRTUAL_SUMMARIES))
+    sim.add_argument(
+        "--summaries",
+        help=f"summaries root (default {VIRTUAL_SUMMARIES}; with --replicas: {REPLICA_SUMMARIES})",
+    )
     sim.add_argument(
         "--ttft-only", action="store_true", help="stop once every request has its first token (big runs)"
     )
     sim.add_argument("--router-seed", type=int, help="the routers' random source (default: the trace seed)")
-    sim.add_argument("--replicas", type=int, default=1, help="EPP replicas (epp-* policies), sharing state")
+    sim.add_argument("--replicas", type=int, help="EPP replicas (epp-* policies), sharing state (default 1)")
     sim.add_argument(
         "--workers",
         type=int,

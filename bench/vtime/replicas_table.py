@@ -1,6 +1,6 @@
 """Routing quality per EPP replica count in virtual time: TTFT P50 and P95 per scenario.
 
-    python -m bench.vtime.replicas_table [--summaries bench/summaries-virtual] [--mode quick] \\
+    python -m bench.vtime.replicas_table [--summaries bench/summaries-virtual-replicas] [--mode quick] \\
         [--policy epp-default] [--replicas 1,2,4,8] [--limit-pct 3] [--markdown]
 
 Reads `<summaries>/<mode>/<scenario>/<policy>[-<N>replicas]/seed-*.json` (`bench sim
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.vtime.cli import VIRTUAL_SUMMARIES, replica_label
+from bench.vtime.cli import REPLICA_SUMMARIES, replica_label
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def render(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--summaries", default=str(VIRTUAL_SUMMARIES))
+    parser.add_argument("--summaries", default=str(REPLICA_SUMMARIES))
     parser.add_argument("--mode", default="quick")
     parser.add_argument("--policy", default="epp-default")
     parser.add_argument("--replicas", default="1,2,4,8")

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from bench.reports.replicas import PAGE, REAL_SCENARIOS, REAL_SECTION, VIRTUAL_SECTION, render_page
-from bench.vtime.cli import VIRTUAL_SUMMARIES
+from bench.vtime.cli import REPLICA_SUMMARIES
 from tests.bench.replica_summaries import earlier, today, write
 
 REPO = Path(__file__).parents[2]
@@ -33,7 +33,7 @@ def _sim(root: Path, policy: str, scale: float, scenario: str = "toy", commit: s
 
 
 def test_virtual_rows_change_vs_one_epp_within_three_percent(tmp_path: Path) -> None:
-    virtual = tmp_path / VIRTUAL_SUMMARIES
+    virtual = tmp_path / REPLICA_SUMMARIES
     (tmp_path / "bench/scenarios").mkdir(parents=True)
     (tmp_path / "bench/scenarios/idle.yaml").write_text("")  # a scenario with no virtual run yet
     _sim(virtual, "epp-default", 0.010)
@@ -66,7 +66,7 @@ def test_real_rows_come_from_the_newest_committed_campaign(tmp_path: Path) -> No
     write(new, "epp-default-2replicas", today(), 0.0104, "replicas=2")  # +4 %: within +5 %
     write(new, "epp-default", today(), 0.010, scenario_name="lora")
     write(new, "epp-default-2replicas", earlier(), 0.08, "replicas=2", scenario_name="lora")
-    page = render_page(tmp_path, tmp_path / VIRTUAL_SUMMARIES)
+    page = render_page(tmp_path, tmp_path / REPLICA_SUMMARIES)
     section = _section(page, REAL_SECTION)
     assert "From `bench/results-committed/2026-12-05-replicas`" in section
     rows = _rows(section)
@@ -76,7 +76,7 @@ def test_real_rows_come_from_the_newest_committed_campaign(tmp_path: Path) -> No
     assert rows[("docqa", "1, 2")][0] == "not run"
     # A campaign named on the command line wins; a page's hand-written text stays.
     page.write_text(page.read_text() + "\nHand-written.\n")
-    render_page(tmp_path, tmp_path / VIRTUAL_SUMMARIES, campaign=old.parent)
+    render_page(tmp_path, tmp_path / REPLICA_SUMMARIES, campaign=old.parent)
     assert "Hand-written." in page.read_text()
     assert _rows(_section(page, REAL_SECTION))[("bursty", "1, 2")][0] == "not run"
 
@@ -85,5 +85,5 @@ def test_the_committed_replicas_page_is_the_generated_one(tmp_path: Path) -> Non
     """`python -m bench report` on the committed summaries changes nothing in the page."""
     page = tmp_path / "replicas.md"
     shutil.copy(REPO / PAGE, page)
-    render_page(REPO, REPO / VIRTUAL_SUMMARIES, page=page)
+    render_page(REPO, REPO / REPLICA_SUMMARIES, page=page)
     assert page.read_text() == (REPO / PAGE).read_text(), f"run `python -m bench report` and commit {PAGE}"
