@@ -24,6 +24,7 @@ from epp.kv_events import EventBatch, KVEventMetrics, KVEventSubscribers, stored
 from epp.kv_index import KVIndex
 from epp.pool import Endpoint, Metrics, Pool
 from epp.processor import EppProcessor
+from epp.scale_from_zero import EmptyPoolHold
 from epp.scheduling.lora import event_time
 from epp.scheduling.weighted import WeightedScheduler
 from epp.scrape import Scraper
@@ -132,7 +133,8 @@ class EppApp:
         self.scheduler = build_scheduler(config, kv_index=self.kv_index)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.flow = FlowController(self.telemetry.registry, config.flow_control)
-        self.pool.capacity_hook = self.flow.signal
+        self.empty_pool = EmptyPoolHold(self.telemetry.registry, pool_name)
+        self.pool.capacity_hook = self._capacity_changed
         self.ctx = EppContext(
             pool_name,
             self.pool,
@@ -141,6 +143,7 @@ class EppApp:
             self.telemetry,
             flow=self.flow,
             conformance_test_mode=conformance_test_mode,
+            empty_pool=self.empty_pool,
         )
         if shared is not None:
             self.ctx.tracing = shared.tracing
@@ -308,6 +311,12 @@ class EppApp:
             self._sync_kv_events()
         except RuntimeError:  # no running loop yet: start() syncs
             pass
+
+    def _capacity_changed(self) -> None:
+        """A scrape came in or a request finished (Pool.capacity_hook): the queue and the
+        requests waiting for a first ready pod look again."""
+        self.flow.signal()
+        self.empty_pool.signal()
 
     def _on_scraped(self, address: str, metrics: Metrics, sent_at: float) -> None:
         self._note_running_adapters(address, metrics, sent_at)

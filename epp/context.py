@@ -10,6 +10,7 @@ from epp.flow_control import FlowController
 from epp.parse import ParseHints
 from epp.pool import Pool
 from epp.ranks import RankRouter
+from epp.scale_from_zero import EmptyPoolHold
 from epp.scheduling.base import Scheduler
 from epp.telemetry import Telemetry
 from epp.tokenize import PoolTokenizers
@@ -32,6 +33,7 @@ class EppContext:
     flow: FlowController | None = None  # the queue for a saturated pool (flowControl)
     tokenizers: PoolTokenizers | None = None  # the models' own tokenizers (epp/tokenize.py)
     ranks: RankRouter = field(default_factory=RankRouter)  # data-parallel pods' ranks (epp/ranks.py)
+    empty_pool: EmptyPoolHold | None = None  # requests waiting for a first ready pod (scaleFromZero)
     _hints: tuple[EppConfig, ParseHints] | None = field(default=None, repr=False)
 
     def parse_hints(self) -> ParseHints:

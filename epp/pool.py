@@ -433,6 +433,12 @@ class Pool:
     def __contains__(self, address: object) -> bool:
         return address in self._live
 
+    def has_ready(self) -> bool:
+        """Whether any pod can take a request now: healthy, with a scraped page (scale from zero,
+        epp/scale_from_zero.py)."""
+        after = self._unhealthy_after
+        return any(live.metrics is not None and live.failures < after for live in self._live.values())
+
     # -- scraper edge ---------------------------------------------------------------
     def record_metrics(
         self,

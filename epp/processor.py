@@ -99,6 +99,10 @@ class EppProcessor:
             return request
         request = await self._with_tokens(request)
         self._parsed = request
+        if self._ctx.empty_pool is not None and not self._ctx.pool.has_ready():
+            held = await self._hold_while_empty(request)
+            if held is not None:
+                return held
         decision = self._decision = self._pick(request, headers)
         self._scheduling_s = time.perf_counter() - started
         self._ctx.telemetry.scheduled(self._scheduling_s)
@@ -116,6 +120,26 @@ class EppProcessor:
             log.info("request %s refused: %s", request.request_id, refusal.code)
             return refusal
         return self._route(request, decision, headers)
+
+    async def _hold_while_empty(self, request: InferenceRequest) -> ErrorResponse | None:
+        """Scale from zero (epp/scale_from_zero.py): with no ready pod, wait for one up to the
+        pool's `scaleFromZero.maxWaitMs`; a 503 with Retry-After when none came. None: go on."""
+        hold, pool = self._ctx.empty_pool, self._ctx.pool
+        if hold is None:
+            return None
+        config = self._ctx.config()
+        wait = config.pool(self._ctx.pool_name).scale_from_zero
+        if wait is None:
+            return None
+        if await hold.wait(pool.has_ready, wait.max_wait_ms / 1000.0):
+            return None
+        self._ctx.telemetry.request_error(request.model, "no_endpoint_available")
+        log.info("request %s refused: no ready pod within %d ms", request.request_id, wait.max_wait_ms)
+        refusal = unavailable(
+            f"no pod of the pool serving model '{request.model}' became ready within "
+            f"{wait.max_wait_ms} ms (scaling from zero); retry later"
+        )
+        return replace(refusal, headers={"retry-after": str(config.admission.retry_after_s)})
 
     async def _with_tokens(self, request: InferenceRequest) -> InferenceRequest:
         """The request with the engine's token ids, when its model has a tokenizer and its

@@ -231,6 +231,19 @@ class SharedStateConfig(_Model):
         return self
 
 
+# Envoy's ext_proc message timeout (gateway/envoy_config.py, 10 s) bounds how long the EPP may
+# hold a request before answering it: a longer wait would end in Envoy's 503, not our 429.
+MAX_FLOW_WAIT_MS = 9_000
+
+
+class ScaleFromZeroConfig(_Model):
+    """A pool scaled to zero (or whose pods are all starting) holds new requests up to
+    `maxWaitMs` for its first ready pod, then answers 503 with Retry-After. Bounded by Envoy's
+    ext_proc message timeout like flow control's waits (`MAX_FLOW_WAIT_MS`)."""
+
+    max_wait_ms: int = Field(default=5_000, ge=1, le=MAX_FLOW_WAIT_MS, alias="maxWaitMs")
+
+
 class PoolConfig(_Model):
     name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
     models: list[ModelConfig] = Field(min_length=1)
@@ -250,6 +263,8 @@ class PoolConfig(_Model):
     # pool's first model (the HTTPRoute, not the model list, decides what reaches the pool).
     accept_any_model: bool = Field(default=False, alias="acceptAnyModel")
     disaggregation: DisaggregationConfig | None = None  # prefill/decode split; None: aggregated
+    # Hold requests while no pod is ready (epp/scale_from_zero.py); None: 503 at once.
+    scale_from_zero: ScaleFromZeroConfig | None = Field(default=None, alias="scaleFromZero")
 
 
 class ScrapeConfig(_Model):
@@ -285,11 +300,6 @@ class ScrapeConfig(_Model):
 
 class AdmissionConfig(_Model):
     retry_after_s: int = Field(default=1, ge=1, alias="retryAfterSeconds")
-
-
-# Envoy's ext_proc message timeout (gateway/envoy_config.py, 10 s) bounds how long the EPP may
-# hold a request before answering it: a longer wait would end in Envoy's 503, not our 429.
-MAX_FLOW_WAIT_MS = 9_000
 
 
 class FlowBand(_Model):

@@ -35,6 +35,7 @@ AUTOSCALING_SERIES = {
     "inference_pool_per_pod_queue_size": {"name", "model_server_pod"},
     "inference_pool_inflight_requests": {"name", "endpoint"},
     "inference_extension_flow_control_pool_saturation": {"inference_pool"},
+    "gateway_pool_requests_waiting_for_endpoints": {"inference_pool"},  # scale from zero
 }
 
 

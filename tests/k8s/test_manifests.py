@@ -34,7 +34,7 @@ from tests.integration.test_envoy_config import epp_processing_modes
 from tests.k8s.kustomize_lite import build
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-AUTOSCALING = ["examples/autoscaling/keda", "examples/autoscaling/hpa"]
+AUTOSCALING = ["examples/autoscaling/keda", "examples/autoscaling/hpa", "examples/autoscaling/keda-from-zero"]
 TARGETS = ["base", "examples", *AUTOSCALING, "cert-manager", "overlays/dev", "overlays/eks-hyperpod"]
 OVERLAYS = ["overlays/dev", "overlays/eks-hyperpod"]
 Obj = dict[str, Any]
@@ -865,6 +865,15 @@ def test_autoscaling_examples_scale_the_example_pool_on_series_the_epp_exports()
         for metric, labels in series:
             assert metric in AUTOSCALING_SERIES, metric
             assert labels and set(labels) <= AUTOSCALING_SERIES[metric], (metric, labels)
+            assert set(labels.values()) == {pool}
+
+    # KEDA from zero: activated by the requests the EPP holds for a first pod.
+    zero = find(render("examples/autoscaling/keda-from-zero"), "ScaledObject", "vllm-llama-3-8b")["spec"]
+    assert zero["minReplicaCount"] == 0 and zero["scaleTargetRef"] == scaled["spec"]["scaleTargetRef"]
+    assert {t["name"] for t in zero["triggers"]} == {"pool-waiting-for-pods", "pool-inflight"}
+    for trigger in zero["triggers"]:
+        for metric, labels in _queried_series(trigger["metadata"]["query"]):
+            assert metric in AUTOSCALING_SERIES and set(labels) <= AUTOSCALING_SERIES[metric], metric
             assert set(labels.values()) == {pool}
 
     # HPA: each external metric is a prometheus-adapter rule over an exported series, grouped by

@@ -1,0 +1,93 @@
+"""Scale from zero (epp/scale_from_zero.py): a request that finds no ready pod waits for one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from prometheus_client import CollectorRegistry
+
+from epp.config import parse_epp_config
+from epp.context import EppContext
+from epp.pool import Endpoint, Metrics, Pool
+from epp.processor import EppProcessor
+from epp.scale_from_zero import EmptyPoolHold
+from epp.scheduling.weighted import WeightedScheduler
+from epp.telemetry import Telemetry
+from extproc.errors import ErrorResponse
+from extproc.headers import DESTINATION_HEADER
+from extproc.stream import RequestRoute
+
+A = "10.0.0.1:8000"
+BODY = json.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+
+def make_ctx(wait_ms: int | None) -> tuple[EppContext, EmptyPoolHold]:
+    pool_config: dict[str, object] = {"name": "llama", "models": [{"name": "llama"}]}
+    if wait_ms is not None:
+        pool_config["scaleFromZero"] = {"maxWaitMs": wait_ms}
+    config = parse_epp_config({"pools": [pool_config], "admission": {"retryAfterSeconds": 7}})
+    pool = Pool([Endpoint(A, frozenset({"llama"}), frozenset())])  # discovered, never scraped
+    hold = EmptyPoolHold(CollectorRegistry(), "llama")
+    pool.capacity_hook = hold.signal
+    ctx = EppContext(
+        "llama", pool, WeightedScheduler(config.scheduler_profiles()), lambda: config, Telemetry("llama")
+    )
+    ctx.empty_pool = hold
+    return ctx, hold
+
+
+async def held(hold: EmptyPoolHold) -> None:
+    """Until the request task has reached the wait (a few loop turns; bounded, never hangs)."""
+    for _ in range(1000):
+        if hold.waiting:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the request never waited")
+
+
+async def test_a_held_request_is_routed_when_the_first_pod_answers_its_scrape() -> None:
+    ctx, hold = make_ctx(9_000)
+    task = asyncio.create_task(EppProcessor(ctx).on_request({}, BODY))
+    await held(hold)
+    assert not task.done() and ctx.pool.inflight_total() == 0
+    ctx.pool.record_metrics(A, Metrics(scraped_at=ctx.pool.snapshot().taken_at))  # the pod is up
+    route = await asyncio.wait_for(task, 5)
+    assert isinstance(route, RequestRoute) and route.set_headers[DESTINATION_HEADER] == A
+    assert hold.waiting == 0 and ctx.pool.inflight_total() == 1
+
+
+async def test_no_pod_within_the_wait_is_a_503_with_retry_after() -> None:
+    ctx, hold = make_ctx(50)
+    refusal = await EppProcessor(ctx).on_request({}, BODY)
+    assert isinstance(refusal, ErrorResponse)
+    assert refusal.status == 503 and refusal.code == "no_endpoint_available"
+    assert refusal.headers == {"retry-after": "7"} and "scaling from zero" in refusal.message
+    assert hold.waiting == 0 and ctx.pool.inflight_total() == 0
+
+
+async def test_without_scale_from_zero_nothing_waits() -> None:
+    ctx, hold = make_ctx(None)
+    route = await EppProcessor(ctx).on_request({}, BODY)  # an unscraped pod is still tried
+    assert isinstance(route, RequestRoute) and hold.waiting == 0
+
+
+async def test_a_client_that_leaves_while_held_holds_nothing() -> None:
+    ctx, hold = make_ctx(9_000)
+    task = asyncio.create_task(EppProcessor(ctx).on_request({}, BODY))
+    await held(hold)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert hold.waiting == 0 and ctx.pool.inflight_total() == 0
+
+
+async def test_a_scrape_that_leaves_the_pool_unready_keeps_the_request_waiting() -> None:
+    ctx, hold = make_ctx(9_000)
+    task = asyncio.create_task(EppProcessor(ctx).on_request({}, BODY))
+    await held(hold)
+    hold.signal()  # a completion elsewhere: the pool is looked at, still no ready pod
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not task.done() and hold.waiting == 1
+    ctx.pool.record_metrics(A, Metrics(scraped_at=ctx.pool.snapshot().taken_at))
+    assert isinstance(await asyncio.wait_for(task, 5), RequestRoute)
