@@ -106,6 +106,21 @@ class EppProcessor:
         decision = self._decision = self._pick(request, headers)
         self._scheduling_s = time.perf_counter() - started
         self._ctx.telemetry.scheduled(self._scheduling_s)
+        if decision.slo_met is False and band_of(request.priority) == "sheddable":
+            # No pod is predicted to meet its latency objective (epp/scheduling/slo.py): a
+            # sheddable request is refused rather than sent late; others take the least-bad pod.
+            self._ctx.telemetry.request_error(request.model, "slo_unattainable")
+            log.info(
+                "request %s refused: no pod meets its %.0f ms TTFT objective",
+                request.request_id,
+                (request.slo_ttft_s or 0.0) * 1000,
+            )
+            return rate_limited(
+                f"no pod is predicted to answer within the {((request.slo_ttft_s or 0.0) * 1000):.0f} ms "
+                "time-to-first-token objective; retry later",
+                self._ctx.config().admission.retry_after_s,
+                "slo_unattainable",
+            )
         flow = self._ctx.flow
         if (
             flow is not None
@@ -339,7 +354,12 @@ class EppProcessor:
         if model is not None and model != parsed.fields.model:
             self._sent_as = model
         config = self._ctx.config()
-        objective = self._ctx.header_policy.objective(headers, route.base_model)  # epp/trust.py
+        policy = self._ctx.header_policy
+        objective = policy.objective(headers, route.base_model)  # epp/trust.py
+        try:
+            slo_ttft_s = policy.slo_ttft_s(headers, objective.name)
+        except ValueError as exc:
+            return bad_request(str(exc), "invalid_slo")
         try:
             return request_from_fields(
                 parsed.fields,
@@ -352,6 +372,7 @@ class EppProcessor:
                 session_key=headers.get(config.session_affinity.header.lower()),
                 model=model,
                 prefix=parsed.prefix,
+                slo_ttft_s=slo_ttft_s,
             )
         except RequestError as exc:
             return bad_request(str(exc))

@@ -37,6 +37,7 @@ class InferenceRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     session_key: str | None = None  # the sessionAffinity header's value
     previous_response_id: str | None = None  # /v1/responses: the turn this one continues
+    slo_ttft_s: float | None = None  # its time-to-first-token objective (epp/trust.py), if any
     # The prompt as the engine tokenizes it (epp/tokenize.py), when the model has a tokenizer
     # and the profile scores with the precise KV index; None otherwise.
     token_ids: tuple[int, ...] | None = None
@@ -178,6 +179,7 @@ def request_from_fields(
     session_key: str | None = None,
     model: str | bool | None = None,
     prefix: PromptHashes | None = None,
+    slo_ttft_s: float | None = None,
 ) -> InferenceRequest:
     """The scheduling view of a body's fields; raises RequestError on bad fields. `model`:
     the name the request is sent as when a rewrite replaced the body's."""
@@ -200,6 +202,7 @@ def request_from_fields(
         session_key=session_key or None,
         previous_response_id=fields.previous_response_id,
         prefix=prefix,
+        slo_ttft_s=slo_ttft_s,
     )
 
 

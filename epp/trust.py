@@ -14,6 +14,8 @@ otherwise escape shedding). The rule (docs/security.md, "Request headers"):
 - A trusted request may name any defined profile. An untrusted one may name only the model's
   `objectives`, and its priority never exceeds that of the model's own profile. A header that
   may not be used is ignored: the request gets the model's default treatment.
+- `x-gateway-slo-ttft-ms` (a time-to-first-token objective, docs/scheduling.md "Latency
+  objectives") is honoured for trusted requests only; others get their profile's `sloTtftMs`.
 - The header may also name an InferenceObjective of this EPP's pool (llm-d API, followed with
   `--inference-objectives`): its `priority` then replaces the profile's, for trusted requests
   as written, for untrusted ones capped at the model's own profile's priority (so it can lower
@@ -29,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from epp.config import EppConfig
-from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER
+from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER, SLO_TTFT_HEADER
 
 _ASKED = ("1", "true", "yes")
 
@@ -52,6 +54,7 @@ class HeaderPolicy:
     model_profiles: Mapping[str, str] = field(default_factory=dict)  # base model -> its profile
     model_objectives: Mapping[str, frozenset[str]] = field(default_factory=dict)  # base model -> allowed
     inference_objectives: Mapping[str, int] = field(default_factory=dict)  # resource name -> priority
+    slos: Mapping[str, int] = field(default_factory=dict)  # profile -> its sloTtftMs, where set
 
     @classmethod
     def from_config(
@@ -68,12 +71,25 @@ class HeaderPolicy:
             model_profiles={m.name: m.profile for m in models if m.profile},
             model_objectives={m.name: frozenset(m.objectives) for m in models},
             inference_objectives=dict(inference_objectives or {}),
+            slos={n: p.slo_ttft_ms for n, p in config.scheduler_profiles().items() if p.slo_ttft_ms},
         )
 
     def trusted(self, headers: Mapping[str, str]) -> bool:
         if self.internal:
             return True
         return self.claim_value is not None and headers.get(CLAIM_HEADER) == self.claim_value
+
+    def slo_ttft_s(self, headers: Mapping[str, str], profile: str) -> float | None:
+        """The request's time-to-first-token objective in seconds: a trusted caller's header,
+        else its profile's `sloTtftMs`, else None. Raises ValueError on a trusted caller's
+        header that is not a whole number of milliseconds in 1..600000."""
+        asked = headers.get(SLO_TTFT_HEADER)
+        if asked is not None and self.trusted(headers):
+            if not asked.isdigit() or not 1 <= int(asked) <= 600_000:
+                raise ValueError(f"{SLO_TTFT_HEADER} must be a whole number of milliseconds, 1 to 600000")
+            return int(asked) / 1000.0
+        own = self.slos.get(profile)
+        return own / 1000.0 if own else None
 
     def explain(self, headers: Mapping[str, str]) -> bool:
         """Whether to return the per-pod scores on the response."""

@@ -17,6 +17,7 @@ CLAIM_HEADER = "x-gateway-trusted-claim"  # Envoy's jwt_authn only
 TENANT_CLAIM_HEADER = "x-gateway-tenant-claim"  # Envoy's jwt_authn only: flowControl.tenantClaim
 DECISION_HEADER = "x-gateway-decision"  # a trusted client asks for the EPP's scores
 OBJECTIVE_HEADER = "x-gateway-inference-objective"  # a client names a scheduling profile
+SLO_TTFT_HEADER = "x-gateway-slo-ttft-ms"  # a trusted client's time-to-first-token objective
 # Protocol: the endpoint that actually served the request (after retries), which a gateway
 # reports in `envoy.lb` metadata; the stream layer hands it to processors under this name.
 SERVED_HEADER = "x-gateway-destination-endpoint-served"

@@ -63,6 +63,9 @@ class Profile(BaseModel):
     picker: PickerName = "max"
     priority: int = Field(default=0, strict=True)
     thresholds: Thresholds = DEFAULT_THRESHOLDS
+    # The time-to-first-token objective of this profile's requests (docs/scheduling.md, "Latency
+    # objectives"); a trusted request's `x-gateway-slo-ttft-ms` overrides it. None: no objective.
+    slo_ttft_ms: int | None = Field(default=None, ge=1, le=600_000, alias="sloTtftMs")
 
     @field_validator("weights")
     @classmethod

@@ -74,6 +74,9 @@ class Decision:
     # Disaggregated serving (epp/scheduling/pd.py): the pod that prefills for ranked[0], the
     # decode pod; None: ranked[0] does both.
     prefill: str | None = None
+    # A request with a latency objective (epp/scheduling/slo.py): whether ranked[0] is predicted
+    # to meet it (True), none of the pods is (False); None: no objective.
+    slo_met: bool | None = None
 
 
 class Scheduler(Protocol):

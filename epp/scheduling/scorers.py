@@ -47,6 +47,9 @@ class ScoringContext:
     # Filled by `predicted-ttft`: per candidate, the seconds this request's own prefill takes
     # there (at least one engine step), which the pick commits to the pod's ledger (epp/ledger.py).
     prefill_s: list[float] = field(default_factory=list)
+    # Filled by `predicted-ttft`: per candidate, the predicted seconds to this request's first
+    # token there (None: unknown), which a request's latency objective is held against.
+    predicted_s: list[float | None] = field(default_factory=list)
     # `_matched_blocks`' answer for the (request, candidates) it was asked about: the prefix
     # scorers and predicted-ttft read the same counts, looked up once per decision.
     matched: list[Any] = field(default_factory=list, compare=False)
@@ -350,7 +353,8 @@ def predicted_ttft(
             if cm is not None and cm.max_lora > 0:
                 slots[i] = residency.slots(c.address, cm.running_adapters, cm.scraped_at)
         slot_s *= slot_scarcity(candidates, slots)
-    preds: list[float | None] = []
+    preds = ctx.predicted_s
+    preds.clear()
     prefill_s = ctx.prefill_s
     prefill_s.clear()
     for s, n, size, pod_slots in zip(candidates, counts, block_sizes, slots, strict=True):

@@ -23,6 +23,7 @@ from epp.scheduling.lora import AdapterResidency
 from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.registry import PICKERS, SCORERS
 from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.slo import slo_order
 from gateway.profiles import BUILTIN_PROFILES, Profile
 
 # Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
@@ -116,6 +117,11 @@ class WeightedScheduler:
             ]
 
         order = PICKERS[profile.picker].fn(totals, self.rng)
+        slo_met: bool | None = None
+        if request.slo_ttft_s is not None and order:
+            if not ctx.predicted_s:  # the profile does not weigh predicted-ttft: predict anyway
+                SCORERS["predicted-ttft"].score(request, candidates, ctx)
+            order, slo_met = slo_order(order, ctx.predicted_s, request.slo_ttft_s)
         prefill_s = 0.0
         if order:  # the pod most likely routed to: bound its prefix LRU by its KV cache
             self._bound_prefix_lru(candidates[order[0]], block_chars)
@@ -127,6 +133,7 @@ class WeightedScheduler:
             profile=profile.name,
             saturated=all_saturated,
             prefill_s=prefill_s,
+            slo_met=slo_met,
         )
 
     def on_routed(self, request: InferenceRequest, address: str) -> None:

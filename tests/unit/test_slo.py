@@ -1,0 +1,90 @@
+"""Latency objectives (epp/scheduling/slo.py and their use in the EPP): loose objectives leave
+the fast pods to tight ones, a request no pod can serve in time gets the least-bad pod or, when
+sheddable, a 429; only trusted callers may set an objective by header."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from epp.config import parse_epp_config
+from epp.context import EppContext
+from epp.pool import Endpoint, Metrics, Pool
+from epp.processor import EppProcessor
+from epp.scheduling.slo import slo_order
+from epp.scheduling.weighted import WeightedScheduler
+from epp.telemetry import Telemetry
+from epp.trust import HeaderPolicy
+from extproc.errors import ErrorResponse
+from extproc.headers import DESTINATION_HEADER, OBJECTIVE_HEADER, SLO_TTFT_HEADER
+from extproc.stream import RequestRoute
+
+FAST, SLOW = "10.0.0.1:8000", "10.0.0.2:8000"
+BODY = json.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi " * 200}]}).encode()
+
+
+def test_loose_objectives_take_the_least_headroom_and_missed_ones_the_least_bad() -> None:
+    preds = [0.05, 0.40, None, 0.20]
+    assert slo_order([0, 1, 2, 3], preds, 1.0) == ([1, 3, 0, 2], True)  # slowest that meets first
+    assert slo_order([0, 1, 2, 3], preds, 0.25) == ([3, 0, 1, 2], True)
+    assert slo_order([1, 0, 2, 3], preds, 0.01) == ([0, 3, 1, 2], False)  # none meets: least bad
+    assert slo_order([2], preds, 1.0) == ([2], False)  # nothing predicted: nothing promised
+
+
+def make_ctx(trusted: bool = True) -> EppContext:
+    config = parse_epp_config(
+        {
+            "pools": [{"name": "llama", "models": [{"name": "llama", "objectives": ["batch"]}]}],
+            "profiles": {"batch": {"weights": {"predicted-ttft": 1}, "priority": -1, "sloTtftMs": 1}},
+            "listener": {"trust": {"internal": trusted}},
+            "admission": {"retryAfterSeconds": 4},
+        }
+    )
+    pool = Pool([Endpoint(a, frozenset({"llama"}), frozenset()) for a in (FAST, SLOW)])
+    now = pool.snapshot().taken_at
+    pool.record_metrics(FAST, Metrics(waiting=0.0, running=1.0, kv_usage=0.1, scraped_at=now))
+    pool.record_metrics(SLOW, Metrics(waiting=2.0, running=4.0, kv_usage=0.3, scraped_at=now))
+    ctx = EppContext(
+        "llama", pool, WeightedScheduler(config.scheduler_profiles()), lambda: config, Telemetry("llama")
+    )
+    ctx.header_policy = HeaderPolicy.from_config(config)
+    return ctx
+
+
+async def route(ctx: EppContext, headers: dict[str, str]) -> RequestRoute | ErrorResponse:
+    return await EppProcessor(ctx).on_request(headers, BODY)
+
+
+async def test_without_an_objective_the_ranking_stands() -> None:
+    out = await route(make_ctx(), {})
+    assert isinstance(out, RequestRoute) and out.set_headers[DESTINATION_HEADER] == FAST
+
+
+async def test_a_loose_objective_goes_to_the_slower_pod_that_still_meets_it() -> None:
+    out = await route(make_ctx(), {SLO_TTFT_HEADER: "600000"})
+    assert isinstance(out, RequestRoute) and out.set_headers[DESTINATION_HEADER] == SLOW
+
+
+async def test_an_objective_no_pod_meets_takes_the_least_bad_pod() -> None:
+    out = await route(make_ctx(), {SLO_TTFT_HEADER: "1"})
+    assert isinstance(out, RequestRoute) and out.set_headers[DESTINATION_HEADER] == FAST
+
+
+async def test_a_sheddable_request_no_pod_can_serve_in_time_gets_429() -> None:
+    ctx = make_ctx()
+    out = await route(ctx, {OBJECTIVE_HEADER: "batch"})  # the profile's own 1 ms objective
+    assert isinstance(out, ErrorResponse)
+    assert (out.status, out.code, out.headers) == (429, "slo_unattainable", {"retry-after": "4"})
+    assert ctx.pool.inflight_total() == 0
+
+
+async def test_an_untrusted_callers_objective_header_is_ignored() -> None:
+    out = await route(make_ctx(trusted=False), {SLO_TTFT_HEADER: "600000"})
+    assert isinstance(out, RequestRoute) and out.set_headers[DESTINATION_HEADER] == FAST
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "600001", "1.5"])
+async def test_a_malformed_objective_from_a_trusted_caller_is_a_400(value: str) -> None:
+    out = await route(make_ctx(), {SLO_TTFT_HEADER: value})
+    assert isinstance(out, ErrorResponse) and (out.status, out.code) == (400, "invalid_slo")
