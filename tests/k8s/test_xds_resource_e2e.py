@@ -213,8 +213,11 @@ async def test_the_xds_server_killed_and_restarted_under_load_fails_no_request(
 
     async def load(client: httpx.AsyncClient) -> None:
         while not stop.is_set():
-            r = await client.post("/v1/chat/completions", json=chat(LLAMA, max_tokens=4))
-            results.append(r.status_code)
+            try:
+                r = await client.post("/v1/chat/completions", json=chat(LLAMA, max_tokens=4))
+                results.append(r.status_code)
+            except httpx.HTTPError:  # a failed request, counted as such
+                results.append(0)
 
     async with gw.client() as client:
         assert await _served(client, NEW)  # the resource's model, which the file never had
@@ -226,6 +229,9 @@ async def test_the_xds_server_killed_and_restarted_under_load_fails_no_request(
                 port = int(proc.popen.args[proc.popen.args.index("--port") + 1])  # type: ignore[index, union-attr]
                 during = len(results)
                 await _until(_xds_serving(port), "the xDS server back", 30)
+                # Envoy retries its ADS stream with a backoff: the next change is timed from
+                # the moment it is connected again.
+                await _until(_envoy_connected(gw), "Envoy connected to the new xDS server", 60)
                 await _until(_count_reached(results, len(results) + 20), "load after the restart", 30)
                 assert await _served(client, NEW)
         finally:
@@ -252,3 +258,14 @@ def _xds_serving(port: int) -> Callable[[], Any]:
         return await asyncio.to_thread(grpc_serving, port)
 
     return serving
+
+
+def _envoy_connected(gw: LocalGateway) -> Callable[[], Any]:
+    async def connected() -> bool:
+        async with httpx.AsyncClient() as admin:
+            r = await admin.get(
+                f"http://127.0.0.1:{gw.admin_port}/stats?filter=control_plane.connected_state"
+            )
+        return "control_plane.connected_state: 1" in r.text
+
+    return connected
