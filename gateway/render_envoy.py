@@ -143,7 +143,10 @@ def render_topology(argv: list[str]) -> str:
     """The xDS server's `--topology` for these arguments (JSON, with the command as `_generated`)."""
     _config, topo = _topology(parser().parse_args(argv))
     data = json.loads(topology_to_json(topo))
-    return json.dumps({"_generated": f"python -m gateway.render_envoy {shlex.join(argv)}", **data}, indent=1) + "\n"
+    return (
+        json.dumps({"_generated": f"python -m gateway.render_envoy {shlex.join(argv)}", **data}, indent=1)
+        + "\n"
+    )
 
 
 def _topology(args: argparse.Namespace) -> tuple[GatewayConfig, Topology]:
