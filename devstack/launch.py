@@ -198,6 +198,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    env: Mapping[str, str] | None = None  # added to the environment it was started with
 
     def stop(self, timeout_s: float = 5.0) -> None:
         if self.popen.poll() is not None:
@@ -299,11 +300,17 @@ class LocalGateway:
     def pods_of(self, model: str) -> list[str]:
         return [p["address"] for p in self.pods if p["model"] == model]
 
-    def restart(self, name: str) -> Proc:
-        """Stop one process (SIGTERM) and start it again with the same command line."""
+    def restart(self, name: str, *, kill: bool = False) -> Proc:
+        """Stop one process (SIGTERM, or SIGKILL with `kill`: no chance to say goodbye) and start
+        it again with the same command line and environment."""
         old = self.procs[name]
-        old.stop()
-        self.procs[name] = _spawn(name, [str(a) for a in old.popen.args], self.workdir)  # type: ignore[union-attr]
+        if kill:
+            old.popen.kill()
+            old.popen.wait(5)
+        else:
+            old.stop()
+        argv = [str(a) for a in old.popen.args]  # type: ignore[union-attr]
+        self.procs[name] = _spawn(name, argv, self.workdir, old.env)
         return self.procs[name]
 
     def stop(self) -> None:
@@ -325,7 +332,7 @@ def _spawn(name: str, argv: list[str], workdir: Path, env: Mapping[str, str] | N
     handle = log.open("ab")
     popen = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     handle.close()
-    return Proc(name, popen, log)
+    return Proc(name, popen, log, env)
 
 
 def _with_options(argv: list[str], values: Mapping[str, str]) -> list[str]:
@@ -436,6 +443,8 @@ def _start_xds(
     tls_args: list[str],
     tls: CertSet | None,
     timeout_s: float,
+    extra_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> Path:
     """Start the xDS server on `topo` and return the bootstrap that points Envoy at it."""
     topology = workdir / "topology.json"
@@ -445,9 +454,10 @@ def _start_xds(
         "xds",
         [
             *(sys.executable, "-m", "gateway.xds", "--config", str(config_path)),
-            *("--topology", str(topology), "--port", str(port), *tls_args),
+            *("--topology", str(topology), "--port", str(port), *tls_args, *extra_args),
         ],
         workdir,
+        env,
     )
     wait_until(functools.partial(grpc_serving, port, tls), timeout_s, "xds", procs["xds"].popen)
     path = workdir / "envoy.json"
@@ -503,6 +513,7 @@ def start_gateway_once(
     epp_replicas: int = 1,
     epp_workers: int | str = 1,
     envoy_source: EnvoySource = "xds",
+    xds_args: Sequence[str] = (),
 ) -> LocalGateway:
     """Start everything and wait until a request can flow. On failure, stop what started.
 
@@ -510,8 +521,8 @@ def start_gateway_once(
     the gateway fronts model servers that are already running and no fleet is started.
     `epp_module` swaps the endpoint picker for another with the same CLI (the benchmarks'
     oracle, `bench.harness.oracle`). `pool_kind` picks the pool clusters' kind (see `PoolKind`).
-    `bbr_args` / `epp_args` are appended to those services' command lines and `service_env`
-    added to their environment (e.g. a KUBECONFIG for resource watches). `single_hop`: no BBR,
+    `bbr_args` / `epp_args` / `xds_args` are appended to those services' command lines and
+    `service_env` added to their environment (e.g. a KUBECONFIG for resource watches). `single_hop`: no BBR,
     one EPP process (`epp.single_hop`, named "epp" in `procs`) for every pool, one ext_proc
     filter in Envoy; `epp_ports` then maps every pool to its port. `epp_replicas`: EPP processes
     per pool (two-hop) or single-hop EPP processes (each serving every pool), on consecutive
@@ -640,7 +651,9 @@ def start_gateway_once(
             single_hop=single_hop,
         )
         if envoy_source == "xds":
-            bootstrap = _start_xds(workdir, procs, config_path, topo, tls_args, tls, timeout_s)
+            bootstrap = _start_xds(
+                workdir, procs, config_path, topo, tls_args, tls, timeout_s, xds_args, service_env
+            )
         else:
             bootstrap = write_bootstrap(parse_config(config), topo, workdir / "envoy.json")
         procs["envoy"] = _spawn(

@@ -138,6 +138,7 @@ def render_crd() -> dict[str, Any]:
                                     "properties": {
                                         "pools": {"type": "integer"},
                                         "observedGeneration": {"type": "integer"},
+                                        "appliedGeneration": {"type": "integer"},
                                         "conditions": {
                                             "type": "array",
                                             "items": {
@@ -151,6 +152,7 @@ def render_crd() -> dict[str, Any]:
                                                     },
                                                     "reason": {"type": "string"},
                                                     "message": {"type": "string"},
+                                                    "observedGeneration": {"type": "integer"},
                                                     "lastTransitionTime": {
                                                         "type": "string",
                                                         "format": "date-time",

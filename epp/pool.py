@@ -482,6 +482,11 @@ class Pool:
         if live is not None:
             live.failures += 1
 
+    @property
+    def unhealthy_after(self) -> int:
+        """Failed scrapes in a row after which a pod leaves routing."""
+        return self._unhealthy_after
+
     def mark_unhealthy(self, address: str) -> None:
         """Unhealthy now (its scrape loop crashed), healthy again at the next good scrape."""
         live = self._live.get(address)

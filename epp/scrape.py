@@ -10,6 +10,10 @@ docs/benchmarks/costs.md) and the page is parsed in one pass over its raw bytes,
 `_sum`/`_count` lines included. A failed scrape (timeout, refused, garbage) counts against
 the pod; after a few in a row it is reported unhealthy and the scheduler stops choosing it
 until a scrape succeeds again. The interval backs off on failure so a dead pod costs little.
+Failures are counted per pod (`inference_extension_scrape_failures_total{endpoint,pod}`) and
+logged once per change of state (the first failure and its reason, the recovery and how many
+failed meanwhile), not once per scrape: a pod on the wrong port says so once, a flapping one
+once per flap.
 
 Observed speed comes for free from the server's own latency histograms: the change of
 `_sum / _count` between scrapes is the mean TTFT and inter-token latency of the requests that
@@ -198,6 +202,9 @@ class Scraper:
         self._restart_backoff = restart_backoff
         self.rng = rng or random.Random()
         self.rejections = RejectionReporter(telemetry)
+        self._telemetry = telemetry
+        # Pods whose latest scrape failed -> failures in a row (for the one log line per change).
+        self._failing: dict[str, int] = {}
         self.scrapes = 0
         self.failures = 0
         # Called with (address, metrics, monotonic time the scrape was sent) after each good
@@ -229,6 +236,7 @@ class Scraper:
         for address in list(self._tasks):
             if address not in current:
                 self._tasks.pop(address).cancel()
+                self._failing.pop(address, None)
                 self.rejections.forget(address)
         for address, ep in current.items():
             if address not in self._tasks:
@@ -259,12 +267,32 @@ class Scraper:
         try:
             host, port, path = _target(ep.address, ep.metrics_url)
             page = await self._client.get(host, port, path, self.timeout_s)
-            return self.record_page(ep, page, speed, sent_at)
+            metrics = self.record_page(ep, page, speed, sent_at)
         except (HttpError, MetricsParseError, ValueError) as exc:
-            self.failures += 1
-            self.pool.record_scrape_failure(ep.address)
-            log.debug("scrape of %s failed: %s", ep.address, exc)
+            self._scrape_failed(ep, exc)
             return None
+        failed = self._failing.pop(ep.address, 0)
+        if failed:
+            log.info("pod %s: scraped again after %d failed scrape(s)", _pod_label(ep), failed)
+        return metrics
+
+    def _scrape_failed(self, ep: Endpoint, exc: Exception) -> None:
+        """Count the failure against the pod; log it only when the pod turns from scraped to failing."""
+        self.failures += 1
+        self.pool.record_scrape_failure(ep.address)
+        if self._telemetry is not None:
+            self._telemetry.scrape_failed(ep.address, ep.name or "")
+        failed = self._failing.get(ep.address, 0)
+        self._failing[ep.address] = failed + 1
+        if failed:
+            log.debug("scrape of %s failed again: %s", ep.address, exc)
+            return
+        url = ep.metrics_url or f"http://{ep.address}/metrics"
+        log.warning(
+            "pod %s: scrape of %s failed: %s (it leaves routing after %d failures in a row; "
+            "logged again when it recovers)",
+            _pod_label(ep), url, exc, self.pool.unhealthy_after,
+        )  # fmt: skip
 
     def record_page(self, ep: Endpoint, page: str | bytes, speed: SpeedTracker, sent_at: float) -> Metrics:
         """Parse one fetched metrics page and record it in the pool: gauges, speeds, prefill pace.
@@ -366,6 +394,10 @@ class Scraper:
             timer.cancel()
             if self._wakers.get(address) is waker:
                 del self._wakers[address]
+
+
+def _pod_label(ep: Endpoint) -> str:
+    return f"{ep.name} ({ep.address})" if ep.name else ep.address
 
 
 def _resolve(waker: asyncio.Future[None]) -> None:

@@ -131,6 +131,14 @@ class Telemetry:
             registry=r,
         )
         self._rejected_labels: dict[str, set[tuple[str, str]]] = {}
+        self.scrape_failures = Counter(
+            "inference_extension_scrape_failures",
+            "Failed scrapes of a pod's metrics page (refused, timed out, not HTTP 200, unparsable); "
+            "pod: its name, endpoint: its address",
+            ["endpoint", "pod"],
+            registry=r,
+        )
+        self._scrape_failure_labels: dict[str, str] = {}  # endpoint -> pod label
         self.scheduler_e2e = Histogram(
             "inference_extension_scheduler_e2e_duration_seconds",
             "Parse + schedule time per request",
@@ -142,10 +150,17 @@ class Telemetry:
         self.rejected_values.labels(endpoint, field, reason).inc()
         self._rejected_labels.setdefault(endpoint, set()).add((field, reason))
 
+    def scrape_failed(self, endpoint: str, pod: str) -> None:
+        self.scrape_failures.labels(endpoint, pod).inc()
+        self._scrape_failure_labels[endpoint] = pod
+
     def forget_endpoint(self, endpoint: str) -> None:
         """Drop a departed pod's series so pod churn does not grow /metrics for ever."""
         for field, reason in self._rejected_labels.pop(endpoint, ()):
             self.rejected_values.remove(endpoint, field, reason)
+        pod = self._scrape_failure_labels.pop(endpoint, None)
+        if pod is not None:
+            self.scrape_failures.remove(endpoint, pod)
 
     def conformance_test_mode(self) -> None:
         """A gauge an alert can fire on: clients choose endpoints (epp/test_picker.py)."""

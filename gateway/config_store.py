@@ -38,7 +38,10 @@ class ConfigStore(Generic[Schema]):
         self._current = initial
         self.schema: type[Schema] = type(initial)
         self._listeners: list[Callable[[Schema], None]] = []
+        self._checks: list[Callable[[Schema], None]] = []
         self.source = source
+        # Why the latest candidate was refused (None: it was applied): what a resource's status says.
+        self.last_refusal: str | None = None
         CONFIG_LAST_SUCCESS.set_to_current_time()
 
     @staticmethod
@@ -52,14 +55,23 @@ class ConfigStore(Generic[Schema]):
     def subscribe(self, listener: Callable[[Schema], None]) -> None:
         self._listeners.append(listener)
 
+    def add_check(self, check: Callable[[Schema], None]) -> None:
+        """A further verdict on a schema-valid candidate, raising ConfigError to refuse it: the
+        xDS server's (can Envoy be given it?), so a config Envoy cannot run is refused whole."""
+        self._checks.append(check)
+
     def offer(self, load: Callable[[], Schema], source: str) -> bool:
         """Validate a candidate (`load` raises ConfigError when invalid); True if it took effect."""
         try:
             fresh = load()
+            for check in self._checks:
+                check(fresh)
         except ConfigError as exc:
             CONFIG_RELOADS.labels(result="rejected").inc()
+            self.last_refusal = str(exc)
             log.error("config from %s rejected, keeping the last good one: %s", source, exc)
             return False
+        self.last_refusal = None
         self._current = fresh
         self.source = source
         CONFIG_RELOADS.labels(result="applied").inc()

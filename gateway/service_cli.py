@@ -110,11 +110,13 @@ def startup_errors_as_exit(prog: str) -> Iterator[None]:
         exit_with_error(prog, str(exc))
 
 
-async def follow_config_resource(store: ConfigStore[Any], ref: str | None) -> ConfigResourceWatcher | None:
+async def follow_config_resource(
+    store: ConfigStore[Any], ref: str | None, *, write_status: bool = False
+) -> ConfigResourceWatcher | None:
     """Watch `--config-resource` when one is named. The Kubernetes client is imported only
     then: a service that reads a file alone never loads it."""
     if not ref:
         return None
     from gateway.config_resource import start_resource_watcher
 
-    return await start_resource_watcher(store, ref)
+    return await start_resource_watcher(store, ref, write_status=write_status)

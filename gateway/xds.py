@@ -6,8 +6,15 @@ known to BBR and the EPPs within a second but unknown to Envoy's routes until a 
 the same hot-reload path as the services (ConfigStore, file or InferenceGatewayConfig) renders
 the resources again (gateway/xds_resources.py) and pushes the types whose content changed, in
 ADS order (clusters, listeners, routes). Envoy applies each push without a restart and without
-touching requests in flight. A config the renderer cannot serve is logged and the last good
+touching requests in flight. A config the renderer cannot serve is refused by the config store
+itself (`ConfigStore.add_check`: the same verdict as a schema error), so the last good
 resources stay; a push Envoy rejects (NACK) is logged with Envoy's reason.
+
+In a cluster (`--config-resource NAMESPACE/NAME`) it follows the InferenceGatewayConfig and
+writes each verdict into the resource's status. It serves nothing before the resource's first
+list was handled (up to `--resource-wait-seconds`): a restarted xDS server must not hand Envoy
+the mounted file's older configuration for a moment. While it is gone, Envoy keeps the last
+configuration it received and serves on; it reconnects and gets the current one.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from extproc.server import GrpcService, TlsFiles, tls_from_arguments, wait_for_shutdown_signal
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.envoy_config import Topology
 from gateway.service_cli import follow_config_resource, run_service, service_parser
@@ -41,18 +48,32 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self._resources = snapshot(config, topo)  # a bad config at start is fatal
         self._streams: set[asyncio.Event] = set()
         self._nonce = 0
+        self._checked: tuple[GatewayConfig, dict[str, Resources]] | None = None  # check's rendering
 
     @property
     def resources(self) -> dict[str, Resources]:
         """What Envoy is given now, by type URL."""
         return self._resources
 
-    def on_config(self, config: GatewayConfig) -> None:
+    def check(self, config: GatewayConfig) -> None:
+        """The config store's check (ConfigStore.add_check): ConfigError when Envoy cannot be
+        given `config` (e.g. a FailOpen pool in single-hop). The rendering is kept for
+        `on_config`, which follows at once."""
         try:
-            fresh = snapshot(config, self._topo)
+            self._checked = (config, snapshot(config, self._topo))
         except ValueError as exc:
-            log.error("config not served to Envoy, keeping the last good resources: %s", exc)
-            return
+            raise ConfigError(f"Envoy cannot be given this configuration: {exc}") from None
+
+    def on_config(self, config: GatewayConfig) -> None:
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] is config:
+            fresh = checked[1]
+        else:
+            try:
+                fresh = snapshot(config, self._topo)
+            except ValueError as exc:
+                log.error("config not served to Envoy, keeping the last good resources: %s", exc)
+                return
         changed = [t.rsplit(".", 1)[-1] for t in TYPE_ORDER if fresh[t].version != self._resources[t].version]
         self._resources = fresh
         log.info("config rendered for Envoy: %s", ", ".join(changed) or "no change")
@@ -134,10 +155,16 @@ async def start_xds_server(servicer: AdsServer, *, host: str, port: int, tls: Tl
 async def serve(args: argparse.Namespace) -> None:
     store = ConfigStore.from_file(args.config, GatewayConfig)
     ads = AdsServer(args.topology, store.current())
+    store.add_check(ads.check)
     store.subscribe(ads.on_config)
+    resource = await follow_config_resource(store, args.config_resource, write_status=True)
+    if resource is not None and not await resource.wait_synced(args.resource_wait_seconds):
+        log.warning(
+            "%s not listed within %.0f s; serving %s until it is",
+            resource.source, args.resource_wait_seconds, args.config,
+        )  # fmt: skip
     service = await start_xds_server(ads, host=args.host, port=args.port, tls=tls_from_arguments(args))
     watcher = spawn("config-file", f"config watch {args.config}", FileWatcher(store, args.config).run)
-    resource = await follow_config_resource(store, args.config_resource)
     log.info("xds listening on %s:%d", args.host, service.port)
     await wait_for_shutdown_signal()
     watcher.cancel()
@@ -163,6 +190,12 @@ def main() -> None:
         type=_topology_file,
         required=True,
         help="where the listener, BBR and certificates are (JSON, gateway.xds_resources.topology_to_json)",
+    )
+    parser.add_argument(
+        "--resource-wait-seconds",
+        type=float,
+        default=30.0,
+        help="with --config-resource: how long to wait for its first list before serving --config",
     )
     run_service(serve, parser.parse_args())
 

@@ -73,14 +73,22 @@ class Resources:
 
 
 def topology_for(config: GatewayConfig, topo: Topology) -> Topology:
-    """`topo` for the pools of `config`: each pool's EPP from its `epp` address (the one EPP in
-    single-hop mode); pools named ORIGINAL_DST that the config no longer has are dropped."""
+    """`topo` for the pools of `config`: each pool's EPP from its `epp` address when the pool
+    names one (`epp.host` or `epp.port` given), else the topology's entry for the pool (a
+    deployment's Service name, rendered beside its bootstrap), else the default address; the
+    one EPP in single-hop mode. Pools named ORIGINAL_DST that the config no longer has are
+    dropped."""
     names = {pool.name for pool in config.pools}
     if topo.single_hop:
         (one,) = set(topo.epps.values())
         epps = dict.fromkeys(sorted(names), one)
     else:
-        epps = {pool.name: (pool.epp.host, pool.epp.port) for pool in config.pools}
+        epps = {
+            pool.name: topo.epps[pool.name]
+            if pool.name in topo.epps and not {"host", "port"} & pool.epp.model_fields_set
+            else (pool.epp.host, pool.epp.port)
+            for pool in config.pools
+        }
     return dataclasses.replace(topo, epps=epps, original_dst_pools=topo.original_dst_pools & names)
 
 

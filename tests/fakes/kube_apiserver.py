@@ -9,7 +9,11 @@ it; test hooks are plain thread-safe methods.
 Supported: `GET {prefix}/namespaces/{ns}/{plural}` (list, or watch with `watch=true`) with
 `labelSelector` (equality, inequality and existence terms), `fieldSelector` (`metadata.name`,
 `metadata.namespace`), `resourceVersion`, `allowWatchBookmarks`, `timeoutSeconds`; and
-`GET {prefix}/namespaces/{ns}/{plural}/{name}`. Kinds: Pod, ConfigMap, InferencePool, the llm-d
+`GET {prefix}/namespaces/{ns}/{plural}/{name}`, and `PATCH .../{name}/status` (a JSON merge patch of the
+status subresource, as `kubectl` and the client's `patch_*_status` send). As in the real API for
+a kind with a status subresource, `metadata.generation` counts spec changes only, a write of
+the object without a status keeps the one it had, and a status write keeps its spec and
+generation. Kinds: Pod, ConfigMap, InferencePool, the llm-d
 InferenceObjective and InferenceModelRewrite, and the project's InferenceGatewayConfig.
 """
 
@@ -128,6 +132,7 @@ class FakeKubeApiServer:
         self._compacted_rv = 0  # watches from a resourceVersion below this get 410 Gone
         self._unavailable = False
         self._forbidden: set[ResourceKind] = set()
+        self._status_forbidden: set[ResourceKind] = set()
         self.expired_watches: Counter[ResourceKind] = Counter()  # watches answered with 410 Gone
         self._watchers: set[_Watcher] = set()
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) of every API call
@@ -174,6 +179,9 @@ class FakeKubeApiServer:
         app.router.add_get("/api/v1/namespaces/{ns}/{plural}/{name}", self._handle_item)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{plural}", self._handle_collection)
         app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}", self._handle_item)
+        app.router.add_patch(
+            "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/status", self._handle_status_patch
+        )
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
         loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -205,6 +213,12 @@ class FakeKubeApiServer:
             self._rv += 1
             old = self._objects.get((kind, ns, name))
             meta["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
+            generation = old["metadata"].get("generation", 1) if old else 0
+            meta["generation"] = (
+                generation + 1 if old is None or old.get("spec") != obj.get("spec") else generation
+            )
+            if old is not None and "status" in old and "status" not in obj:  # written apart (PATCH)
+                obj["status"] = copy.deepcopy(old["status"])
             meta["resourceVersion"] = str(self._rv)
             meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
             self._objects[(kind, ns, name)] = obj
@@ -228,6 +242,20 @@ class FakeKubeApiServer:
             gone["metadata"]["resourceVersion"] = str(self._rv)
             self._history.append(_Event(self._rv, kind, "DELETED", old, gone))
         self._wake_all()
+
+    def patch_status(self, kind: ResourceKind, name: str, patch: Obj, namespace: str = "default") -> Obj:
+        """Merge `patch` into the object's status (RFC 7386: a null removes a key); KeyError if
+        there is no such object."""
+        with self._lock:
+            old = self._objects[(kind, namespace, name)]
+            obj = copy.deepcopy(old)
+            obj["status"] = _merge(obj.get("status") or {}, patch)
+            self._rv += 1
+            obj["metadata"]["resourceVersion"] = str(self._rv)
+            self._objects[(kind, namespace, name)] = obj
+            self._history.append(_Event(self._rv, kind, "MODIFIED", old, obj))
+        self._wake_all()
+        return copy.deepcopy(obj)
 
     def get(self, kind: ResourceKind, name: str, namespace: str = "default") -> Obj | None:
         with self._lock:
@@ -259,6 +287,10 @@ class FakeKubeApiServer:
     def forbid(self, kind: ResourceKind) -> None:
         """Answer 403 for this kind, as for a ServiceAccount whose Role lacks it."""
         self._forbidden.add(kind)
+
+    def forbid_status(self, kind: ResourceKind) -> None:
+        """Answer 403 to status writes of this kind (a Role without `<plural>/status` patch)."""
+        self._status_forbidden.add(kind)
 
     def watching(self, kind: ResourceKind) -> int:
         """Open watch connections on a kind."""
@@ -338,6 +370,25 @@ class FakeKubeApiServer:
         obj = self.get(kind, request.match_info["name"], request.match_info["ns"])
         if obj is None:
             msg = f'{kind.plural} "{request.match_info["name"]}" not found'
+            return web.json_response(json.loads(_status_json(404, "NotFound", msg)), status=404)
+        return web.json_response(obj)
+
+    async def _handle_status_patch(self, request: web.Request) -> web.StreamResponse:
+        self._precheck(request)
+        kind, name, ns = self._kind(request), request.match_info["name"], request.match_info["ns"]
+        if kind in self._forbidden or kind in self._status_forbidden:
+            msg = f'{kind.plural}/status "{name}" is forbidden: cannot patch resource "{kind.plural}/status"'
+            return web.json_response(json.loads(_status_json(403, "Forbidden", msg)), status=403)
+        if request.content_type != "application/merge-patch+json":
+            msg = f"the body of the request was in an unknown format ({request.content_type})"
+            return web.json_response(json.loads(_status_json(415, "UnsupportedMediaType", msg)), status=415)
+        body = await request.json()
+        if not isinstance(body, dict) or not isinstance(body.get("status", {}), dict):
+            return web.json_response(json.loads(_status_json(400, "BadRequest", "not an object")), status=400)
+        try:
+            obj = self.patch_status(kind, name, body.get("status") or {}, ns)
+        except KeyError:
+            msg = f'{kind.plural} "{name}" not found'
             return web.json_response(json.loads(_status_json(404, "NotFound", msg)), status=404)
         return web.json_response(obj)
 
@@ -474,6 +525,19 @@ class FakeKubeApiServer:
 def _key(item: tuple[tuple[ResourceKind, str, str], Obj]) -> tuple[str, str]:
     (_, ns, name), _obj = item
     return ns, name
+
+
+def _merge(target: Obj, patch: Obj) -> Obj:
+    """RFC 7386 JSON merge patch: objects merge key by key, a null deletes, anything else replaces."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
 
 
 def _line(event: Obj) -> bytes:

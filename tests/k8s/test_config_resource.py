@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import kubernetes
+import pytest
 from prometheus_client import REGISTRY
 
 from epp.config import parse_epp_config
+from gateway.config import ConfigError
 from gateway.config_resource import ConfigResourceWatcher
 from gateway.config_store import ConfigStore
 from tests.fakes.kube_apiserver import GATEWAY_CONFIGS, FakeKubeApiServer
@@ -81,3 +84,80 @@ async def test_watch_expiry_relists_and_keeps_following(
         await until(lambda: store.current().thresholds.queue_saturated == 9)
     finally:
         await watcher.stop()
+
+
+def ready(kube: FakeKubeApiServer) -> dict:
+    obj = kube.get(GATEWAY_CONFIGS, "gateway")
+    assert obj is not None
+    [condition] = (obj.get("status") or {}).get("conditions") or [{}]
+    return {**obj.get("status", {}), "ready": condition}
+
+
+async def test_the_verdict_and_what_is_in_force_are_written_into_the_status(
+    kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient
+) -> None:
+    """One verdict (the schema's, then the store's checks: the xDS server's), said where the
+    operator who edited the resource looks: a refused edit names its reason and the generation
+    still in force; a status write is no edit (the spec is not offered again)."""
+    store = ConfigStore(parse_epp_config(SPEC))
+
+    def no_pool_named_forbidden(config) -> None:  # type: ignore[no-untyped-def]
+        if any(pool.name == "forbidden" for pool in config.pools):
+            raise ConfigError("pool 'forbidden' cannot be served")
+
+    store.add_check(no_pool_named_forbidden)
+    offers: list[str] = []
+    store.subscribe(lambda config: offers.append(config.pools[0].name))
+    kube.apply(GATEWAY_CONFIGS, resource(SPEC))
+    watcher = ConfigResourceWatcher(
+        store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05, write_status=True
+    )
+    await watcher.start()
+    try:
+        assert await watcher.wait_synced(10)
+        await until(lambda: ready(kube)["ready"].get("status") == "True")
+        status = ready(kube)
+        assert status["observedGeneration"] == status["appliedGeneration"] == 1 and status["pools"] == 1
+        assert status["ready"]["reason"] == "Applied" and "pools llama (llama)" in status["ready"]["message"]
+
+        bad = {**SPEC, "profiles": {"chat": {"weights": {"bogus": 1}}}}
+        kube.apply(GATEWAY_CONFIGS, resource(bad))
+        await until(lambda: ready(kube)["ready"].get("status") == "False")
+        status = ready(kube)
+        assert status["observedGeneration"] == 2 and status["appliedGeneration"] == 1
+        assert status["ready"]["reason"] == "Refused"
+        assert "generation 2 refused, generation 1 stays in force" in status["ready"]["message"]
+        assert "bogus" in status["ready"]["message"]
+        assert store.current().profiles == parse_epp_config(SPEC).profiles
+
+        refused_by_check = {"pools": [{**SPEC["pools"][0], "name": "forbidden"}]}
+        kube.apply(GATEWAY_CONFIGS, resource(refused_by_check))
+        await until(lambda: ready(kube).get("observedGeneration") == 3)
+        assert "pool 'forbidden' cannot be served" in ready(kube)["ready"]["message"]
+        assert store.current().pools[0].name == "llama"
+
+        kube.apply(GATEWAY_CONFIGS, resource({"pools": [{**SPEC["pools"][0], "name": "llama2"}]}))
+        await until(lambda: ready(kube)["ready"].get("status") == "True")
+        status = ready(kube)
+        assert status["observedGeneration"] == status["appliedGeneration"] == 4
+        assert offers == ["llama", "llama2"]  # the status writes were not taken for edits
+    finally:
+        await watcher.stop()
+
+
+async def test_a_status_the_api_refuses_is_logged_and_changes_nothing(
+    kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ConfigStore(parse_epp_config(SPEC))
+    kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "thresholds": {"queue": 9}}))
+    kube.forbid_status(GATEWAY_CONFIGS)
+    watcher = ConfigResourceWatcher(
+        store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05, write_status=True
+    )
+    with caplog.at_level(logging.WARNING, logger="gateway.config_resource"):
+        await watcher.start()
+        try:
+            await until(lambda: any("status not written: API error 403" in r.message for r in caplog.records))
+            assert store.current().thresholds.queue_saturated == 9
+        finally:
+            await watcher.stop()

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_CONFIGS = (
     "deploy/base/config/gateway.yaml",
     "deploy/overlays/dev/gateway.yaml",
-    "deploy/examples/inferencegatewayconfig.yaml",
+    "deploy/base/inferencegatewayconfig.yaml",
 )
 
 

@@ -18,10 +18,13 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from envoy_data_plane.envoy.config.cluster.v3 import Cluster
+from envoy_data_plane.envoy.config.route.v3 import RouteConfiguration
 
 from epp import chart_schema
 from gateway.config import parse_config
 from gateway.profiles import BUILTIN_PROFILES
+from gateway.xds_resources import CLUSTER, ROUTE, snapshot, topology_from_json
 from tests.k8s.helm_render import render_chart
 from tests.k8s.test_manifests import BUILTIN_GROUPS, DEPLOY, THIRD_PARTY_SCHEMAS, _crd_schema, _key, render
 
@@ -51,6 +54,14 @@ CUSTOM = {
         }
     },
 }
+# Two pools in the one configuration: the second gets its own EPP, which Envoy dials by name.
+QWEN_POOL = {
+    "name": "qwen3-32b",
+    "engine": "vllm",
+    "targetPort": 8000,
+    "kubernetes": {"poolName": "qwen3-32b"},
+    "models": [{"name": "Qwen/Qwen3-32B"}],
+}
 # Values Helm must refuse (values.schema.json), each with the path it breaks.
 BAD_VALUES: list[tuple[str, Obj]] = [
     ("epp.replicas", {"epp": {"replicas": 0}}),
@@ -75,8 +86,14 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> Obj:
         {"namespace": NAMESPACE, "values": {}},
         {"namespace": "ml-serving", "values": CUSTOM},
         *({"namespace": NAMESPACE, "values": values} for _, values in BAD_VALUES),
+        {"namespace": "ml-serving", "values": {"config": {"pools": [_default_pool(), QWEN_POOL]}}},
     ]
     return render_chart(CHART, requests, lint=(broken,))
+
+
+def _default_pool() -> Obj:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    return dict(values["config"]["pools"][0])
 
 
 def _objects(result: Obj) -> list[Obj]:
@@ -134,7 +151,7 @@ def test_values_reach_the_objects_and_every_object_validates(helm: Obj) -> None:
     # Plaintext: no cert-manager objects, no TLS flags or Secrets; the plaintext bootstrap, with
     # the release namespace in the service names Envoy dials.
     assert not [o for o in objs if o["apiVersion"].startswith("cert-manager.io/")]
-    for name in ("epp", "bbr", "envoy"):
+    for name in ("epp", "bbr", "envoy", "xds"):
         pod = _find(objs, "Deployment", name)["spec"]["template"]["spec"]
         assert not [v for v in pod["volumes"] if "secret" in v], name
         assert not [a for c in pod["containers"] for a in c.get("args", []) if a.startswith("--tls-")]
@@ -155,6 +172,12 @@ def test_values_reach_the_objects_and_every_object_validates(helm: Obj) -> None:
                 obj["spec"]
             )
     jsonschema.Draft4Validator(_crd_schema()["properties"]["spec"]).validate(config)
+    # The resource every service follows is the ConfigMap's configuration; Envoy runs on xDS.
+    assert _find(objs, "InferenceGatewayConfig", "inference-gateway")["spec"] == config
+    envoy_args = _find(objs, "Deployment", "envoy")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "/etc/envoy/envoy-xds.yaml" in envoy_args
+    topology = _find(objs, "ConfigMap", "xds-topology")["data"]["topology.json"]
+    assert "ml-serving.svc" in topology and f"{NAMESPACE}.svc" not in topology
     # The ServiceMonitors, asked for, are the kustomize component's.
     component = [
         d for d in yaml.safe_load_all((DEPLOY / "components/monitoring/servicemonitor.yaml").read_text()) if d
@@ -176,3 +199,39 @@ def test_config_schema_is_generated_from_the_config_models() -> None:
     assert text == chart_schema.render(text), "run `python -m epp.chart_schema` and commit"
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     jsonschema.Draft202012Validator(json.loads(text)).validate(values)
+
+
+def test_two_pools_in_the_config_are_served_each_by_its_epp_over_xds(helm: Obj) -> None:
+    """One resource, two pools: the chart runs an EPP per pool (the second named after it, its
+    certificate and Service that name), writes where each EPP is into the resource, and the xDS
+    server renders both pools' routes and clusters from it."""
+    objs = _objects(helm["renders"][-1])
+    config = parse_config(_find(objs, "InferenceGatewayConfig", "inference-gateway")["spec"])
+    assert [p.name for p in config.pools] == ["llama-3-8b", "qwen3-32b"]
+    for name, pool in (("epp", "llama-3-8b"), ("epp-qwen3-32b", "qwen3-32b")):
+        deployment = _find(objs, "Deployment", name)
+        pod = deployment["spec"]["template"]
+        assert f"--pool={pool}" in pod["spec"]["containers"][0]["args"]
+        assert "--config-resource=$(POD_NAMESPACE)/inference-gateway" in pod["spec"]["containers"][0]["args"]
+        # Its Service and PodDisruptionBudget take its pods, not the other pool's.
+        service = _find(objs, "Service", name)["spec"]["selector"]
+        assert service.items() <= pod["metadata"]["labels"].items()
+        assert service["gateway.inference.dev/pool"] == pool
+        assert _find(objs, "PodDisruptionBudget", name)["spec"]["selector"]["matchLabels"] == service
+        secret = next(v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v)
+        certificate = next(
+            o for o in objs if o["kind"] == "Certificate" and o["spec"]["secretName"] == secret
+        )
+        assert f"{name}.ml-serving.svc.cluster.local" in certificate["spec"]["dnsNames"]
+    qwen = config.pools[1]
+    assert (qwen.epp.host, qwen.epp.port) == ("epp-qwen3-32b.ml-serving.svc.cluster.local", 9002)
+    assert qwen.kubernetes is not None and qwen.kubernetes.namespace == "ml-serving"
+    topology = topology_from_json(_find(objs, "ConfigMap", "xds-topology")["data"]["topology.json"])
+    snap = snapshot(config, topology)
+    clusters = {c.name: c for c in (Cluster().parse(a.value) for a in snap[CLUSTER].resources)}
+    assert {"pool-llama-3-8b", "pool-qwen3-32b", "epp-llama-3-8b", "epp-qwen3-32b"} <= set(clusters)
+    address = clusters["epp-qwen3-32b"].load_assignment.endpoints[0].lb_endpoints[0].endpoint.address
+    assert address.socket_address.address == "epp-qwen3-32b.ml-serving.svc.cluster.local"
+    (routes,) = (RouteConfiguration().parse(a.value) for a in snap[ROUTE].resources)
+    names = {route.name for host in routes.virtual_hosts for route in host.routes}
+    assert {"llama-3-8b-pick", "qwen3-32b-pick"} <= names

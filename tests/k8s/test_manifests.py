@@ -28,10 +28,13 @@ from devstack.certs import make_certs
 from gateway import llmd_api
 from gateway.config import parse_config
 from gateway.envoy_blocks import validate_bootstrap
-from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
+from gateway.envoy_config import render_bootstrap
+from gateway.render_envoy import DEPLOY_BOOTSTRAPS, DEPLOY_XDS, XDS_SERVICE, render_topology, render_yaml
+from gateway.xds_resources import XDS_CLUSTER, snapshot, topology_from_json
 from tests.integration.test_autoscaling_metrics import AUTOSCALING_SERIES
 from tests.integration.test_envoy_config import epp_processing_modes
 from tests.k8s.kustomize_lite import build
+from tests.unit.test_xds_resources import assert_snapshot_is_the_bootstrap
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 AUTOSCALING = ["examples/autoscaling/keda", "examples/autoscaling/hpa", "examples/autoscaling/keda-from-zero"]
@@ -324,7 +327,7 @@ def test_every_object_validates(target: str) -> None:
 
 def test_crd_schema_rejects_bad_configs() -> None:
     validator = jsonschema.Draft4Validator(_crd_schema())
-    good = find(render("examples"), "InferenceGatewayConfig", "inference-gateway")
+    good = find(render("base"), "InferenceGatewayConfig", "inference-gateway")
     assert validator.is_valid(good)
     for path, value in [
         (("pools", 0, "engine"), "llamacpp"),
@@ -389,10 +392,14 @@ def test_configs_parse_and_agree_with_the_cluster_objects(target: str) -> None:
         {o["metadata"]["name"]: o for o in objs if o["kind"] == "InferenceModelRewrite"}
     )
     assert set(accepted) == {"llama-alias"}
-    # The custom resource example carries the same configuration.
-    spec = copy.deepcopy(find(objs, "InferenceGatewayConfig", "inference-gateway")["spec"])
-    if target == "overlays/eks-hyperpod":
-        assert parse_config(spec) == config
+    # The resource every service follows carries the same configuration as the ConfigMap they
+    # start with (else a cluster would change configuration once the resource is listed).
+    resource = find(objs, "InferenceGatewayConfig", RESOURCE)
+    assert parse_config(copy.deepcopy(resource["spec"])) == config
+    for name in FOLLOWERS:
+        assert f"--config-resource=$(POD_NAMESPACE)/{RESOURCE}" in _container(objs, name)["args"], name
+        env = {e["name"]: e for e in _container(objs, name)["env"]}
+        assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
 def test_dev_is_failopen_and_hyperpod_failclose() -> None:
@@ -448,6 +455,51 @@ def test_references_resolve(target: str) -> None:
         assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
 
 
+def test_the_base_resource_is_the_configmaps_configuration_key_for_key() -> None:
+    """The chart writes both from one value (templates/config.yaml): the base must match it."""
+    objs = render("base")
+    assert find(objs, "InferenceGatewayConfig", RESOURCE)["spec"] == _gateway_config(objs)
+
+
+def test_the_xds_server_reads_the_resource_and_writes_its_status_only() -> None:
+    objs = render("base")
+    role = find(objs, "Role", "xds-config")
+    granted = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    group = "gateway.inference.dev"
+    assert granted == {
+        *((group, "inferencegatewayconfigs", verb) for verb in ("get", "list", "watch")),
+        (group, "inferencegatewayconfigs/status", "patch"),
+    }
+    binding = find(objs, "RoleBinding", "xds-config")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "xds"}]
+    assert find(objs, "Deployment", "xds")["spec"]["template"]["spec"]["serviceAccountName"] == "xds"
+    bbr = {
+        (g, r)
+        for rule in find(objs, "Role", "bbr-reader")["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert (group, "inferencegatewayconfigs") in bbr
+    # Envoy's pods in; the API server and DNS out, nothing else.
+    policy = _policies(objs)["xds"]
+    assert _selects(policy, _pod_labels(objs, "xds")) and policy["policyTypes"] == ["Ingress", "Egress"]
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "envoy"}}}]
+    assert all("to" not in r for r in policy["egress"])
+    assert {(p["protocol"], p["port"]) for r in policy["egress"] for p in r["ports"]} == {
+        ("TCP", 443),
+        ("TCP", 6443),
+        ("UDP", 53),
+        ("TCP", 53),
+    }
+
+
 def test_role_is_read_only_and_minimal() -> None:
     role = find(render("base"), "Role", "epp-reader")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
@@ -465,7 +517,12 @@ def test_role_is_read_only_and_minimal() -> None:
             "apiGroups": ["llm-d.ai"],
             "resources": ["inferencemodelrewrites"],
             "verbs": ["get", "list", "watch"],
-        }
+        },
+        {
+            "apiGroups": ["gateway.inference.dev"],
+            "resources": ["inferencegatewayconfigs"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     binding = find(render("base"), "RoleBinding", "bbr-reader")
     assert binding["subjects"][0]["name"] == "bbr" and binding["roleRef"]["name"] == "bbr-reader"
@@ -618,11 +675,12 @@ def test_committed_bootstraps_are_what_the_renderer_makes(
     )
 
 
+@pytest.mark.parametrize("key", ["envoy.yaml", "envoy-xds.yaml"])
 @pytest.mark.parametrize("target", ["base", "overlays/dev"])
-def test_bootstrap_passes_envoy_validate(target: str, tmp_path: Path) -> None:
+def test_bootstrap_passes_envoy_validate(target: str, key: str, tmp_path: Path) -> None:
     """Envoy reads the mTLS files at start-up: point them at a throwaway CA's."""
     certs = make_certs(tmp_path / "certs")
-    text = find(render(target), "ConfigMap", "envoy-bootstrap")["data"]["envoy.yaml"]
+    text = find(render(target), "ConfigMap", "envoy-bootstrap")["data"][key]
     for name, local in (("tls.crt", certs.client_cert), ("tls.key", certs.client_key), ("ca.crt", certs.ca)):
         text = text.replace(f"{ENVOY_TLS_DIR}/{name}", str(local))
     assert ENVOY_TLS_DIR not in text.split("\n", 2)[2]  # past the header naming the renderer's arguments
@@ -633,6 +691,85 @@ def test_bootstrap_passes_envoy_validate(target: str, tmp_path: Path) -> None:
         [envoy, "--mode", "validate", "-c", str(path)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+# -- Envoy over xDS ---------------------------------------------------------------------------
+RESOURCE = "inference-gateway"
+FOLLOWERS = ("bbr", "epp", "xds")  # the services that follow the InferenceGatewayConfig
+
+
+def _xds_bootstrap(target: str) -> Obj:
+    return yaml.safe_load(find(render(target), "ConfigMap", "envoy-bootstrap")["data"]["envoy-xds.yaml"])
+
+
+@pytest.mark.parametrize("target", ["base", *OVERLAYS])
+def test_envoy_runs_on_xds_and_the_static_bootstrap_stays_an_option(target: str) -> None:
+    """Envoy's bootstrap names the xDS server alone (ADS for listeners and clusters); the
+    server's topology and the resource's configuration make exactly the static bootstrap's
+    listeners, routes and clusters, which the ConfigMap keeps for a cluster that wants no xDS."""
+    objs = render(target)
+    args = _container(objs, "envoy")["args"]
+    assert args[args.index("-c") + 1] == "/etc/envoy/envoy-xds.yaml"
+    bootstrap = _xds_bootstrap(target)
+    validate_bootstrap(bootstrap)
+    assert "listeners" not in bootstrap["static_resources"]
+    (xds,) = bootstrap["static_resources"]["clusters"]
+    assert xds["name"] == XDS_CLUSTER
+    assert bootstrap["dynamic_resources"]["ads_config"]["grpc_services"] == [
+        {"envoy_grpc": {"cluster_name": XDS_CLUSTER}}
+    ]
+    assert (
+        bootstrap["dynamic_resources"]["lds_config"]
+        == bootstrap["dynamic_resources"]["cds_config"]
+        == {
+            "ads": {},
+            "resource_api_version": "V3",
+        }
+    )
+    # The cluster dials the xDS Service of this namespace on a port it serves.
+    address = xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"
+    ]
+    service, namespace = address["address"].split(".")[:2]
+    assert namespace == find(objs, "Deployment", "xds")["metadata"].get("namespace", "inference-gateway")
+    ports = find(objs, "Service", service)["spec"]["ports"]
+    (port,) = [p for p in ports if p["port"] == address["port_value"]]
+    xds_args = _container(objs, "xds")["args"]
+    assert {p["name"]: p["containerPort"] for p in _container(objs, "xds")["ports"]}[
+        port["targetPort"]
+    ] == int(next(a for a in xds_args if a.startswith("--port=")).split("=")[1])
+    # The server's topology, mounted where its --topology says, renders the static bootstrap.
+    topology_path = Path(next(a for a in xds_args if a.startswith("--topology=")).split("=")[1])
+    mount = next(
+        m for m in _container(objs, "xds")["volumeMounts"] if m["mountPath"] == str(topology_path.parent)
+    )
+    volume = next(
+        v
+        for v in find(objs, "Deployment", "xds")["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == mount["name"]
+    )
+    topology = topology_from_json(
+        find(objs, "ConfigMap", volume["configMap"]["name"])["data"][topology_path.name]
+    )
+    config = parse_config(find(objs, "InferenceGatewayConfig", RESOURCE)["spec"])
+    # dev's static bootstrap is the base configuration's, plaintext (test_plaintext_bootstrap_...):
+    # its resource (FailOpen, one replica) is rendered as the static renderer would render it.
+    static = render_bootstrap(config, topology) if target == "overlays/dev" else _bootstrap(target)
+    assert_snapshot_is_the_bootstrap(snapshot(config, topology), static)
+
+
+@pytest.mark.parametrize(("out", "topology", "argv"), DEPLOY_XDS, ids=[o for o, _, _ in DEPLOY_XDS])
+def test_committed_xds_bootstraps_and_topologies_are_what_the_renderer_makes(
+    out: str, topology: str, argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(DEPLOY.parent)
+    assert f"--xds {XDS_SERVICE}" in " ".join(argv)
+    assert Path(out).read_text() == render_yaml(argv), (
+        "run `python -m gateway.render_envoy --deploy` and commit"
+    )
+    assert Path(topology).read_text() == render_topology(argv), (
+        "run `python -m gateway.render_envoy --deploy`"
+    )
 
 
 # -- secure defaults: mTLS, NetworkPolicies, bindings ---------------------------------------
@@ -654,7 +791,11 @@ def _pod_labels(objs: tuple[Obj, ...], name: str) -> dict[str, str]:
 def test_only_dev_is_plaintext(target: str) -> None:
     objs = render(target)
     clusters = {c["name"]: c for c in _bootstrap(target)["static_resources"]["clusters"]}
-    extproc = {"bbr": clusters["bbr"], "epp": clusters["epp-llama-3-8b"]}
+    extproc = {
+        "bbr": clusters["bbr"],
+        "epp": clusters["epp-llama-3-8b"],
+        "xds": _xds_bootstrap(target)["static_resources"]["clusters"][0],
+    }
     service_args = [_container(objs, name)["args"] for name in extproc]
     cert_manager = [o for o in objs if o["apiVersion"].startswith("cert-manager.io/")]
     if target == "overlays/dev":
@@ -683,7 +824,7 @@ def test_only_dev_is_plaintext(target: str) -> None:
 @pytest.mark.parametrize("target", ["base", *OVERLAYS])
 def test_services_listen_on_the_pod_ip_and_envoy_admin_on_loopback(target: str) -> None:
     objs = render(target)
-    for name in ("bbr", "epp"):
+    for name in ("bbr", "epp", "xds"):
         container = _container(objs, name)
         assert "--host=$(POD_IP)" in container["args"]
         env = {e["name"]: e for e in container["env"]}
@@ -702,10 +843,10 @@ def test_services_run_the_packages_console_scripts(target: str) -> None:
     """The image's containers run the entry points pyproject.toml installs, which load and are callable."""
     scripts = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]["scripts"]
     objs = render(target)
-    for name, module in (("bbr", "bbr"), ("epp", "epp")):
+    for name, module in (("bbr", "bbr.__main__"), ("epp", "epp.__main__"), ("xds", "gateway.xds")):
         (command,) = _container(objs, name)["command"]
         module_name, _, func = scripts[command].partition(":")
-        assert module_name == f"{module}.__main__", (command, scripts[command])
+        assert module_name == module, (command, scripts[command])
         assert callable(getattr(importlib.import_module(module_name), func))
 
 
@@ -727,6 +868,7 @@ def test_network_policies_admit_only_envoy_to_ext_proc_and_monitoring_to_metrics
     for name, allowed in (
         ("bbr", {"grpc": "envoy", "metrics": "monitoring"}),
         ("epp", {"grpc": "envoy", "metrics": "monitoring"}),
+        ("xds", {"grpc": "envoy"}),
     ):
         (policy,) = [p for p in policies.values() if _selects(p, _pod_labels(objs, name))]
         assert "Ingress" in policy["policyTypes"]
@@ -789,16 +931,17 @@ def test_envoy_egress_reaches_the_ext_proc_services_dns_and_pool_pods_only() -> 
         if peer["podSelector"] == {}:
             allowed["pods"] = ports
             continue
-        (name,) = [n for n in ("bbr", "epp") if _selects(peer, _pod_labels(objs, n))]
+        (name,) = [n for n in ("bbr", "epp", "xds") if _selects(peer, _pod_labels(objs, n))]
         allowed[name] = ports
     grpc = {
         n: next(p["containerPort"] for p in _container(objs, n)["ports"] if p["name"] == "grpc")
-        for n in ("bbr", "epp")
+        for n in ("bbr", "epp", "xds")
     }
     target_port = find(objs, "InferencePool", "llama-3-8b")["spec"]["targetPorts"][0]["number"]
     assert allowed == {
         "bbr": {("TCP", grpc["bbr"])},
         "epp": {("TCP", grpc["epp"])},
+        "xds": {("TCP", grpc["xds"])},
         "pods": {("TCP", target_port)},
         "anywhere": {("UDP", 53), ("TCP", 53)},
     }

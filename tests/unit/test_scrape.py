@@ -172,6 +172,44 @@ async def test_rejected_values_are_counted_per_pod_and_logged_at_a_bounded_rate(
     assert b"10.0.0.1" not in generate_latest(telemetry.registry)
 
 
+async def test_scrape_failures_are_counted_per_pod_and_logged_once_per_change_of_state(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pod whose metrics URL is wrong used to turn unhealthy with no log line and no metric:
+    now the first failure is logged with its URL and reason, every failure is counted under the
+    pod's name, and the recovery is logged once; nothing in between."""
+    async with run_fleet(FleetSpec.from_dict(SPEC), host="127.0.0.1") as fleet:
+        v = fleet.pod("v")
+        telemetry = Telemetry("p")
+        pool = Pool([Endpoint(v.address, frozenset({"m"}), name="v-0")])
+        scraper = Scraper(pool, interval_s=0.02, timeout_s=0.5, telemetry=telemetry)
+        ep, speed = pool.endpoints()[0], SpeedTracker()
+        counter = telemetry.scrape_failures.labels(v.address, "v-0")
+        try:
+            with caplog.at_level(logging.DEBUG, logger="epp.scrape"):
+                assert await scraper.scrape_once(ep, speed) is not None
+                await v.crash()
+                for _ in range(5):
+                    assert await scraper.scrape_once(ep, speed) is None
+                assert counter._value.get() == 5
+                assert not pool.snapshot().endpoints[0].healthy
+                await v.restart()
+                assert await scraper.scrape_once(ep, speed) is not None
+                assert await scraper.scrape_once(ep, speed) is not None
+            loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+            assert len(loud) == 2, loud
+            assert f"pod v-0 ({v.address}): scrape of http://{v.address}/metrics failed" in loud[0]
+            assert "after 3 failures in a row" in loud[0]
+            assert "scraped again after 5 failed scrape(s)" in loud[1]
+            assert counter._value.get() == 5  # good scrapes count nothing
+            scraper.sync()
+            pool.set_endpoints([])
+            scraper.sync()
+            assert b"scrape_failures_total{" not in generate_latest(telemetry.registry)  # pod gone
+        finally:
+            await scraper.stop()
+
+
 def test_cadence_is_fast_while_busy_and_backs_off_to_the_bound_while_idle() -> None:
     c = Cadence(fast_s=0.05, max_s=0.2, jitter=0.1)
     assert c.next_interval(0.2, busy=True) == 0.05

@@ -22,6 +22,7 @@ from gateway.xds_resources import (
     CLUSTER,
     LISTENER,
     ROUTE,
+    Resources,
     snapshot,
     topology_from_json,
     topology_to_json,
@@ -85,9 +86,16 @@ def test_the_resources_are_the_static_bootstraps_messages(single_hop: bool) -> N
     """The typed messages' wire bytes (what xDS sends) read back by the real protos equal the
     static bootstrap's JSON read by them: one rendering, two encodings, no drift."""
     topo = dataclasses.replace(TOPO, bbr=None, single_hop=True) if single_hop else TOPO
+    assert_snapshot_is_the_bootstrap(
+        snapshot(parse_config(CONFIG), topo), render_bootstrap(parse_config(CONFIG), topo)
+    )
+
+
+def assert_snapshot_is_the_bootstrap(snap: dict[str, Resources], bootstrap: dict[str, Any]) -> None:
+    """The xDS resources, read by the real protos, are the static bootstrap's listeners, route
+    table and clusters (also used on deploy/'s committed files: tests/k8s/test_manifests.py)."""
     register_types()
-    static = json_format.ParseDict(render_bootstrap(parse_config(CONFIG), topo), bootstrap_pb2.Bootstrap())
-    snap = snapshot(parse_config(CONFIG), topo)
+    static = json_format.ParseDict(bootstrap, bootstrap_pb2.Bootstrap())
     assert _unpack(snap[CLUSTER], cluster_pb2.Cluster) == list(static.static_resources.clusters)
     (listener,) = _unpack(snap[LISTENER], listener_pb2.Listener)
     hcm = http_connection_manager_pb2.HttpConnectionManager()

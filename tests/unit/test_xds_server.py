@@ -11,6 +11,7 @@ import grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from gateway.config import parse_config
+from gateway.config_store import ConfigStore
 from gateway.xds import AdsServer, start_xds_server
 from gateway.xds_resources import CLUSTER, LISTENER, ROUTE
 from tests.unit.test_xds_resources import CONFIG, TOPO
@@ -76,3 +77,23 @@ async def test_subscriptions_acks_and_pushes() -> None:
             await requests.put(None)
     finally:
         await service.drain_and_stop(0)
+
+
+def test_what_envoy_cannot_be_given_is_refused_by_the_store_with_its_reason() -> None:
+    """The xDS server's verdict is the store's: every source (file, resource) sees the refusal,
+    the resource's status says why, and Envoy keeps the last good resources."""
+    ads = AdsServer(TOPO, parse_config(CONFIG))
+    store = ConfigStore(parse_config(CONFIG))
+    store.add_check(ads.check)
+    store.subscribe(ads.on_config)
+    served = ads.resources
+    unservable = copy.deepcopy(CONFIG)
+    unservable["pools"][0]["fallbackEndpoints"] = 2  # an ORIGINAL_DST pool takes one address
+    assert not store.offer_data(unservable, "test")
+    assert store.last_refusal is not None and "Envoy cannot be given" in store.last_refusal
+    assert "ORIGINAL_DST" in store.last_refusal
+    assert ads.resources is served
+    changed = copy.deepcopy(CONFIG)
+    changed["pools"][0]["models"].append({"name": "llama-new"})
+    assert store.offer_data(changed, "test") and store.last_refusal is None
+    assert ads.resources[ROUTE].version != served[ROUTE].version

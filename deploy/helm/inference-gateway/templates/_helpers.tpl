@@ -9,6 +9,25 @@ app.kubernetes.io/part-of: inference-gateway
 {{- .Values.epp.pool | default (index .Values.config.pools 0).name -}}
 {{- end }}
 
+{{/* A pool's EPP (Deployment, Service, certificate): `epp` for the EPP pool (epp.pool), else
+`epp-<pool>`. Called with (list $ poolName). */}}
+{{- define "ig.eppName" -}}
+{{- $root := index . 0 -}}
+{{- $pool := index . 1 -}}
+{{- ternary "epp" (printf "epp-%s" $pool) (eq $pool (include "ig.eppPool" $root)) -}}
+{{- end }}
+
+{{/* A pool's EPP replicas: the pool's epp.replicas when given, else epp.replicas. (list $ pool) */}}
+{{- define "ig.eppReplicas" -}}
+{{- $root := index . 0 -}}
+{{- $pool := index . 1 -}}
+{{- if eq $pool.name (include "ig.eppPool" $root) -}}
+{{- $root.Values.epp.replicas -}}
+{{- else -}}
+{{- (($pool.epp | default dict).replicas) | default $root.Values.epp.replicas -}}
+{{- end -}}
+{{- end }}
+
 {{/* The in-cluster shared-state store's address (sharedState.enabled). */}}
 {{- define "ig.sharedStateUrl" -}}
 redis://epp-state:6379/0
@@ -43,10 +62,14 @@ rounded up ("500m" -> 1, "2" -> 2, "1500m" -> 2).
 {{- if and (hasKey $pool "kubernetes") (not $pool.kubernetes.namespace) -}}
 {{- $_ := set $pool.kubernetes "namespace" $.Release.Namespace -}}
 {{- end -}}
-{{- if eq $pool.name $eppPool -}}
 {{- $workers := include "ig.eppWorkers" $ -}}
 {{- $workers = ternary $workers (int $workers) (eq $workers "auto") -}}
+{{- if eq $pool.name $eppPool -}}
 {{- $_ := set $pool "epp" (merge (dict "replicas" (int $.Values.epp.replicas) "workers" $workers) ($pool.epp | default dict)) -}}
+{{- else -}}
+{{- $host := printf "epp-%s.%s.svc.cluster.local" $pool.name $.Release.Namespace -}}
+{{- $replicas := int (include "ig.eppReplicas" (list $ $pool)) -}}
+{{- $_ := set $pool "epp" (merge ($pool.epp | default dict) (dict "host" $host "port" 9002 "replicas" $replicas "workers" $workers)) -}}
 {{- end -}}
 {{- end -}}
 {{- if .Values.sharedState.enabled -}}
