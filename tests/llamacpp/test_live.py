@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.gateway_policies import describe_pods
+from bench.harness.targets import TargetContext
 from devstack.launch import LocalGateway, Proc, dev_trust, pool_name_for, start_local_gateway
 from devstack.llamacpp.model import MODEL_NAME
 from devstack.llamacpp.server import ServerSpec, missing_engine, start_llama_servers, with_model_tokenizer
@@ -134,6 +136,16 @@ async def test_the_dialect_parses_the_live_page_and_the_epp_keeps_both_pods_fres
             assert (e["metrics"]["waiting"], e["metrics"]["running"]) == (0, 0)
 
 
+async def test_the_benchmark_harness_describes_running_llama_servers(
+    gw: LocalGateway, tmp_path: Path
+) -> None:
+    """`python -m bench run --worker-urls` over llama-server processes: the harness did not start
+    them, so their dialect comes from `/v1/models` (`owned_by: llamacpp`)."""
+    urls = [f"http://{a}" for a in gw.pods_of(MODEL_NAME)]
+    pods = await describe_pods(TargetContext(worker_urls=urls, work_dir=tmp_path))
+    assert [(p["model"], p["dialect"], p["adapters"]) for p in pods] == [(MODEL_NAME, "llamacpp", [])] * 2
+
+
 CHOSEN = re.compile(r"^chosen=(\S+) ")
 
 
@@ -169,6 +181,9 @@ async def test_each_request_is_answered_by_the_engine_the_epp_chose(gw: LocalGat
             )
             chosen.append(match.group(1))
         # Keep one engine busy with a long answer: the EPP must send the next request elsewhere.
+        # The `chat` profile, whose in-flight and observed-speed scorers see the running request:
+        # the default profile tells two engines with free slots apart only by their deferred
+        # requests, prefix and pace (llama.cpp has no KV usage to break the tie; docs/llamacpp.md).
         long = asyncio.create_task(
             client.post("/v1/chat/completions", json=_chat("long", max_tokens=2500, ignore_eos=True))
         )
@@ -184,11 +199,12 @@ async def test_each_request_is_answered_by_the_engine_the_epp_chose(gw: LocalGat
             r = await client.post(
                 "/v1/chat/completions",
                 json=_chat("while busy", max_tokens=4),
-                headers={"x-gateway-decision": "true"},
+                headers={"x-gateway-decision": "true", "x-gateway-inference-objective": "chat"},
             )
             assert r.status_code == 200
-            match = CHOSEN.match(r.headers["x-gateway-decision"])
-            assert match and busy[match.group(1)] == 0, (r.headers["x-gateway-decision"], busy)
+            decision = r.headers["x-gateway-decision"]
+            match = CHOSEN.match(decision)
+            assert match and "profile=chat" in decision and busy[match.group(1)] == 0, (decision, busy)
         finally:
             long.cancel()
         await Epp(gw, plain).settled(engines)
