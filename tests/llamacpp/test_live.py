@@ -133,7 +133,12 @@ async def test_the_dialect_parses_the_live_page_and_the_epp_keeps_both_pods_fres
 
         await _until(fresh, "both llama-server pods scraped and fresh")
         for e in await epp.endpoints():
-            assert (e["metrics"]["waiting"], e["metrics"]["running"]) == (0, 0)
+            assert e["engine"] == "llamacpp"
+            assert (e["metrics"]["waiting"], e["metrics"]["running"], e["metrics"]["kv_usage"]) == (
+                0,
+                0,
+                None,
+            )
 
 
 async def test_the_benchmark_harness_describes_running_llama_servers(
@@ -207,7 +212,13 @@ async def test_each_request_is_answered_by_the_engine_the_epp_chose(gw: LocalGat
             assert match and "profile=chat" in decision and busy[match.group(1)] == 0, (decision, busy)
         finally:
             long.cancel()
-        await Epp(gw, plain).settled(engines)
+        epp = Epp(gw, plain)
+        await epp.settled(engines)
+
+        async def learned() -> bool:  # from llama.cpp's counters (no histograms on its page)
+            return any(e["tpot_ewma_s"] and e["prefill_tps"] for e in await epp.endpoints())
+
+        await _until(learned, "a time per output token and a prefill pace learned from the counters")
 
 
 async def test_streamed_answer_carries_usage_and_inflight_returns_to_zero(gw: LocalGateway) -> None:
