@@ -13,7 +13,7 @@ until a scrape succeeds again. The interval backs off on failure so a dead pod c
 
 Observed speed comes for free from the server's own latency histograms: the change of
 `_sum / _count` between scrapes is the mean TTFT and inter-token latency of the requests that
-finished meanwhile. About once a second the same pass also reads vLLM's per-request prefill
+finished meanwhile (llama.cpp: its generation seconds and tokens counters, `SPEED_SERIES`). About once a second the same pass also reads vLLM's per-request prefill
 histograms, from which epp/pace.py learns the pod's prefill pace (predicted-ttft). That is what lets the scheduler tell an H100 from an A10G without any
 per-chunk response events through Envoy (which cost a gRPC round trip per SSE chunk).
 

@@ -316,10 +316,11 @@ def predicted_ttft(
     lora-affinity); plus K_i when the pod's free KV (less vLLM's admission watermark) does
     not hold the tokens ahead, this prompt and its expected output: it admits nothing until a
     running request ends, about tpot_i x expected output / (running + 1) (the soonest of the
-    running requests' remaining decodes; never on an engine that exports no KV measure, llama.cpp,
-    which admits by free slots and shows the requests waiting for one in q_i); or, for a non-resident adapter on a pod whose
-    `max_lora` slots all hold adapters of running requests, tpot_i x expected output: vLLM
-    schedules no request of another adapter until one of them has no request running.
+    running requests' remaining decodes; never on an engine that exports no KV measure,
+    llama.cpp, which admits by free slots and shows the requests waiting for one in q_i); or,
+    for a non-resident adapter on a pod whose `max_lora` slots all hold adapters of running
+    requests, tpot_i x expected output: vLLM schedules no request of another adapter until one
+    of them has no request running.
     With `adapterPlacement` (the default) on a pod that reports its slots, the adapter terms
     are its slot cost instead (epp/scheduling/lora.py `slot_cost`, from the adapters this EPP
     has in flight on each pod and the page's running ones): 0 on the pod that runs most of
