@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 BENCH_STAMP := $(VENV)/.installed-bench-stamp
 
-.PHONY: venv constraints check-engines
+.PHONY: venv constraints check-engines llama-server
 
 # Every install is pinned by constraints.txt (the versions of a working venv), so the tests and
 # the image (deploy/Dockerfile) get the same packages; `make constraints` re-resolves it.
@@ -41,9 +41,9 @@ CONSTRAINTS_VENV := $(or $(TMPDIR),/tmp)/inference-gateway-constraints-venv
 constraints:
 	rm -rf $(CONSTRAINTS_VENV) && $(PY) -m venv $(CONSTRAINTS_VENV)
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --upgrade pip
-	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e '.[dev,bench]'
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e '.[dev,bench,llamacpp]'
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --no-deps --ignore-requires-python helm-sdkpy
-	{ echo "# Pinned versions of a working venv (runtime + dev + bench extras). Regenerate: make constraints"; \
+	{ echo "# Pinned versions of a working venv (runtime + dev + bench + llamacpp extras). Regenerate: make constraints"; \
 	  $(CONSTRAINTS_VENV)/bin/python -m pip freeze --exclude-editable; } > constraints.txt
 	rm -rf $(CONSTRAINTS_VENV)
 
@@ -130,6 +130,20 @@ check-engines: $(STAMP)
 	test -x $(ENGINES_VENV)/bin/python || $(PY) -m venv $(ENGINES_VENV)
 	$(ENGINES_VENV)/bin/python -m pip install -q --no-deps $(ENGINE_WHEELS)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m devstack.engine_check --engines-venv $(ENGINES_VENV) --out docs/engine-check.md
+
+# llama.cpp's `llama-server` from the pinned llama-cpp-python sdist (CPU, offline build, ~10 min on
+# 2 cores, reused when present) and the tiny model it serves, generated here with the `gguf` package
+# (the `llamacpp` extra): both in .cache/llama.cpp (git-ignored). docs/llamacpp.md says more.
+LLAMA_CACHE := .cache/llama.cpp
+LLAMA_STAMP := $(VENV)/.installed-llamacpp-stamp
+$(LLAMA_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,llamacpp]'
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall -c constraints.txt opentelemetry-proto
+	touch $(LLAMA_STAMP)
+
+llama-server: $(LLAMA_STAMP)
+	$(BIN)/python -m devstack.llamacpp.build --cache $(LLAMA_CACHE)
+	$(BIN)/python -m devstack.llamacpp.model --out $(LLAMA_CACHE)/models/tiny-llama.gguf
 
 clean:
 	rm -rf $(VENV) $(ENGINES_VENV) $(IP_VENV) .pytest_cache .ruff_cache build *.egg-info

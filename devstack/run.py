@@ -1,6 +1,7 @@
 """`make run`: the whole gateway on this machine until Ctrl-C.
 
-Starts a simulated fleet (two models, two pods each), one EPP for every pool (the single-hop
+Starts a simulated fleet (two models, two pods each; `--engine llama.cpp`: llama.cpp's real
+`llama-server` processes serving a tiny generated model, docs/llamacpp.md), one EPP for every pool (the single-hop
 shape: one ext_proc stream per request; `--two-hop` runs BBR and one EPP per pool instead) and a
 real Envoy on HTTPS, prints a request that works, and stops every process on exit. The work
 directory (certificates, the live config, logs) is a fresh temporary one, removed on exit
@@ -15,12 +16,20 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from devstack.launch import DEFAULT_FLEET, POOL_KINDS, dev_trust, start_local_gateway
+from devstack.launch import DEFAULT_FLEET, POOL_KINDS, Proc, dev_trust, start_local_gateway
+from devstack.llamacpp.server import (
+    ServerSpec,
+    engine_version,
+    missing_engine,
+    start_llama_servers,
+    with_model_tokenizer,
+)
 from devstack.pd import PD_FLEET, start_pd_gateway
 from epp.workers import workers_argument
 from extproc.server import StartupError, check_port_free
@@ -35,6 +44,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port (0 = any free port)")
     parser.add_argument("--fleet", type=Path, help="modelsim fleet YAML (default: 2 models x 2 pods)")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="modelsim",
+        help="the model servers: modelsim (simulated GPUs, the default) or llama.cpp (real "
+        "llama-server processes on the CPU, built by `make llama-server`)",
+    )
+    parser.add_argument(
+        "--llama-servers",
+        type=int,
+        default=2,
+        choices=range(1, 9),
+        metavar="N",
+        help="with --engine llama.cpp: how many llama-server processes (default 2)",
+    )
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -79,6 +103,15 @@ def main() -> None:
         help="disaggregated prefill/decode: prefill and decode pods, a P/D sidecar per decode pod",
     )
     args = parser.parse_args()
+    llama = args.engine == "llama.cpp"
+    if llama:
+        if args.fleet or args.pd:
+            exit_with_error(
+                PROG, "--engine llama.cpp runs llama-server processes: --fleet and --pd do not apply"
+            )
+        why = missing_engine()
+        if why:
+            exit_with_error(PROG, why)
     fleet = read_fleet(args.fleet) if args.fleet else PD_FLEET if args.pd else DEFAULT_FLEET
     try:
         check_port_free("127.0.0.1", args.port, "--port")
@@ -92,23 +125,32 @@ def main() -> None:
         f"{'removed on exit, --keep keeps it' if remove else 'kept on exit'}) ...",
         flush=True,
     )
+    engines: dict[str, Proc] = {}
     try:
         # Local development: the decision header and the chat/batch objectives are open to any client.
         start = start_pd_gateway if args.pd else start_local_gateway
+        backends: dict[str, Any] = {"fleet": fleet, "config_patch": dev_trust}
+        if llama:
+            engines, pods = start_llama_servers(workdir, [ServerSpec()] * args.llama_servers)
+            backends = {"pods": pods, "config_patch": _both(dev_trust, with_model_tokenizer)}
         gw = start(
             workdir,
-            fleet=fleet,
             listen_port=args.port,
             mtls=args.mtls,
             pool_kind=args.pool_kind,
-            config_patch=dev_trust,
             single_hop=args.single_hop,
             config_extra=default_profile_block(),
+            **backends,
             **({"epp_workers": args.workers} if args.workers != 1 else {}),
         )
+        gw.procs.update(engines)  # stopped with the gateway
     except (ConfigError, RuntimeError, TimeoutError, OSError) as exc:  # kept: its logs say why
+        for proc in engines.values():
+            proc.stop()
         exit_with_error(PROG, f"the gateway did not start: {exc}; its logs are kept in {workdir / 'logs'}")
     except KeyboardInterrupt:  # Ctrl-C while starting: what started is already stopped
+        for proc in engines.values():
+            proc.stop()
         if remove:
             shutil.rmtree(workdir, ignore_errors=True)
         exit_with_error(PROG, "interrupted while starting")
@@ -123,9 +165,10 @@ def main() -> None:
         path = "one EPP for every pool (single hop)" if gw.single_hop else "BBR -> EPP per pool"
         if args.pd:
             path += " -> P/D sidecars of the decode pods"
+        servers = f"llama-server processes ({engine_version()})" if llama else "simulated pods"
         print(
             f"""
-The gateway is up: Envoy on {gw.url} -> {path} -> {len(gw.pods)} simulated pods.
+The gateway is up: Envoy on {gw.url} -> {path} -> {len(gw.pods)} {servers}.
 
 Send a request (any of the models: {", ".join(models)}):
 
@@ -158,6 +201,17 @@ Press Ctrl-C to stop.""",
         if remove:
             shutil.rmtree(workdir, ignore_errors=True)
             print(f"removed {workdir} (--keep keeps it)", flush=True)
+
+
+ENGINES = ("modelsim", "llama.cpp")
+
+
+def _both(*patches: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def patch(config: dict[str, Any]) -> None:
+        for p in patches:
+            p(config)
+
+    return patch
 
 
 def default_profile_block() -> dict[str, Any]:

@@ -130,8 +130,21 @@ DIALECTS: dict[str, Dialect] = {
             running=("trtllm_num_requests_running",),
             kv_usage=("trtllm_kv_cache_utilization",),
         ),
+        # llama.cpp's llama-server (--metrics): busy slots, and requests deferred until a slot
+        # frees. It exports no KV-usage gauge (a slot's context is on /slots, not /metrics):
+        # KV usage is unknown on this engine (docs/llamacpp.md, what each scorer sees).
+        Dialect(
+            name="llamacpp",
+            waiting=("llamacpp:requests_deferred",),
+            running=("llamacpp:requests_processing",),
+        ),
     )
 }
+
+
+# Engines whose pages carry no KV measure at all: an unknown KV usage there is the normal case,
+# not a warning sign (llama.cpp admits by free slots; predicted-ttft adds no KV wait for it).
+NO_KV_GAUGE = frozenset(d.name for d in DIALECTS.values() if not (d.kv_usage or d.kv_tokens))
 
 
 def get_dialect(name: str) -> Dialect:

@@ -19,6 +19,12 @@ of requests prefilling at once); the seconds are capped at the interval's wall t
 pod that just took a burst read up to 7x slower than its identical neighbours (bursty, seen
 in /debug/pool) and was starved until the figure aged out.
 
+llama.cpp's server keeps the same figures as counters, updated after every engine step that
+prefilled: `llamacpp:prompt_seconds_total` (the steps' wall time, so overlapping prefills are
+not counted twice), `llamacpp:prompt_tokens_total` (computed) and
+`llamacpp:prompt_tokens_cached_total` (taken from a slot's prompt cache); the prompt tokens are
+their sum. It counts no requests, so its pods have no typical prompt length (`mean` unknown).
+
 `PrefillTracker` turns cumulative totals into one `PrefillSample` per interval that saw
 requests finish; the pool (epp/pool.py) smooths the samples per pod and puts them into each
 `EndpointState`. A server restart (any total going down) re-baselines without a sample. The
@@ -38,12 +44,34 @@ from epp.pool import MAX_COUNT, count_problem
 
 PREFILL_READ_INTERVAL_S = 1.0
 
-# The histograms read per dialect: (prefill seconds, prompt tokens, computed tokens).
-PREFILL_HISTOGRAMS: dict[str, tuple[str, str, str]] = {
-    "vllm": (
-        "vllm:request_prefill_time_seconds",
-        "vllm:request_prompt_tokens",
-        "vllm:request_prefill_kv_computed_tokens",
+
+@dataclass(frozen=True, slots=True)
+class PrefillSeries:
+    """Where a dialect's cumulative prefill figures are, each a series name (summed over its
+    samples). `prompt` or else computed + `cached` gives the prompt tokens; `computed` is
+    optional only when `prompt` is given; without `requests` the typical prompt is unknown."""
+
+    seconds: str
+    requests: str | None = None
+    prompt: str | None = None
+    computed: str | None = None
+    cached: str | None = None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in (self.seconds, self.requests, self.prompt, self.computed, self.cached) if n)
+
+
+PREFILL_SERIES: dict[str, PrefillSeries] = {
+    "vllm": PrefillSeries(
+        seconds="vllm:request_prefill_time_seconds_sum",
+        requests="vllm:request_prefill_time_seconds_count",
+        prompt="vllm:request_prompt_tokens_sum",
+        computed="vllm:request_prefill_kv_computed_tokens_sum",
+    ),
+    "llamacpp": PrefillSeries(
+        seconds="llamacpp:prompt_seconds_total",
+        computed="llamacpp:prompt_tokens_total",
+        cached="llamacpp:prompt_tokens_cached_total",
     ),
 }
 
@@ -52,7 +80,7 @@ PREFILL_HISTOGRAMS: dict[str, tuple[str, str, str]] = {
 class PrefillTotals:
     """Cumulative totals of one scrape (summed over the page's series)."""
 
-    requests: float  # request_prefill_time_seconds_count
+    requests: float | None  # request_prefill_time_seconds_count; None where not counted
     seconds: float  # request_prefill_time_seconds_sum
     prompt_tokens: float  # request_prompt_tokens_sum
     computed_tokens: float | None = None  # request_prefill_kv_computed_tokens_sum, when exported
@@ -64,7 +92,7 @@ class PrefillSample:
 
     tokens_per_s: float
     uncached_fraction: float | None  # None without the computed-tokens histogram
-    mean_prompt_tokens: float
+    mean_prompt_tokens: float | None  # None where the engine counts no requests
 
 
 def _sum(found: Mapping[str, list[Sample] | None], name: str) -> float | None:
@@ -82,26 +110,28 @@ def _sum(found: Mapping[str, list[Sample] | None], name: str) -> float | None:
 
 def prefill_totals(found: Mapping[str, list[Sample] | None], dialect: str) -> PrefillTotals | None:
     """The totals of a scraped page's collected samples (`prefill_metric_names`); None when
-    the dialect or the page does not carry the prefill-time and prompt-token histograms."""
-    names = PREFILL_HISTOGRAMS.get(dialect)
-    if names is None:
+    the dialect or the page does not carry the prefill time and prompt tokens (and, where the
+    dialect counts them, requests)."""
+    series = PREFILL_SERIES.get(dialect)
+    if series is None:
         return None
-    time_name, prompt_name, computed_name = names
-    requests = _sum(found, time_name + "_count")
-    seconds = _sum(found, time_name + "_sum")
-    prompt = _sum(found, prompt_name + "_sum")
-    if requests is None or seconds is None or prompt is None:
+    seconds = _sum(found, series.seconds)
+    requests = _sum(found, series.requests) if series.requests else None
+    computed = _sum(found, series.computed) if series.computed else None
+    if series.prompt:
+        prompt = _sum(found, series.prompt)
+    else:
+        cached = _sum(found, series.cached) if series.cached else None
+        prompt = computed + cached if computed is not None and cached is not None else None
+    if seconds is None or prompt is None or (series.requests and requests is None):
         return None
-    return PrefillTotals(requests, seconds, prompt, _sum(found, computed_name + "_sum"))
+    return PrefillTotals(requests, seconds, prompt, computed)
 
 
 def prefill_metric_names(dialect: str) -> tuple[str, ...]:
-    """The `_sum` / `_count` series `prefill_totals` reads, to collect in the scrape's pass."""
-    names = PREFILL_HISTOGRAMS.get(dialect)
-    if names is None:
-        return ()
-    time_name, prompt_name, computed_name = names
-    return (time_name + "_sum", time_name + "_count", prompt_name + "_sum", computed_name + "_sum")
+    """The series `prefill_totals` reads, to collect in the scrape's pass."""
+    series = PREFILL_SERIES.get(dialect)
+    return series.names() if series is not None else ()
 
 
 class PrefillTracker:
@@ -127,15 +157,22 @@ class PrefillTracker:
         previous_at, self._last_at = self._last_at, now
         if previous is None:
             return None
-        d_requests = totals.requests - previous.requests
+        d_requests: float | None = None
+        if totals.requests is not None and previous.requests is not None:
+            d_requests = totals.requests - previous.requests
         d_seconds = totals.seconds - previous.seconds
         d_prompt = totals.prompt_tokens - previous.prompt_tokens
         d_computed: float | None = None
         if totals.computed_tokens is not None and previous.computed_tokens is not None:
             d_computed = totals.computed_tokens - previous.computed_tokens
-        if d_requests < 0 or d_seconds < 0 or d_prompt < 0 or (d_computed is not None and d_computed < 0):
+        if (
+            (d_requests is not None and d_requests < 0)
+            or d_seconds < 0
+            or d_prompt < 0
+            or (d_computed is not None and d_computed < 0)
+        ):
             return None  # the server restarted: its counters began again from zero
-        if d_requests <= 0 or d_seconds <= 0:
+        if (d_requests is not None and d_requests <= 0) or d_seconds <= 0:
             return None  # nothing finished, or no measurable prefill time
         computed = d_computed if d_computed is not None else d_prompt
         if computed <= 0:
@@ -148,4 +185,5 @@ class PrefillTracker:
         # prefilled these tokens within the interval, so the interval bounds the time.
         if previous_at is not None and 0.0 < now - previous_at < d_seconds:
             d_seconds = now - previous_at
-        return PrefillSample(computed / d_seconds, uncached, d_prompt / d_requests)
+        mean = d_prompt / d_requests if d_requests is not None else None
+        return PrefillSample(computed / d_seconds, uncached, mean)

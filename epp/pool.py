@@ -89,7 +89,7 @@ class Endpoint:
     address: str  # "ip:port", exactly what goes into x-gateway-destination-endpoint
     models: frozenset[str]  # base models served
     adapters: frozenset[str] = frozenset()  # LoRA adapters it can load
-    engine: str = "vllm"  # metric dialect: vllm | sglang | tgi | trtllm
+    engine: str = "vllm"  # metric dialect: vllm | sglang | tgi | trtllm | llamacpp
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics_url: str | None = None  # defaults to http://{address}/metrics
     kv_events_port: int | None = None  # vLLM KV-event PUB port (over the pool's kvEvents.port)
@@ -592,7 +592,7 @@ class Pool:
         *,
         tokens_per_s: float,
         uncached_fraction: float | None,
-        mean_prompt_tokens: float,
+        mean_prompt_tokens: float | None,
         now: float | None = None,
     ) -> None:
         """Fold one interval's prefill figures (epp/pace.py `PrefillSample`) into the pod's
@@ -606,7 +606,7 @@ class Pool:
             live.prefill_tps.observe(tokens_per_s, now, half_life)
         if uncached_fraction is not None and 0.0 <= uncached_fraction <= 1.0:
             live.uncached.observe(uncached_fraction, now, half_life)
-        if math.isfinite(mean_prompt_tokens) and 0.0 <= mean_prompt_tokens <= MAX_COUNT:
+        if mean_prompt_tokens is not None and 0.0 <= mean_prompt_tokens <= MAX_COUNT:  # False for NaN
             live.prompt_tokens.observe(mean_prompt_tokens, now, half_life)
 
     def inflight(self, address: str) -> int:

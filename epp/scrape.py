@@ -17,7 +17,7 @@ once per flap.
 
 Observed speed comes for free from the server's own latency histograms: the change of
 `_sum / _count` between scrapes is the mean TTFT and inter-token latency of the requests that
-finished meanwhile. About once a second the same pass also reads vLLM's per-request prefill
+finished meanwhile (llama.cpp: its generation seconds and tokens counters, `SPEED_SERIES`). About once a second the same pass also reads vLLM's per-request prefill
 histograms, from which epp/pace.py learns the pod's prefill pace (predicted-ttft). That is what lets the scheduler tell an H100 from an A10G without any
 per-chunk response events through Envoy (which cost a gRPC round trip per SSE chunk).
 
@@ -40,6 +40,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from epp.engines import MetricsParseError, Rejection, Sample, collect_samples, parse_metrics
 from epp.metrics_http import HttpError, MetricsHttpClient, split_http_url
@@ -50,10 +51,34 @@ from gateway.supervise import Backoff, spawn
 
 log = logging.getLogger(__name__)
 
-# Histograms whose mean over a scrape interval gives per-pod speed, per dialect.
-SPEED_HISTOGRAMS: dict[str, tuple[str, str]] = {
-    "vllm": ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds"),
-    "sglang": ("sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds"),
+
+class RatioSeries(NamedTuple):
+    """Two cumulative series whose changes between scrapes give a mean: d sum / d count (a
+    histogram's `_sum` and `_count`, or two counters)."""
+
+    sum_name: str
+    count_name: str
+
+
+def histogram(name: str) -> RatioSeries:
+    return RatioSeries(name + "_sum", name + "_count")
+
+
+# Per dialect, the series whose mean over a scrape interval gives per-pod speed: (TTFT, time
+# per output token); None where the engine exports nothing for it.
+SPEED_SERIES: dict[str, tuple[RatioSeries | None, RatioSeries | None]] = {
+    "vllm": (histogram("vllm:time_to_first_token_seconds"), histogram("vllm:inter_token_latency_seconds")),
+    "sglang": (
+        histogram("sglang:time_to_first_token_seconds"),
+        histogram("sglang:inter_token_latency_seconds"),
+    ),
+    # llama.cpp has no latency histograms. A slot's generation seconds (first to last output
+    # token) and its output tokens are added to these counters when the slot finishes, so
+    # their changes give the mean inter-token time of the requests finished in the interval.
+    "llamacpp": (
+        None,
+        RatioSeries("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total"),
+    ),
 }
 MAX_BACKOFF_S = 2.0
 # Restarts of a crashed scrape loop: quick at first, never slower than this.
@@ -67,17 +92,20 @@ class _Totals:
     count: float
 
 
-def _histogram_totals(
-    source: Mapping[str, list[Sample] | None] | str | bytes, name: str, field: str, rejected: list[Rejection]
+def _ratio_totals(
+    source: Mapping[str, list[Sample] | None] | str | bytes,
+    series: RatioSeries,
+    field: str,
+    rejected: list[Rejection],
 ) -> _Totals | None:
-    """Cumulative sum and count over the histogram's series (from collected samples or a
-    page); None when absent or not sane."""
-    keys = (name + "_sum", name + "_count")
+    """Cumulative sum and count over the series' samples (from collected samples or a page);
+    None when absent or not sane."""
+    keys = (series.sum_name, series.count_name)
     if isinstance(source, str | bytes):
         source = collect_samples(source, keys, lenient=keys)
     sums, counts = source.get(keys[0], []), source.get(keys[1], [])
     if sums is None or counts is None:
-        rejected.append(Rejection(field, "malformed", name))
+        rejected.append(Rejection(field, "malformed", series.sum_name))
         return None
     for s in (*sums, *counts):
         problem = count_problem(s.value)
@@ -298,10 +326,10 @@ class Scraper:
         """Parse one fetched metrics page and record it in the pool: gauges, speeds, prefill pace.
         Synchronous and I/O-free, so the virtual-time benchmark (bench/vtime/) feeds the pods'
         rendered pages through this same path; raises MetricsParseError on a bad page."""
-        names = SPEED_HISTOGRAMS.get(ep.engine, ())
+        ttft_series, tpot_series = SPEED_SERIES.get(ep.engine, (None, None))
         clock = self.pool.clock
         read_prefill = speed.prefill.due(clock())
-        also = _also_names(ep.engine) if read_prefill else _histogram_names(names)
+        also = _also_names(ep.engine, read_prefill)
         found: dict[str, list[Sample] | None] = {}
         rejected: list[Rejection] = []
         try:
@@ -319,16 +347,17 @@ class Scraper:
                 self.rejections.report(ep.address, rejected)
         self.scrapes += 1
         rejected = []
-        ttft_totals = _histogram_totals(found, names[0], "ttft", rejected) if names else None
+        ttft_totals = _ratio_totals(found, ttft_series, "ttft", rejected) if ttft_series else None
         # The TTFT histogram's count is the pod's first tokens so far: the ledger retires that
         # many pending prefills (epp/ledger.py).
         first_tokens = ttft_totals.count if ttft_totals is not None else None
         self.pool.record_metrics(ep.address, metrics, sent_at=sent_at, first_tokens=first_tokens)
         if self.scraped_hook is not None:
             self.scraped_hook(ep.address, metrics, sent_at)
-        if names:
+        if ttft_series or tpot_series:
             ttft = speed.mean_since_last("ttft", ttft_totals)
-            tpot = speed.mean_since_last("tpot", _histogram_totals(found, names[1], "tpot", rejected))
+            tpot_totals = _ratio_totals(found, tpot_series, "tpot", rejected) if tpot_series else None
+            tpot = speed.mean_since_last("tpot", tpot_totals)
             if rejected:
                 self.rejections.report(ep.address, rejected)
             if ttft is not None or tpot is not None:
@@ -405,15 +434,14 @@ def _resolve(waker: asyncio.Future[None]) -> None:
         waker.set_result(None)
 
 
-@functools.lru_cache(maxsize=16)
-def _histogram_names(names: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(f"{n}{suffix}" for n in names for suffix in ("_sum", "_count"))
-
-
-@functools.lru_cache(maxsize=16)
-def _also_names(engine: str) -> tuple[str, ...]:
-    """The histogram series a scrape of `engine` collects beside the dialect's gauges."""
-    return _histogram_names(SPEED_HISTOGRAMS.get(engine, ())) + prefill_metric_names(engine)
+@functools.lru_cache(maxsize=32)
+def _also_names(engine: str, prefill: bool) -> tuple[str, ...]:
+    """The speed (and, with `prefill`, prefill-pace) series a scrape of `engine` collects
+    beside the dialect's gauges."""
+    speeds = tuple(name for series in SPEED_SERIES.get(engine, ()) if series for name in series)
+    if not prefill:
+        return speeds
+    return speeds + tuple(n for n in prefill_metric_names(engine) if n not in speeds)
 
 
 @functools.lru_cache(maxsize=65_536)

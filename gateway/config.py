@@ -35,7 +35,7 @@ from gateway.profiles import Profile, resolve_profiles
 from gateway.scheduling_params import Thresholds
 
 # Metric dialects (epp/engines.py DIALECTS; a test keeps the two in step).
-Engine = Literal["vllm", "sglang", "tgi", "trtllm"]
+Engine = Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp"]
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # the AWS gateway's BBR default (facts.md)
 # Idle pods are scraped at least this often (4 x the 50 ms default interval; below the

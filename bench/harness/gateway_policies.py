@@ -99,7 +99,8 @@ DEFAULT_REVISION = 2
 
 async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:
     """The pods as `start_local_gateway(pods=...)` wants them, asked from each pod itself
-    (`GET /v1/models`: base model and adapters), so `--worker-urls` pods work too; the KV-event
+    (`GET /v1/models`: base model and adapters; llama.cpp's server names itself there, `owned_by:
+    llamacpp`, for its dialect), so `--worker-urls` pods work too; the KV-event
     ports come from the harness's fleet (`ctx.fleet_pods`), when it publishes them."""
     events = {
         p["address"]: {k: p[k] for k in ("kv_events_port", "kv_replay_port") if p.get(k)}
@@ -111,10 +112,10 @@ async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:
         try:
             spec = FleetSpec.from_dict(dict(ctx.scenario.fleet))
             dialects = [p.dialect for p in spec.pods]
-        except Exception:  # the fleet may not be ours (--worker-urls): default dialect
+        except Exception:  # the fleet may not be ours (--worker-urls): from /v1/models below
             dialects = []
     if len(dialects) != len(ctx.worker_urls):
-        dialects = ["vllm"] * len(ctx.worker_urls)
+        dialects = [""] * len(ctx.worker_urls)
     pods = []
     async with httpx.AsyncClient(timeout=10) as client:
         for i, (url, dialect) in enumerate(zip(ctx.worker_urls, dialects, strict=True)):
@@ -126,6 +127,8 @@ async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:
                 raise RuntimeError(f"{url}: expected one base model in /v1/models, got {base}")
             adapters = [m["id"] for m in data if m.get("parent")]
             address = url.split("://", 1)[-1].rstrip("/")
+            if not dialect:  # a pod the harness did not start: llama-server says who it is
+                dialect = "llamacpp" if any(m.get("owned_by") == "llamacpp" for m in data) else "vllm"
             pods.append(
                 {
                     "name": f"pod-{i}",

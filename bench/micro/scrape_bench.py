@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from bench.micro.metrics_stub import responses, stub_fleet
 from epp.engines import parse_metrics
 from epp.pool import Endpoint, Pool
-from epp.scrape import SPEED_HISTOGRAMS, Scraper, SpeedTracker
+from epp.scrape import SPEED_SERIES, Scraper, SpeedTracker
 
 T = TypeVar("T")
 EVENT_LOOPS = ("uvloop", "asyncio")
@@ -142,7 +142,7 @@ async def _clients_round(port: int, requests: int, only: tuple[str, ...] = CLIEN
         await raw.aclose()
     pages = [r.split(b"\r\n\r\n", 1)[1] for r in responses(idle=False)]  # what the stub serves
     if "parse" in only:
-        also = tuple(f"{n}{suffix}" for n in SPEED_HISTOGRAMS["vllm"] for suffix in ("_sum", "_count"))
+        also = tuple(name for series in SPEED_SERIES["vllm"] if series for name in series)
         count = iter(range(1 << 62))
 
         async def parse() -> object:

@@ -10,7 +10,7 @@ Pod metadata the discovery reads (keys documented in deploy/README.md):
   (an annotation, because model ids such as `meta-llama/Llama-3.1-8B` are not valid label
   values); default: `default_models`, else the pool's name.
 - annotation `gateway.inference.dev/adapters`: LoRA adapters the pod can load, comma-separated.
-- label `gateway.inference.dev/engine`: metric dialect (vllm|sglang|tgi|trtllm), overriding
+- label `gateway.inference.dev/engine`: metric dialect (vllm|sglang|tgi|trtllm|llamacpp), overriding
   the pool-wide `engine`.
 - annotation `gateway.inference.dev/metrics-port`: scrape `/metrics` there instead of the
   serving port.
@@ -45,7 +45,7 @@ METRICS_PORT_ANNOTATION = "gateway.inference.dev/metrics-port"
 KV_EVENTS_PORT_ANNOTATION = "gateway.inference.dev/kv-events-port"
 KV_REPLAY_PORT_ANNOTATION = "gateway.inference.dev/kv-events-replay-port"
 DP_SIZE_ANNOTATION = "gateway.inference.dev/data-parallel-size"  # vLLM --data-parallel-size
-ENGINES = frozenset({"vllm", "sglang", "tgi", "trtllm"})
+ENGINES = frozenset({"vllm", "sglang", "tgi", "trtllm", "llamacpp"})
 
 POOL_GROUP = "inference.networking.k8s.io"
 POOL_VERSION = "v1"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from epp.engines import NO_KV_GAUGE
 from epp.kv_index import KVIndex
 from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
 from epp.request import CHARS_PER_TOKEN, InferenceRequest
@@ -318,9 +319,11 @@ def predicted_ttft(
     lora-affinity); plus K_i when the pod's free KV (less vLLM's admission watermark) does
     not hold the tokens ahead, this prompt and its expected output: it admits nothing until a
     running request ends, about tpot_i x expected output / (running + 1) (the soonest of the
-    running requests' remaining decodes); or, for a non-resident adapter on a pod whose
-    `max_lora` slots all hold adapters of running requests, tpot_i x expected output: vLLM
-    schedules no request of another adapter until one of them has no request running.
+    running requests' remaining decodes; never on an engine that exports no KV measure,
+    llama.cpp, which admits by free slots and shows the requests waiting for one in q_i); or,
+    for a non-resident adapter on a pod whose `max_lora` slots all hold adapters of running
+    requests, tpot_i x expected output: vLLM schedules no request of another adapter until one
+    of them has no request running.
     With `adapterPlacement` (the default) on a pod that reports its slots, the adapter terms
     are its slot cost instead (epp/scheduling/lora.py `slot_cost`, from the adapters this EPP
     has in flight on each pod and the page's running ones): 0 on the pod that runs most of
@@ -425,7 +428,7 @@ def predicted_ttft(
             if _slots_full(s.address, m, residency):
                 pred += load_s  # it evicts a resident adapter, whose next request loads it again
             slot_wait = 0 < m.max_lora <= len(m.running_adapters)
-        if slot_wait or not _kv_holds(m, ahead + own + output):
+        if slot_wait or (s.endpoint.engine not in NO_KV_GAUGE and not _kv_holds(m, ahead + own + output)):
             if slot_wait:  # every slot pinned: wait until one adapter's requests all end
                 pred += tpot * output
             else:

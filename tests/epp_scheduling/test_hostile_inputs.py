@@ -35,7 +35,7 @@ from epp.scheduling.picker import TIE_EPSILON
 from epp.scheduling.registry import SCORER_NAMES, SCORERS
 from epp.scheduling.saturation import is_saturated
 from epp.scheduling.scorers import ScoringContext
-from epp.scrape import SpeedTracker, _histogram_totals
+from epp.scrape import SpeedTracker, _ratio_totals, histogram
 
 from .factories import req, snap
 
@@ -173,7 +173,7 @@ def test_hostile_pages_parse_to_sane_metrics_or_a_parse_error(page):
     speed = SpeedTracker()
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
         prefix = dialect + ":" if dialect in ("vllm", "sglang") else dialect + "_"
-        totals = _histogram_totals(text, prefix + name, "ttft", rejected)
+        totals = _ratio_totals(text, histogram(prefix + name), "ttft", rejected)
         if totals is not None:
             assert math.isfinite(totals.sum) and math.isfinite(totals.count)
             assert totals.sum >= 0 and totals.count >= 0

@@ -69,7 +69,7 @@ BAD_VALUES: list[tuple[str, Obj]] = [
     ("epp.workers: a word", {"epp": {"workers": "many"}}),
     ("envoy.enabled", {"envoy": {"enabled": "yes"}}),
     ("unknown top-level key", {"replica": 2}),
-    ("config.pools[0].engine", {"config": {"pools": [{"name": "p", "engine": "llamacpp"}]}}),
+    ("config.pools[0].engine", {"config": {"pools": [{"name": "p", "engine": "ollama"}]}}),
     ("config.profiles.default.weights", {"config": {"profiles": {"default": {"weights": {"queue": -1}}}}}),
     ("config.profiles.x.weights: unknown scorer", {"config": {"profiles": {"x": {"weights": {"qeue": 1}}}}}),
     ("config.thresholds.kvCache", {"config": {"thresholds": {"kvCache": 0}}}),

@@ -330,7 +330,7 @@ def test_crd_schema_rejects_bad_configs() -> None:
     good = find(render("base"), "InferenceGatewayConfig", "inference-gateway")
     assert validator.is_valid(good)
     for path, value in [
-        (("pools", 0, "engine"), "llamacpp"),
+        (("pools", 0, "engine"), "ollama"),
         (("profiles", "default", "picker"), "roulette"),
         (("profiles", "default", "weights", "predicted-ttft"), -1),
         (("thresholds", "kvCache"), 0),
