@@ -30,9 +30,11 @@ def read_until(lines: queue.Queue[str], marker: str, within: float = 120.0) -> l
     return seen
 
 
-def test_make_run_names_its_workdir_shows_the_weights_and_removes_it_on_ctrl_c() -> None:
+def start_make_run(*args: str) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
+    """`python -m devstack.run --port 0 ARGS` (what `make run ARGS=...` runs) and its output's
+    lines as they come (read with `read_until`)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "devstack.run", "--port", "0"],
+        [sys.executable, "-m", "devstack.run", *args, "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -46,6 +48,11 @@ def test_make_run_names_its_workdir_shows_the_weights_and_removes_it_on_ctrl_c()
             lines.put(line)
 
     threading.Thread(target=pump, daemon=True).start()
+    return proc, lines
+
+
+def test_make_run_names_its_workdir_shows_the_weights_and_removes_it_on_ctrl_c() -> None:
+    proc, lines = start_make_run()
     try:
         output = "".join(read_until(lines, "Press Ctrl-C"))
         workdir = Path(re.search(r"^Work directory: (\S+) \(removed on exit", output, re.M).group(1))  # type: ignore[union-attr]

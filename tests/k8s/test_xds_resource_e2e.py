@@ -31,6 +31,7 @@ from tests.integration.test_config_follow import (
     Stream,
     _refused,
     _served,
+    _unlist_new_adapter,
     _until,
 )
 from tests.reliability.conftest import record_figures
@@ -45,14 +46,6 @@ FOLLOW_DEADLINE_S = 2.0
 # A pool's context starts in the running EPP (a 503 `pool_not_served` until it runs): seconds on
 # a loaded 2-core machine, so the pool's deadline is the one test_config_follow.py gives it.
 POOL_DEADLINE_S = 30.0
-
-
-def _unlist_new_adapter(config: dict[str, Any]) -> None:
-    """The pods serve `chat-lora`; the gateway does not route it yet."""
-    for pool in config["pools"]:
-        for entry in (*pool["models"], *pool["endpoints"]):
-            if NEW in entry.get("adapters", []):
-                entry["adapters"].remove(NEW)
 
 
 @pytest.fixture(scope="module")

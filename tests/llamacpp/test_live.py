@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import re
 import signal
 import ssl
-import subprocess
-import sys
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +29,7 @@ from devstack.launch import LocalGateway, Proc, dev_trust, pool_name_for, start_
 from devstack.llamacpp.model import MODEL_NAME
 from devstack.llamacpp.server import ServerSpec, missing_engine, start_llama_servers, with_model_tokenizer
 from epp.engines import parse_metrics
-from tests.integration.test_make_run import read_until
+from tests.integration.test_make_run import read_until, start_make_run
 from tests.reliability.gateway_helpers import metric_value
 
 MISSING = missing_engine()
@@ -259,16 +255,7 @@ async def test_client_abort_mid_stream_frees_the_epp_slot_and_the_engine_slot(gw
 def test_make_run_with_llama_cpp_answers_the_printed_request() -> None:
     """`make run ARGS="--engine llama.cpp"`: the gateway over two llama-server processes; the
     request it prints gets a real completion with usage, and Ctrl-C stops the engines too."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "devstack.run", "--engine", "llama.cpp", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    stdout = proc.stdout
-    assert stdout is not None
-    threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
+    proc, lines = start_make_run("--engine", "llama.cpp")
     try:
         output = "".join(read_until(lines, "Press Ctrl-C"))
         assert "-> 2 llama-server processes (llama.cpp " in output, output
