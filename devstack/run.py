@@ -176,6 +176,9 @@ Send a request (any of the models: {", ".join(models)}):
     -H 'content-type: application/json' \\
     -d '{{"model": "{models[0]}", "messages": [{{"role": "user", "content": "Hello!"}}], "max_tokens": 32}}'
 
+Anthropic's Messages API too: the same with {gw.url}/v1/messages (and "max_tokens" required),
+or the official anthropic client with base_url="{gw.url}" (README, "The APIs served").
+
 Add -H 'x-gateway-decision: true' -i to see the EPP's choice (the chosen pod, then every pod's
 scores; open to any client here, for local development only), or
 -H 'x-gateway-inference-objective: batch' to pick a scheduling profile.

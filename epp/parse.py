@@ -8,7 +8,8 @@ instead of a body to decode. The second step, deciding with the picture (snapsho
 pick, admission, flow control, ledger), is `EppProcessor.on_parsed`, the same in both.
 
 What the parse does: the strict JSON decode, the scheduling fields (`epp.request.read_fields`:
-model, max_tokens, prompt text, previous response id, the first bad field) and the prompt's
+model, max_tokens, prompt text, previous response id, the first bad field; the request's path
+says whether the body is OpenAI's or Anthropic's Messages API) and the prompt's
 block hashes for the approximate prefix index, keyed by the model's base model and adapter as
 the configuration routes it (`ParseHints`). The deciding process uses those hashes only where
 they fit the key it would hash with (a rewrite to another model, pods reporting another KV block
@@ -34,7 +35,7 @@ from epp.scheduling.prefix import (
     prompt_hashes,
 )
 from extproc.body import decode_json_object
-from extproc.errors import ErrorResponse, bad_request
+from extproc.errors import ErrorResponse, bad_request, is_anthropic_path
 from extproc.headers import MODEL_HEADER
 
 # msgpack carries 64-bit integers; a JSON max_tokens beyond them only ever counts as "huge"
@@ -157,7 +158,7 @@ def parse_body(headers: Mapping[str, str], body: bytes, hints: ParseHints) -> Pa
     data = decode_json_object(body)
     if isinstance(data, ErrorResponse):
         return ParsedBody(body, error=data)
-    fields = read_fields(data)
+    fields = read_fields(data, messages_api=is_anthropic_path(headers.get(":path")))
     parsed = ParsedBody(body, fields=fields, _data=data)
     model = fields.model or headers.get(MODEL_HEADER)
     key = hints.key(model) if isinstance(model, str) else None

@@ -29,7 +29,15 @@ from epp.request import InferenceRequest, RequestError, request_from_fields
 from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.base import Decision
 from epp.scheduling.pd import pick_disaggregated
-from extproc.errors import ErrorResponse, bad_request, rate_limited, unavailable
+from extproc.errors import (
+    COUNT_TOKENS_PATH,
+    ErrorResponse,
+    bad_request,
+    is_anthropic_path,
+    rate_limited,
+    request_path,
+    unavailable,
+)
 from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import ModelRoute
@@ -97,7 +105,9 @@ class EppProcessor:
         if isinstance(request, ErrorResponse):
             self._ctx.telemetry.request_error(headers.get(MODEL_HEADER, ""), request.code)
             return request
-        request = await self._with_tokens(request)
+        if request_path(headers.get(":path")) == COUNT_TOKENS_PATH:
+            return self._count_tokens(request, headers, started)
+        request = await self._with_tokens(request, headers)
         self._parsed = request
         if self._ctx.empty_pool is not None and not self._ctx.pool.has_ready():
             held = await self._hold_while_empty(request)
@@ -156,12 +166,41 @@ class EppProcessor:
         )
         return replace(refusal, headers={"retry-after": str(config.admission.retry_after_s)})
 
-    async def _with_tokens(self, request: InferenceRequest) -> InferenceRequest:
+
+    def _count_tokens(
+        self, request: InferenceRequest, headers: dict[str, str], started: float
+    ) -> RequestRoute | ErrorResponse:
+        """`/v1/messages/count_tokens`: a pod of the model's pool tokenizes the prompt and runs
+        no inference, so it holds no batch slot or KV blocks. It goes to the scheduler's best
+        pod but is booked nowhere: no in-flight slot, ledger entry or prefix-index entry (that
+        pod caches nothing of it), and it is neither queued nor refused as saturated, since it
+        adds no load. Nothing is held, so `on_close` has nothing to return."""
+        self._parsed = request
+        decision = self._decision = self._pick(request, headers)
+        self._scheduling_s = time.perf_counter() - started
+        if not decision.ranked:
+            self._ctx.telemetry.request_error(request.model, "no_endpoint_available")
+            return unavailable(f"no endpoint can serve model '{request.model}': {decision.reason}")
+        destination = decision.ranked[0]
+        if self._ctx.header_policy.explain(headers):
+            self._explain = explain(decision, self._ctx.pool.endpoint(destination))
+        return RequestRoute(
+            set_headers={DESTINATION_HEADER: destination},
+            metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
+            clear_route_cache=True,
+        )
+
+    async def _with_tokens(self, request: InferenceRequest, headers: dict[str, str]) -> InferenceRequest:
         """The request with the engine's token ids, when its model has a tokenizer and its
         profile reads them (precise-prefix-cache); long new text is tokenized off the loop.
         Its prompt size becomes their count, so every scorer (predicted-ttft's prefill beside
-        the KV index's cached tokens) and the in-flight token accounting count real tokens."""
+        the KV index's cached tokens) and the in-flight token accounting count real tokens.
+        Not for Anthropic's Messages API: the engine renders its blocks (tools, tool calls) by
+        its own conversion, which the EPP does not reproduce, so those requests keep the
+        approximate prefix hashes."""
         tokenizers, body = self._ctx.tokenizers, self._body
+        if is_anthropic_path(headers.get(":path")):
+            return request
         if tokenizers is None or body is None or tokenizers.get(request.target_model) is None:
             return request
         if not self._ctx.scheduler.wants_tokens(request):
@@ -385,8 +424,8 @@ class EppProcessor:
         return self._explain is not None or self._ctx.conformance_test_mode
 
     def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
-        if self._address is None:
-            return None
+        if self._address is None:  # nothing booked (count_tokens): only the decision, if asked
+            return {DECISION_HEADER: self._explain} if self._explain else None
         status = headers.get(":status", "0")
         self._status = int(status) if status.isdigit() else 0
         if self._request is not None:

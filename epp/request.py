@@ -1,11 +1,13 @@
-"""The parsed view of one OpenAI-compatible request that scheduling reads.
+"""The parsed view of one inference request that scheduling reads.
 
-Parsed once per request from the JSON body; everything downstream (filters, scorers,
-admission, accounting) reads this record and never the raw body again.
+Parsed once per request from the JSON body of an OpenAI-compatible path or of Anthropic's
+Messages API (`/v1/messages`, `/v1/messages/count_tokens`); everything downstream (filters,
+scorers, admission, accounting) reads this record and never the raw body again.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -126,6 +128,76 @@ def prompt_text(body: Mapping[str, Any]) -> str:
         raise RequestError("'prompt' must be a string or an array of strings") from None
 
 
+# Keys of an Anthropic content block that do not change what the model reads: clients move
+# their `cache_control` breakpoint to the newest turn, so a turn's blocks must hash the same
+# with it as without it, or a conversation would not share its prefix with its previous turns.
+_PRESENTATION_KEYS = frozenset({"cache_control"})
+
+
+def _canonical(value: Any) -> str:
+    """A JSON value as one deterministic string (sorted keys, compact, no presentation keys)."""
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if k not in _PRESENTATION_KEYS}
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _block_text(block: Any, where: str) -> str:
+    """What the model reads of one Anthropic content block: a text block's (or thinking
+    block's) text, a tool call's name and input, a tool result's content; any other block
+    (image, document, ...) as its canonical JSON, so different sources hash differently."""
+    if not isinstance(block, Mapping):
+        raise RequestError(f"each {where} content block must be an object")
+    kind = block.get("type")
+    if kind == "text" and isinstance(block.get("text"), str):
+        return block["text"]
+    if kind == "thinking" and isinstance(block.get("thinking"), str):
+        return block["thinking"]
+    if kind == "tool_use":
+        return f"tool_use {block.get('name')}:{_canonical(block.get('input'))}"
+    if kind == "tool_result":
+        return "tool_result:" + _anthropic_content(block.get("content", ""), where)
+    return _canonical(block)
+
+
+def _anthropic_content(content: Any, where: str) -> str:
+    """A string, or an array of content blocks (their texts, one per line)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(f"{where} content must be a string or an array of content blocks")
+    return "\n".join(_block_text(block, where) for block in content)
+
+
+def messages_prompt_text(body: Mapping[str, Any]) -> str:
+    """The prompt of an Anthropic Messages API body (`/v1/messages`, its `count_tokens`), in the
+    order Anthropic's own prompt cache reads it: `tools`, then `system`, then `messages`, one
+    `role:text` line per message as the OpenAI shapes hash, so a multi-turn conversation shares
+    its prefix with its previous turns. Deterministic: tool definitions and non-text blocks are
+    canonical JSON (sorted keys), and `cache_control` markers are left out."""
+    parts: list[str] = []
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
+            raise RequestError("'tools' must be an array of objects")
+        parts.extend(f"tool:{_canonical(tool)}\n" for tool in tools)
+    system = body.get("system")
+    if system is not None:
+        if not isinstance(system, (str, list)):
+            raise RequestError("'system' must be a string or an array of text blocks")
+        parts.append(f"system:{_anthropic_content(system, 'system')}\n")
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise RequestError("'messages' must be an array")
+    for message in messages:
+        if not isinstance(message, Mapping):
+            raise RequestError("each message must be an object")
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise RequestError("each message needs a string 'role'")
+        parts.append(f"{role}:{_anthropic_content(message.get('content'), 'message')}\n")
+    return "".join(parts)
+
+
 @dataclass(frozen=True, slots=True)
 class BodyFields:
     """What scheduling reads of a decoded body, before any configuration is applied: pure and
@@ -148,9 +220,11 @@ def _model_field(value: Any) -> str | bool | None:
     return bool(value)
 
 
-def read_fields(body: Mapping[str, Any]) -> BodyFields:
+def read_fields(body: Mapping[str, Any], *, messages_api: bool = False) -> BodyFields:
     """The scheduling fields of a decoded body; a bad one is recorded in `error` (the fields
-    after it are left empty), as `parse_request` would raise it after checking the model."""
+    after it are left empty), as `parse_request` would raise it after checking the model.
+    `messages_api`: the body is Anthropic's (`/v1/messages`), whose prompt is read by
+    `messages_prompt_text`; its other fields (`model`, `max_tokens`, `stream`) are OpenAI's."""
     model = _model_field(body.get("model"))
     try:
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens", body.get("max_output_tokens")))
@@ -158,7 +232,7 @@ def read_fields(body: Mapping[str, Any]) -> BodyFields:
             raise RequestError("'max_tokens' must be an integer")
         if not isinstance(body.get("stream", False), bool):  # refused here, with a clear 400
             raise RequestError("'stream' must be a boolean")
-        text = prompt_text(body)
+        text = messages_prompt_text(body) if messages_api else prompt_text(body)
         previous = body.get("previous_response_id")
         if previous is not None and not isinstance(previous, str):
             raise RequestError("'previous_response_id' must be a string")
@@ -216,10 +290,11 @@ def parse_request(
     objective: str | None = None,
     priority: int = 0,
     session_key: str | None = None,
+    messages_api: bool = False,
 ) -> InferenceRequest:
     """Build the scheduling view of a decoded JSON body; raises RequestError on bad fields."""
     return request_from_fields(
-        read_fields(body),
+        read_fields(body, messages_api=messages_api),
         request_id=request_id,
         target_model=target_model,
         adapter=adapter,

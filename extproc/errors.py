@@ -1,13 +1,17 @@
-"""OpenAI-style JSON errors, as ext_proc ImmediateResponses.
+"""The gateway's JSON errors, as ext_proc ImmediateResponses, in the shape of the API asked.
 
-Clients of an OpenAI-compatible API parse `{"error": {"message", "type", "code"}}`; every
-refusal the gateway makes uses that shape so SDKs surface a readable message.
+Clients of an OpenAI-compatible API parse `{"error": {"message", "type", "code"}}`; clients of
+Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`) parse
+`{"type": "error", "error": {"type", "message"}}`. Every refusal is one `ErrorResponse`; the
+request's path picks the shape it is written in (`json_body(path)`), so SDKs of either API
+surface a readable message.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 # OpenAI's error `type` per HTTP status; anything else is a server error.
 _ERROR_TYPES = {
@@ -19,6 +23,40 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
     431: "invalid_request_error",
 }
+
+# Anthropic's Messages API: its paths, and its error `type` per HTTP status (its documented
+# errors; another 4xx is invalid_request_error, another 5xx api_error).
+MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+ANTHROPIC_PATHS = (MESSAGES_PATH, COUNT_TOKENS_PATH)
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def openai_error_type(status: int) -> str:
+    return _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def request_path(path: str | None) -> str:
+    """A request's `:path` without its query string."""
+    return (path or "").split("?", 1)[0]
+
+
+def is_anthropic_path(path: str | None) -> bool:
+    """Whether `path` (a `:path`, query string allowed) is one of Anthropic's Messages API."""
+    return request_path(path) in ANTHROPIC_PATHS
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,13 +70,25 @@ class ErrorResponse:
 
     @property
     def error_type(self) -> str:
-        return _ERROR_TYPES.get(
-            self.status, "server_error" if self.status >= 500 else "invalid_request_error"
-        )
+        """OpenAI's error type for the status."""
+        return openai_error_type(self.status)
 
-    def json_body(self) -> bytes:
-        payload = {"error": {"message": self.message, "type": self.error_type, "code": self.code}}
+    def json_body(self, path: str | None = None) -> bytes:
+        """The body for a request to `path`: Anthropic's shape on its paths, else OpenAI's."""
+        payload = error_payload(self.status, self.message, self.code, anthropic=is_anthropic_path(path))
         return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def error_payload(
+    status: int, message: str, code: str, *, anthropic: bool, error_type: str | None = None
+) -> dict[str, Any]:
+    """One error as a JSON object in either API's shape (the services' refusals and Envoy's own
+    replies, gateway/envoy_config.py, both write it here). OpenAI's carries `code` and
+    `error_type` (default: by status); Anthropic's has a type by status and no code."""
+    if anthropic:
+        return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    kind = error_type or openai_error_type(status)
+    return {"error": {"message": message, "type": kind, "code": code}}
 
 
 def bad_request(message: str, code: str = "invalid_request") -> ErrorResponse:

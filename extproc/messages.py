@@ -140,13 +140,14 @@ def continue_response_trailers() -> pb.ProcessingResponse:
     return pb.ProcessingResponse(response_trailers=pb.TrailersResponse())
 
 
-def immediate_response(error: ErrorResponse) -> pb.ProcessingResponse:
+def immediate_response(error: ErrorResponse, path: str | None = None) -> pb.ProcessingResponse:
+    """The refusal of a request to `path`, in that API's error shape (extproc/errors.py)."""
     headers = {"content-type": "application/json", **error.headers}
     return pb.ProcessingResponse(
         immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=error.status),
             headers=header_mutation(headers),
-            body=error.json_body(),
+            body=error.json_body(path),
             details=f"gateway_{error.code}",
         )
     )

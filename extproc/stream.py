@@ -208,7 +208,7 @@ class ExtProcStream:
         if self._size > limit:
             self._chunks.clear()
             self._phase = _Phase.REFUSED
-            yield messages.immediate_response(too_large(limit))
+            yield messages.immediate_response(too_large(limit), self._headers.get(":path"))
             return
         if data:
             self._chunks.append(data)
@@ -231,7 +231,7 @@ class ExtProcStream:
         outcome = await self.processor.on_request(self._headers, body)
         if isinstance(outcome, ErrorResponse):
             self._phase = _Phase.REFUSED
-            yield messages.immediate_response(outcome)
+            yield messages.immediate_response(outcome, self._headers.get(":path"))
             return
         self._phase = _Phase.FORWARDED
         if self._buffered and has_body:

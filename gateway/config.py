@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from extproc.errors import ANTHROPIC_PATHS
 from gateway.profiles import Profile, resolve_profiles
 from gateway.scheduling_params import Thresholds
 
@@ -372,9 +373,17 @@ class JwtAuth(_Model):
         return v
 
 
-# The OpenAI API the gateway serves. Anything else (vLLM's /v1/load_lora_adapter, /sleep,
-# /collective_rpc, /reset_prefix_cache, /metrics, ...) is answered 404 by Envoy itself.
-API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/models")
+# The APIs the gateway serves: OpenAI's, and Anthropic's Messages API (`/v1/messages` and its
+# `count_tokens`, which vLLM and SGLang serve too). Anything else (vLLM's /v1/load_lora_adapter,
+# /sleep, /collective_rpc, /reset_prefix_cache, /metrics, ...) is answered 404 by Envoy itself.
+API_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    *ANTHROPIC_PATHS,
+    "/v1/models",
+)
 MODELS_PATH = "/v1/models"  # answered by Envoy from the configuration, never by a pod
 
 

@@ -68,6 +68,8 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 from envoy_data_plane.google.protobuf import Any as AnyMessage
 from google.protobuf import json_format
 
+from extproc.errors import error_payload
+
 BodyMode = ProcessingModeBodySendMode  # NONE, STREAMED, BUFFERED, FULL_DUPLEX_STREAMED, ...
 TLS_SOCKET = "envoy.transport_sockets.tls"
 
@@ -216,10 +218,18 @@ def header(key: str, value: str) -> HeaderValueOption:
 
 
 def json_error_route(
-    name: str, match: RouteMatch, status: int, message: str, error_type: str, code: str
+    name: str,
+    match: RouteMatch,
+    status: int,
+    message: str,
+    error_type: str,
+    code: str,
+    *,
+    anthropic: bool = False,
 ) -> Route:
-    """A route answering with an OpenAI-style JSON error from Envoy itself."""
-    body = json.dumps({"error": {"message": message, "type": error_type, "code": code}})
+    """A route answering with a JSON error from Envoy itself: OpenAI's shape, or `anthropic`'s
+    (Anthropic's Messages API paths; extproc/errors.py writes both)."""
+    body = json.dumps(error_payload(status, message, code, anthropic=anthropic, error_type=error_type))
     return Route(
         name=name,
         match=match,

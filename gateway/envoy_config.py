@@ -120,6 +120,7 @@ from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPath
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Struct
 
+from extproc.errors import ANTHROPIC_PATHS, error_payload
 from extproc.headers import (
     CLAIM_HEADER,
     DESTINATION_HEADER,
@@ -332,8 +333,10 @@ def _ext_proc_filter(
     return http_filter(name, config)
 
 
-def _invalid_request(name: str, status: int, message: str, code: str, match: RouteMatch) -> Route:
-    return json_error_route(name, match, status, message, "invalid_request_error", code)
+def _invalid_request(
+    name: str, status: int, message: str, code: str, match: RouteMatch, *, anthropic: bool = False
+) -> Route:
+    return json_error_route(name, match, status, message, "invalid_request_error", code, anthropic=anthropic)
 
 
 def _models_list(config: GatewayConfig) -> str:
@@ -368,11 +371,15 @@ def _served_routes(config: GatewayConfig, topo: Topology) -> list[Route]:
     """
     paths = _pool_paths(config)
     if paths is None:  # allowAllPaths: any path and method goes to the pools
-        return [*_pool_routes(config, topo, _path_match(None)), *_no_route(_path_match(None))]
+        return [*_pool_routes(config, topo, _path_match(None)), *_no_routes(None)]
     routes: list[Route] = []
     if paths:
         routes += _pool_routes(config, topo, _with_headers(_path_match(paths), _method("POST")))
-        routes += _no_route(_with_headers(_path_match(paths), _method("POST")))
+        routes += _no_routes(paths, _method("POST"))
+        messages = _messages_paths(paths)
+        if messages:  # Anthropic's paths answer in Anthropic's error shape
+            refusal = _method_not_allowed("messages-method-not-allowed", _path_match(messages), "POST", True)
+            routes.append(_without_bbr(refusal, topo))
         routes.append(
             _without_bbr(_method_not_allowed("method-not-allowed", _path_match(paths), "POST"), topo)
         )
@@ -410,40 +417,57 @@ def _without_bbr(route: Route, topo: Topology) -> Route:
     return route
 
 
-def _method_not_allowed(name: str, match: RouteMatch, allowed: str) -> Route:
+def _method_not_allowed(name: str, match: RouteMatch, allowed: str, anthropic: bool = False) -> Route:
     """A served path with another method: a JSON 405 naming the one it takes (`allow`, RFC 9110)."""
-    route = _invalid_request(name, 405, f"this path takes {allowed} only", "method_not_allowed", match)
+    message = f"this path takes {allowed} only"
+    route = _invalid_request(name, 405, message, "method_not_allowed", match, anthropic=anthropic)
     route.response_headers_to_add.append(header("allow", allowed))
     return route
 
 
-def _no_route(match: RouteMatch) -> list[Route]:
+def _messages_paths(paths: list[str] | None) -> list[str]:
+    """Anthropic's Messages API paths among the served ones (all of them with `allowAllPaths`)."""
+    return [p for p in ANTHROPIC_PATHS if paths is None or p in paths]
+
+
+def _no_routes(paths: list[str] | None, *headers: HeaderMatcher) -> list[Route]:
+    """`_no_route` for the served paths (requests carrying `headers`), Anthropic's paths first
+    with its error shape."""
+    routes: list[Route] = []
+    messages = _messages_paths(paths)
+    if messages:
+        routes += _no_route(_with_headers(_path_match(messages), *headers), anthropic=True)
+    return routes + _no_route(_with_headers(_path_match(paths), *headers))
+
+
+def _no_route(match: RouteMatch, *, anthropic: bool = False) -> list[Route]:
     """After BBR (or the single-hop EPP) routed, no pool route took the request.
 
     With a model header, the model is one Envoy's routes do not know (yet: the services
     checked it against a configuration Envoy has not received): a 404 `model_not_found` naming
     it. Envoy substitutes the name into a JSON body, so it is escaped, never spliced. Without
-    one (no body to route on) the request named no model at all.
+    one (no body to route on) the request named no model at all. `anthropic`: the routes of
+    Anthropic's paths (named `no-route-messages...`), in its error shape.
     """
-    error = {
-        "message": f"The model '%REQ({MODEL_HEADER})%' has no route in this gateway",
-        "type": "not_found_error",
-        "code": "model_not_found",
-    }
+    name = "no-route-messages" if anthropic else "no-route"
+    message = f"The model '%REQ({MODEL_HEADER})%' has no route in this gateway"
+    error = error_payload(404, message, "model_not_found", anthropic=anthropic, error_type="not_found_error")
     unknown_model = Route(
-        name="no-route-model",
+        name=f"{name}-model",
         match=_with_headers(match, _present(MODEL_HEADER)),
         direct_response=DirectResponseAction(status=404, body_format=_json_body(error)),
     )
-    no_model = "no route: send an OpenAI-compatible JSON request with a 'model' field"
-    return [unknown_model, _invalid_request("no-route", 404, no_model, "route_not_found", match)]
+    api = "an Anthropic Messages API" if anthropic else "an OpenAI-compatible"
+    no_model = f"no route: send {api} JSON request with a 'model' field"
+    return [
+        unknown_model,
+        _invalid_request(name, 404, no_model, "route_not_found", match, anthropic=anthropic),
+    ]
 
 
-def _json_body(error: dict[str, str]) -> SubstitutionFormatString:
-    """An `{"error": ...}` JSON body with Envoy's substitutions (%REQ(...)%, ...) in its strings."""
-    return SubstitutionFormatString(
-        json_format=Struct.from_dict({"error": error}), content_type="application/json"
-    )
+def _json_body(payload: dict[str, Any]) -> SubstitutionFormatString:
+    """A JSON error body with Envoy's substitutions (%REQ(...)%, ...) in its strings."""
+    return SubstitutionFormatString(json_format=Struct.from_dict(payload), content_type="application/json")
 
 
 def _pool_routes(config: GatewayConfig, topo: Topology, path: RouteMatch) -> list[Route]:
@@ -670,42 +694,52 @@ _LOCAL_ERRORS: dict[int, tuple[str, str, str]] = {
 }
 
 
-def _mapper(expression: str, error_type: str, code: str, message: str) -> ResponseMapper:
+def _mapper(expression: str, payload: dict[str, Any]) -> ResponseMapper:
     cel = ExtensionFilter(
         name="envoy.access_loggers.extension_filters.cel",
         typed_config=pack(ExpressionFilter(expression=expression)),
     )
     return ResponseMapper(
-        filter=AccessLogFilter(extension_filter=cel),
-        body_format_override=_json_body({"message": message, "type": error_type, "code": code}),
+        filter=AccessLogFilter(extension_filter=cel), body_format_override=_json_body(payload)
     )
 
 
 def _local_reply_config() -> LocalReplyConfig:
     """Shape Envoy's own error replies (ext_proc down, upstream reset, no route, auth, limits)
-    as OpenAI JSON.
+    as JSON: Anthropic's error shape on its Messages API paths, OpenAI's elsewhere.
 
     Replies our services produced (details prefixed `gateway_`) and our direct responses are
     already JSON and pass through untouched.
     """
     ours = f"!response.code_details.startsWith('{ERROR_DETAILS_PREFIX}') && response.code_details != 'direct_response'"
-    mappers = [
-        _mapper(
-            f"{ours} && response.code == {status}",
-            error_type,
-            code,
-            f"{prefix}: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)",
+    messages = "request.url_path in [" + ", ".join(f"'{p}'" for p in ANTHROPIC_PATHS) + "]"
+    mappers: list[ResponseMapper] = []
+    for anthropic, where in ((True, f"{ours} && {messages}"), (False, ours)):  # first match wins
+        mappers += [
+            _mapper(
+                f"{where} && response.code == {status}",
+                error_payload(
+                    status,
+                    f"{prefix}: %LOCAL_REPLY_BODY% (%RESPONSE_CODE_DETAILS%)",
+                    code,
+                    anthropic=anthropic,
+                    error_type=error_type,
+                ),
+            )
+            for status, (error_type, code, prefix) in _LOCAL_ERRORS.items()
+        ]
+        mappers.append(
+            _mapper(
+                where,
+                error_payload(
+                    500,
+                    "the gateway could not complete the request (%RESPONSE_CODE_DETAILS%) %LOCAL_REPLY_BODY%",
+                    "%RESPONSE_CODE_DETAILS%",
+                    anthropic=anthropic,
+                    error_type="server_error",
+                ),
+            )
         )
-        for status, (error_type, code, prefix) in _LOCAL_ERRORS.items()
-    ]
-    mappers.append(
-        _mapper(
-            ours,
-            "server_error",
-            "%RESPONSE_CODE_DETAILS%",
-            "the gateway could not complete the request (%RESPONSE_CODE_DETAILS%) %LOCAL_REPLY_BODY%",
-        )
-    )
     return LocalReplyConfig(mappers=mappers)
 
 

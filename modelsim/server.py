@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from modelsim import anthropic_api
 from modelsim.clock import SimClock
 from modelsim.engine import Engine, Seq
 from modelsim.extra_api import (
@@ -211,6 +212,8 @@ class Pod:
                 web.post("/v1/completions", self._completions),
                 web.post("/v1/embeddings", self._embeddings),
                 web.post("/v1/responses", self._responses),
+                web.post("/v1/messages", self._messages),
+                web.post("/v1/messages/count_tokens", self._count_tokens),
                 web.get("/v1/models", self._models),
                 web.get("/health", self._health),
                 web.get("/metrics", self._metrics),
@@ -330,11 +333,14 @@ class Pod:
         self.faults = Faults(error_rate=self.faults.error_rate, stall_s=self.faults.stall_s)
         await self._listen(self.port)
 
-    async def _apply_faults(self) -> web.Response | None:
+    async def _apply_faults(
+        self, shape: Callable[[int, str], dict[str, Any]] = error_body
+    ) -> web.Response | None:
+        """A stall, or an injected 500 in the error shape of the path's API (`shape`)."""
         if self.faults.stall_s > 0:
             await self.clock.sleep(self.faults.stall_s)
         if self.faults.error_rate > 0 and self._rng.random() < self.faults.error_rate:
-            return _json(500, error_body(500, "simulated internal server error (fault injection)"), self.name)
+            return _json(500, shape(500, "simulated internal server error (fault injection)"), self.name)
         return None
 
     # ---- handlers --------------------------------------------------------------------------
@@ -638,6 +644,82 @@ class Pod:
             return await self._unary(req, seq, engine)
         finally:
             engine.abort(seq)
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic's Messages API: served as the chat completion it converts to (vLLM's way),
+        answered in Anthropic's shapes (modelsim/anthropic_api.py)."""
+        if "traceparent" in request.headers:
+            self.recent_traceparents.append(request.headers["traceparent"])
+        faulted = await self._apply_faults(anthropic_api.error_body)
+        if faulted is not None:
+            return faulted
+        try:
+            body = anthropic_api.chat_body(parse_json(await request.read()))
+            engine = self.engine_for(request.headers)
+            req, seq = self.admit(body, "chat", engine=engine)
+        except ApiError as exc:
+            return _json(exc.status, anthropic_api.error_body(exc.status, exc.message), self.name)
+        except ValueError as exc:
+            return _json(400, anthropic_api.error_body(400, str(exc)), self.name)
+        try:
+            if req.stream:
+                return await self._messages_stream(request, req, seq)
+            parts: list[str] = []
+            while (ev := await seq.events.get()).finish_reason is None:
+                parts.append(ev.text)
+            if ev.error is not None:
+                return _json(500, anthropic_api.error_body(500, ev.error), self.name)
+            answer = anthropic_api.message(
+                anthropic_api.new_message_id(),
+                req.served_model,
+                "".join(parts),
+                ev.finish_reason,
+                seq.num_prompt,
+                seq.num_output,
+            )
+            return _json(200, answer, self.name)
+        finally:
+            engine.abort(seq)
+
+    async def _messages_stream(
+        self, request: web.Request, req: GenerationRequest, seq: Seq
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", POD_HEADER: self.name}
+        )
+        await resp.prepare(request)
+        rid = anthropic_api.new_message_id()
+        with contextlib.suppress(ConnectionError):  # a vanished client ends the stream quietly
+            for event in anthropic_api.stream_start(rid, req.served_model, seq.num_prompt):
+                await resp.write(anthropic_api.sse(event))
+            while True:
+                ev = await seq.events.get()
+                if ev.error is not None:
+                    if self.faults.crashed:
+                        return resp
+                    await resp.write(anthropic_api.sse(anthropic_api.error_body(500, ev.error)))
+                    break
+                if ev.finish_reason is not None:
+                    for event in anthropic_api.stream_end(ev.finish_reason, seq.num_output):
+                        await resp.write(anthropic_api.sse(event))
+                    break
+                await resp.write(anthropic_api.sse(anthropic_api.text_delta(ev.text)))
+            await resp.write_eof()
+        return resp
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """`/v1/messages/count_tokens`: the prompt's token count; nothing runs on the engine."""
+        faulted = await self._apply_faults(anthropic_api.error_body)
+        if faulted is not None:
+            return faulted
+        c = self.config
+        try:
+            body = anthropic_api.chat_body(parse_json(await request.read()), count_only=True)
+            resolve_model(body, c.model, c.adapters)
+            ids = prompt_ids_of(body, "chat", self.tokenizer)
+        except ApiError as exc:
+            return _json(exc.status, anthropic_api.error_body(exc.status, exc.message), self.name)
+        return _json(200, {"input_tokens": len(ids)}, self.name)
 
     def admit(
         self, body: Any, kind: str, kv_from_remote: bool = False, engine: Engine | None = None

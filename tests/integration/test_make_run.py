@@ -7,13 +7,16 @@ from __future__ import annotations
 import queue
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
+import httpx2
 import yaml
 
 from gateway.profiles import BUILTIN_PROFILES
@@ -28,6 +31,21 @@ def read_until(lines: queue.Queue[str], marker: str, within: float = 120.0) -> l
         except queue.Empty:
             raise AssertionError(f"no {marker!r} within {within} s; output: {''.join(seen)}") from None
     return seen
+
+
+def anthropic_client_works(output: str) -> None:
+    """The official `anthropic` client through the gateway `make run` printed, streamed and not."""
+    curl = re.search(r"curl --cacert (\S+) (\S+)/v1/chat/completions", output)
+    assert curl is not None, output
+    ca, url = curl.groups()
+    with httpx2.Client(verify=ssl.create_default_context(cafile=ca), timeout=30) as http:
+        client = anthropic.Anthropic(base_url=url, api_key="unused", http_client=http, max_retries=0)
+        model = re.search(r"-d '\{\"model\": \"([^\"]+)\"", output).group(1)  # type: ignore[union-attr]
+        messages: list[anthropic.types.MessageParam] = [{"role": "user", "content": "Hello!"}]
+        answer = client.messages.create(model=model, max_tokens=4, messages=messages)
+        assert answer.type == "message" and answer.usage.output_tokens == 4
+        with client.messages.stream(model=model, max_tokens=4, messages=messages) as stream:
+            assert stream.get_final_message().usage.output_tokens == 4
 
 
 def start_make_run(*args: str) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
@@ -66,6 +84,7 @@ def test_make_run_names_its_workdir_shows_the_weights_and_removes_it_on_ctrl_c()
         assert pool["profiles"]["default"]["weights"] == shipped
         assert {"chat", "batch"} <= set(pool["profiles"])
         assert {ep["name"] for ep in pool["endpoints"]} <= {"llama-0", "llama-1", "qwen-0", "qwen-1"}
+        anthropic_client_works(output)
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0

@@ -135,6 +135,32 @@ async def test_body_over_the_buffer_limit_is_a_json_413_when_buffered(gateway: L
     assert after.status_code == 200, after.text[:300]  # the gateway carries on
 
 
+async def test_an_oversized_message_is_refused_in_anthropics_shape(gateway: LocalGateway) -> None:
+    """On Anthropic's Messages API path a refusal is in its error shape whoever makes it: buffered,
+    Envoy's own 413 past maxBufferedBodyBytes (a local reply, shaped like an EPP down or a failed
+    upstream); streamed, the pod's context-length 400, as vLLM answers on that path."""
+    size = BUFFER_LIMIT_BYTES + 512 * 1024
+    text = ("lorem ipsum dolor sit amet " * (size // 27 + 1))[:size]
+    body = {"model": LLAMA, "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
+    async with gateway.client() as client:
+        r = await client.post("/v1/messages", json=body)
+    assert r.headers["content-type"].startswith("application/json")
+    answer = r.json()
+    assert answer["type"] == "error", answer
+    if buffered(gateway):
+        assert r.status_code == 413, r.text[:300]
+        assert "x-modelsim-pod" not in r.headers
+        assert answer["error"]["type"] == "request_too_large"
+        assert answer["error"]["message"].startswith("request too large")
+    else:
+        assert r.status_code == 400, r.text[:300]
+        assert r.headers["x-modelsim-pod"].startswith("llama-")
+        assert (
+            answer["error"]["type"] == "invalid_request_error"
+            and "context length" in answer["error"]["message"]
+        )
+
+
 async def test_streaming_passes_through_chunk_by_chunk(gateway: LocalGateway) -> None:
     body = chat(LLAMA, stream=True, stream_options={"include_usage": True}, max_tokens=12)
     events: list[str] = []

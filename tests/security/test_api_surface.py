@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from devstack.launch import LocalGateway, start_local_gateway
+from extproc.errors import is_anthropic_path
 from gateway.config import API_PATHS, MODELS_PATH
 from tests.integration.conftest import FAST_FLEET, chat
 from tests.reliability.gateway_helpers import metric_value
@@ -171,21 +172,29 @@ def test_allow_all_paths_lets_the_other_endpoints_through(open_gateway: LocalGat
     assert status == 200, body[:300]
 
 
-def assert_envoy_405(status: int, headers: dict, body: bytes, method: str, allowed: str) -> None:
+def assert_envoy_405(
+    status: int, headers: dict, body: bytes, method: str, allowed: str, path: str = MODELS_PATH
+) -> None:
     assert status == 405, body[:300]
     assert headers["allow"] == allowed
     assert "x-modelsim-pod" not in headers
     assert headers["content-type"] == "application/json"
-    if method != "HEAD":  # a HEAD answer has no body
-        error = json.loads(body)["error"]
-        assert error["code"] == "method_not_allowed" and allowed in error["message"]
+    if method == "HEAD":  # a HEAD answer has no body
+        return
+    if is_anthropic_path(path):  # Anthropic's Messages API: its error shape, which has no code
+        answer = json.loads(body)
+        assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
+        assert allowed in answer["error"]["message"]
+        return
+    error = json.loads(body)["error"]
+    assert error["code"] == "method_not_allowed" and allowed in error["message"]
 
 
 def test_only_post_reaches_the_inference_paths(gateway: LocalGateway) -> None:
     before = nothing_reached_a_pod(gateway)
     for path in INFERENCE_PATHS:
         for method in ("GET", *OTHER_METHODS):
-            assert_envoy_405(*raw_request(gateway, method, path, BODY), method, "POST")
+            assert_envoy_405(*raw_request(gateway, method, path, BODY), method, "POST", path)
     for method in ("POST", "PUT", "DELETE"):
         assert_envoy_405(*raw_request(gateway, method, MODELS_PATH, None), method, "GET")
     assert nothing_reached_a_pod(gateway) == before, "a request reached a model server"
