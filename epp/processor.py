@@ -166,7 +166,6 @@ class EppProcessor:
         )
         return replace(refusal, headers={"retry-after": str(config.admission.retry_after_s)})
 
-
     def _count_tokens(
         self, request: InferenceRequest, headers: dict[str, str], started: float
     ) -> RequestRoute | ErrorResponse:
