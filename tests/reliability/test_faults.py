@@ -153,18 +153,20 @@ async def test_epp_killed_under_load_fail_close_answers_json_503_fail_open_keeps
     from then on. FailOpen: every request answered, by the pool's `fallback-<pool>` cluster once
     the EPP is gone (its EPP route runs the ext_proc in BUFFERED mode, the only mode where Envoy
     honours failure_mode_allow; a request whose held EPP stream dies goes on too)."""
-    async with gw.client() as client:
-        opened, closed = Load(client, QWEN, workers=3), Load(client, LLAMA, workers=3)
-        async with opened.running(), closed.running():
-            await until(lambda: min(opened.outcomes.total(), closed.outcomes.total()) >= 10, "load answered")
-            gw.procs[f"epp-{LLAMA_POOL}"].popen.kill()
-            gw.procs[f"epp-{QWEN_POOL}"].popen.kill()
-            killed = {"open": opened.outcomes.total(), "closed": closed.outcomes.total()}
-            await until(
-                lambda: opened.outcomes.total() >= killed["open"] + 20 and closed.outcomes[503] >= 20,
-                "20 more answers from each pool",
-            )
     try:
+        async with gw.client() as client:
+            opened, closed = Load(client, QWEN, workers=3), Load(client, LLAMA, workers=3)
+            async with opened.running(), closed.running():
+                await until(
+                    lambda: min(opened.outcomes.total(), closed.outcomes.total()) >= 10, "load answered"
+                )
+                gw.procs[f"epp-{LLAMA_POOL}"].popen.kill()
+                gw.procs[f"epp-{QWEN_POOL}"].popen.kill()
+                killed = {"open": opened.outcomes.total(), "closed": closed.outcomes.total()}
+                await until(
+                    lambda: opened.outcomes.total() >= killed["open"] + 20 and closed.outcomes[503] >= 20,
+                    "20 more answers from each pool",
+                )
         assert opened.failures() == {}, opened.outcomes
         # FailClose: JSON 503s; at most the requests in flight at the kill cut (their held EPP
         # stream died), none hung (`Load` ends).
