@@ -20,8 +20,9 @@ pool, which sets the model headers and the destination in one reply -> the pool'
 Pools with static endpoints use a STATIC cluster of exactly those pods with the OverrideHost
 load-balancing policy: the metadata value is `primary` or `primary,fallback1,fallback2` (ip:port,
 comma-separated, best first, IPv6 in brackets); each retry (connect failure, refused stream,
-reset or 503 before the response started, `_retry_policy`) takes the next address of the list,
-within the cluster's retry budget, and only cluster members can ever be chosen, so even a
+reset or 503 before the response started, `_retry_policy`) takes the next address of the list
+(past it, least-request among the other members), within the cluster's retry budget, and only
+cluster members can ever be chosen, so even a
 compromised EPP cannot send traffic outside the pool. Kubernetes-discovered pools keep
 ORIGINAL_DST (their pods are not known at render time): one address, no retry;
 `Topology.original_dst_pools` renders a static pool that way too, so the local gateway and
