@@ -22,9 +22,9 @@ load-balancing policy: the metadata value is `primary` or `primary,fallback1,fal
 comma-separated, best first, IPv6 in brackets); each retry (connect failure, refused stream,
 reset or 503 before the response started, `_retry_policy`) takes the next address of the list
 (past it, least-request among the other members), within the cluster's retry budget, and only
-cluster members can ever be chosen, so even a
-compromised EPP cannot send traffic outside the pool. Kubernetes-discovered pools keep
-ORIGINAL_DST (their pods are not known at render time): one address, no retry;
+cluster members can ever be chosen, so even a compromised EPP cannot send traffic outside the
+pool. Kubernetes-discovered pools keep ORIGINAL_DST (their pods are not known at render time):
+one address, no retry;
 `Topology.original_dst_pools` renders a static pool that way too, so the local gateway and
 its tests run the very cluster kind Kubernetes deployments use.
 """
@@ -164,8 +164,8 @@ RETRIABLE_STATUS_CODES = (503,)
 RETRIES = 2
 # Concurrent retries a pool cluster allows: this share of its active and pending requests, never
 # fewer than the floor (a burst of connect failures at low load). A retry counts from Envoy's
-# decision to the retried attempt's response headers, so a pool whose every pod fails is held
-# to about this share of extra attempts instead of tripling its load.
+# decision to the retried attempt's response headers: when every pod of a pool fails, the
+# retries in flight stay within this share of its requests instead of each being tried 3 times.
 RETRY_BUDGET_PERCENT = 20.0
 RETRY_BUDGET_MIN_CONCURRENCY = 16
 
