@@ -254,7 +254,10 @@ class PoolConfig(_Model):
     kubernetes: KubernetesDiscovery | None = None
     failure_mode: Literal["FailClose", "FailOpen"] = Field(default="FailClose", alias="failureMode")
     epp: EppAddress = Field(default_factory=EppAddress)
-    # Extra endpoints, ranked after the chosen one, that Envoy may retry on (0 = none).
+    # Extra endpoints, ranked after the chosen one, that Envoy retries on in that order (static
+    # pools; 0: a retry takes Envoy's least-request pick among the others). > 0 also sends the
+    # EPP the response headers, to move the accounting with the retry (docs/scheduling.md,
+    # "Retries"). Kubernetes pools (ORIGINAL_DST, one address): must be 0.
     fallback_endpoints: int = Field(default=0, ge=0, le=8, alias="fallbackEndpoints")
     kv_events: KvEventsConfig | None = Field(default=None, alias="kvEvents")
     # KV-cache capacity of each pod in tokens (e.g. TGI's --max-total-tokens): TGI publishes the

@@ -20,9 +20,11 @@ pool, which sets the model headers and the destination in one reply -> the pool'
 Pools with static endpoints use a STATIC cluster of exactly those pods with the OverrideHost
 load-balancing policy: the metadata value is `primary` or `primary,fallback1,fallback2` (ip:port,
 comma-separated, best first, IPv6 in brackets); each retry (connect failure, refused stream,
-reset before request) takes the next address of the list, and only cluster members can ever be
-chosen, so even a compromised EPP cannot send traffic outside the pool. Kubernetes-discovered
-pools keep ORIGINAL_DST (their pods are not known at render time) and use the first address;
+reset or 503 before the response started, `_retry_policy`) takes the next address of the list
+(past it, least-request among the other members), within the cluster's retry budget, and only
+cluster members can ever be chosen, so even a compromised EPP cannot send traffic outside the
+pool. Kubernetes-discovered pools keep ORIGINAL_DST (their pods are not known at render time):
+one address, no retry;
 `Topology.original_dst_pools` renders a static pool that way too, so the local gateway and
 its tests run the very cluster kind Kubernetes deployments use.
 """
@@ -41,6 +43,7 @@ from envoy_data_plane.envoy.config.accesslog.v3 import AccessLogFilter, Extensio
 from envoy_data_plane.envoy.config.cluster.v3 import (
     CircuitBreakers,
     CircuitBreakersThresholds,
+    CircuitBreakersThresholdsRetryBudget,
     Cluster,
     ClusterDiscoveryType,
     ClusterDnsLookupFamily,
@@ -117,7 +120,7 @@ from envoy_data_plane.envoy.extensions.transport_sockets.tls.v3 import (
 )
 from envoy_data_plane.envoy.type.matcher.v3 import RegexMatcher, StringMatcher
 from envoy_data_plane.envoy.type.metadata.v3 import MetadataKey, MetadataKeyPathSegment
-from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
+from envoy_data_plane.envoy.type.v3 import HttpStatus, Percent, StatusCode
 from envoy_data_plane.google.protobuf import Struct
 
 from extproc.errors import ANTHROPIC_PATHS, error_payload
@@ -152,9 +155,20 @@ EPP_FILTER = "gateway.epp"
 BBR_FILTER = "gateway.bbr"
 
 
-# A refused or reset connection to the picked pod moves to the next pod of the EPP's ranked list.
-RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+# A picked pod that fails before the response started (connection refused, stream refused or
+# reset, 503) moves the request to the next pod of the EPP's ranked list; Envoy cannot retry once
+# response headers went to the client, so a started stream is never run twice (docs/scheduling.md,
+# "Retries").
+RETRY_ON = "connect-failure,refused-stream,reset,retriable-status-codes"
+# 503 says "not now" (an overloaded or draining engine); a 500 may be the request's own fault.
+RETRIABLE_STATUS_CODES = (503,)
 RETRIES = 2
+# Concurrent retries a pool cluster allows: this share of its active and pending requests, never
+# fewer than the floor (a burst of connect failures at low load). A retry counts from Envoy's
+# decision to the retried attempt's response headers: when every pod of a pool fails, the
+# retries in flight stay within this share of its requests instead of each being tried 3 times.
+RETRY_BUDGET_PERCENT = 20.0
+RETRY_BUDGET_MIN_CONCURRENCY = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -516,12 +530,22 @@ def _pool_routes(config: GatewayConfig, topo: Topology, path: RouteMatch) -> lis
                 ),
             )
         )
-        fallback = f"fallback-{pool.name}" if pool.failure_mode == "FailOpen" else f"pool-{pool.name}"
+        # Only a FailOpen pool's request that its EPP could not route ever reaches this cluster
+        # (otherwise the EPP's reply re-routes it to `-picked`, or fails closed): plain balancing
+        # over the pool, where a failed pod is retried on another one, as on the picked route.
+        fail_open = pool.failure_mode == "FailOpen"
+        pick = RouteAction(
+            cluster=f"fallback-{pool.name}" if fail_open else f"pool-{pool.name}",
+            timeout=seconds(0),
+            idle_timeout=seconds(300),
+        )
+        if fail_open:
+            pick.retry_policy = _retry_policy()
         routes.append(
             Route(
                 name=f"{pool.name}-pick",
                 match=_with_headers(path, model_match),
-                route=RouteAction(cluster=fallback, timeout=seconds(0), idle_timeout=seconds(300)),
+                route=pick,
                 request_headers_to_remove=[CLAIM_HEADER, TENANT_CLAIM_HEADER],
                 typed_per_filter_config={EPP_FILTER: pack(epp_override)},
             )
@@ -566,9 +590,12 @@ def _single_hop_check(config: GatewayConfig, topo: Topology) -> tuple[str, int, 
 
 
 def _retry_policy() -> RetryPolicy:
-    """Only failures before the pod saw the request: a generation is never run twice."""
+    """Failures before the response started, on the next pod of the EPP's list: Envoy retries
+    only until it forwards response headers, so a client never sees two answers, and only while
+    the request body still fits its retry buffer (the listener's per-connection buffer)."""
     return RetryPolicy(
         retry_on=RETRY_ON,
+        retriable_status_codes=list(RETRIABLE_STATUS_CODES),
         num_retries=RETRIES,
         retry_host_predicate=[
             RetryPolicyRetryHostPredicate(
@@ -629,18 +656,21 @@ def _override_host(pool: PoolConfig, topo: Topology) -> bool:
     return False
 
 
-def _circuit_breakers() -> CircuitBreakers:
+def _circuit_breakers(*, retry_budget: bool = False) -> CircuitBreakers:
     """Envoy's default circuit breakers allow 3 concurrent retries and 1,024 requests per cluster.
     A pod refusing connections under concurrent load needs more than 3 retries at once (measured:
     the 4th got a 503 instead of the fallback pod), and LLM streams are long-lived, so a pool
-    easily holds more than 1,024 at once; the EPP's admission is the real limit."""
-    return CircuitBreakers(
-        thresholds=[
-            CircuitBreakersThresholds(
-                max_connections=100_000, max_pending_requests=100_000, max_requests=100_000, max_retries=1_000
-            )
-        ]
+    easily holds more than 1,024 at once; the EPP's admission is the real limit. Pool clusters
+    (`retry_budget`) bound their retries by a share of their load instead of a fixed count."""
+    limits = CircuitBreakersThresholds(
+        max_connections=100_000, max_pending_requests=100_000, max_requests=100_000, max_retries=1_000
     )
+    if retry_budget:  # Envoy then ignores max_retries
+        limits.retry_budget = CircuitBreakersThresholdsRetryBudget(
+            budget_percent=Percent(value=RETRY_BUDGET_PERCENT),
+            min_retry_concurrency=RETRY_BUDGET_MIN_CONCURRENCY,
+        )
+    return CircuitBreakers(thresholds=[limits])
 
 
 def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[Cluster]:
@@ -669,7 +699,7 @@ def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[Cluster]:
             )
         cluster.connect_timeout = seconds(2)
         cluster.per_connection_buffer_limit_bytes = topo.connection_buffer_bytes
-        cluster.circuit_breakers = _circuit_breakers()
+        cluster.circuit_breakers = _circuit_breakers(retry_budget=True)
         clusters.append(cluster)
         if pool.failure_mode == "FailOpen":
             endpoints = topo.fallback_endpoints.get(pool.name) or [ep.address for ep in pool.endpoints]
@@ -680,6 +710,7 @@ def _pool_clusters(config: GatewayConfig, topo: Topology) -> list[Cluster]:
                     lb_policy=ClusterLbPolicy.LEAST_REQUEST,
                     connect_timeout=seconds(2),
                     load_assignment=static_load_assignment(f"fallback-{pool.name}", endpoints),
+                    circuit_breakers=_circuit_breakers(retry_budget=True),
                 )
             )
     return clusters

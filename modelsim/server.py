@@ -62,6 +62,7 @@ class Faults:
     """Runtime fault knobs; ``stall_s`` is in simulated seconds (wall = stall_s / time_scale)."""
 
     error_rate: float = 0.0
+    error_status: int = 500  # the status of the requests `error_rate` fails (503: overloaded)
     stall_s: float = 0.0
     refuse: bool = False
     crashed: bool = False
@@ -71,6 +72,7 @@ class Faults:
     def as_dict(self) -> dict[str, Any]:
         return {
             "error_rate": self.error_rate,
+            "error_status": self.error_status,
             "stall_s": self.stall_s,
             "refuse": self.refuse,
             "crash": self.crashed,
@@ -272,7 +274,12 @@ class Pod:
         crash: bool | None = None,
         metrics_garbage: bool | None = None,
         metrics_delay_s: float | None = None,
+        error_status: int | None = None,
     ) -> Faults:
+        if error_status is not None:
+            if not 500 <= error_status <= 599:
+                raise ValueError("error_status must be a 5xx status")
+            self.faults.error_status = error_status
         if metrics_garbage is not None:
             self.faults.metrics_garbage = metrics_garbage
         if metrics_delay_s is not None:
@@ -330,17 +337,25 @@ class Pod:
             await pub.start()  # a new process: same ports, seq from 0, empty buffer
         for engine in self.ranks:
             engine.start()
-        self.faults = Faults(error_rate=self.faults.error_rate, stall_s=self.faults.stall_s)
+        self.faults = Faults(
+            error_rate=self.faults.error_rate,
+            error_status=self.faults.error_status,
+            stall_s=self.faults.stall_s,
+        )
         await self._listen(self.port)
 
     async def _apply_faults(
         self, shape: Callable[[int, str], dict[str, Any]] = error_body
     ) -> web.Response | None:
-        """A stall, or an injected 500 in the error shape of the path's API (`shape`)."""
+        """A stall, or an injected error (`error_status`, 500 by default) in the error shape of the
+        path's API (`shape`)."""
         if self.faults.stall_s > 0:
             await self.clock.sleep(self.faults.stall_s)
         if self.faults.error_rate > 0 and self._rng.random() < self.faults.error_rate:
-            return _json(500, shape(500, "simulated internal server error (fault injection)"), self.name)
+            status = self.faults.error_status
+            return _json(
+                status, shape(status, f"simulated server error {status} (fault injection)"), self.name
+            )
         return None
 
     # ---- handlers --------------------------------------------------------------------------
@@ -411,6 +426,7 @@ class Pod:
             kwargs: dict[str, Any] = {}
             for key, typ in (
                 ("error_rate", (int, float)),
+                ("error_status", int),
                 ("stall_s", (int, float)),
                 ("refuse", bool),
                 ("crash", bool),
@@ -424,6 +440,7 @@ class Pod:
                     kwargs[key] = v
             unknown = set(body) - {
                 "error_rate",
+                "error_status",
                 "stall_s",
                 "refuse",
                 "crash",

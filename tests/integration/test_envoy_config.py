@@ -104,6 +104,32 @@ def test_original_dst_pools_render_like_kubernetes_pools(tmp_path: Path) -> None
     assert "retry_policy" in picked["qwen-picked"]["route"]
 
 
+def test_retries_move_before_the_response_started_within_a_budget(tmp_path: Path) -> None:
+    """docs/scheduling.md, "Retries": a picked pod that refuses, resets or answers 503 before
+    its response started is retried (twice at most) on another host; the FailOpen fallback
+    cluster retries the same way; every pool cluster bounds concurrent retries by a budget."""
+    kube = {"name": "kube", "models": [{"name": "kube"}], "kubernetes": {"poolName": "kube"}}
+    topo = _topology(tmp_path, False)
+    topo = dataclasses.replace(topo, epps={**topo.epps, "kube": ("127.0.0.1", 19005)})
+    boot = render_bootstrap(parse_config({"pools": [*CONFIG["pools"], kube]}), topo)
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    routes = {
+        r["name"]: r["route"] for r in hcm["route_config"]["virtual_hosts"][0]["routes"] if "route" in r
+    }
+    for name in ("llama-picked", "qwen-picked", "qwen-pick"):  # the EPP's pick, the FailOpen fallback
+        policy = routes[name]["retry_policy"]
+        assert policy["retry_on"] == "connect-failure,refused-stream,reset,retriable-status-codes", name
+        assert (policy["retriable_status_codes"], policy["num_retries"]) == ([503], 2)
+        assert policy["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
+    # FailClose never reaches the `-pick` cluster; ORIGINAL_DST has one address to try.
+    assert "retry_policy" not in routes["llama-pick"] and "retry_policy" not in routes["kube-picked"]
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    for name in ("pool-llama", "pool-qwen", "fallback-qwen", "pool-kube"):
+        budget = clusters[name]["circuit_breakers"]["thresholds"][0]["retry_budget"]
+        assert budget == {"budget_percent": {"value": 20.0}, "min_retry_concurrency": 16}, name
+    assert "retry_budget" not in clusters["epp-llama"]["circuit_breakers"]["thresholds"][0]
+
+
 def test_original_dst_rendering_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     topo = _topology(tmp_path, False)
     with pytest.raises(ValueError, match="no such pool: mistral"):

@@ -23,6 +23,19 @@ async def test_error_rate_gives_json_500s(fleet: Fleet) -> None:
         assert (await c.post("/v1/completions", json=REQ)).status_code == 200
 
 
+async def test_error_status_makes_the_failures_503s(fleet: Fleet) -> None:
+    """What an overloaded engine answers; the gateway retries it on another pod."""
+    pod = fleet.pod("llama-0")
+    async with httpx.AsyncClient(base_url=pod.url) as c:
+        knobs = (await c.post("/sim/fault", json={"error_rate": 1.0, "error_status": 503})).json()
+        assert knobs["error_status"] == 503
+        r = await c.post("/v1/completions", json={**REQ, "stream": True})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailable"
+        assert (await c.post("/sim/fault", json={"error_status": 404})).status_code == 400
+        assert (await c.post("/sim/fault", json={"error_rate": 0.0, "error_status": 500})).status_code == 200
+        assert (await c.post("/v1/completions", json=REQ)).status_code == 200
+
+
 async def test_stall_delays_responses(fleet: Fleet) -> None:
     pod = fleet.pod("llama-0")
     async with httpx.AsyncClient(base_url=pod.url) as c:

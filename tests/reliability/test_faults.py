@@ -18,6 +18,7 @@ from devstack.launch import LocalGateway, dev_trust, grpc_serving, start_local_g
 from tests.integration.conftest import chat
 from tests.reliability.conftest import record_figures
 from tests.reliability.gateway_helpers import (
+    charged_where_served,
     debug_pool,
     pod_address,
     pod_fault,
@@ -25,6 +26,8 @@ from tests.reliability.gateway_helpers import (
     rejected_reloads,
     wait_for,
 )
+from tests.reliability.replica_helpers import Load
+from tests.waiting import until
 
 LLAMA, QWEN = "llama-3.1-8b-instruct", "qwen3-32b"
 LLAMA_POOL, QWEN_POOL = "llama-3-1-8b-instruct", "qwen3-32b"
@@ -100,32 +103,7 @@ async def test_a_request_walked_to_the_fallback_holds_its_inflight_slot_there(gw
     """Envoy reports the endpoint that served (`upstream.address`); when a retry walked the
     request past refused llama-0 (still refused from the test above), the EPP counts it on the
     fallback that serves it, not on llama-0, for as long as the answer streams."""
-    refused = pod_address(gw, "llama-0")
-    by_pod = {p["name"]: p["address"] for p in gw.pods}
-    # A long answer (~0.7 s of wall time at this fleet's time_scale), so that Envoy, which
-    # reads the upstream without waiting for this client, is still streaming it when the pool
-    # is read; a short one can end before a loaded machine gets to the read.
-    body = chat(LLAMA, stream=True, max_tokens=2000)
-    async with gw.client() as client:
-        for _ in range(30):  # the EPP ranks llama-0 first only some of the time
-            headers = {"x-gateway-decision": "true", **EVEN}
-            async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
-                assert r.status_code == 200
-                if ranked_addresses(r.headers["x-gateway-decision"])[0] != refused:
-                    continue
-                served = by_pod[r.headers["x-modelsim-pod"]]
-                chunks = r.aiter_bytes()
-                await anext(chunks)  # mid-stream: the slot is on the serving pod
-                pool = debug_pool(gw, LLAMA_POOL)
-                assert pool[refused]["inflight_requests"] == 0, pool[refused]
-                assert pool[served]["inflight_requests"] == 1, pool[served]
-                async for _ in chunks:
-                    pass
-            wait_for(
-                lambda s=served: debug_pool(gw, LLAMA_POOL)[s]["inflight_requests"] == 0, 10, "slot returned"
-            )
-            return
-    pytest.fail("the EPP never ranked the refused pod first in 30 requests")
+    await charged_where_served(gw, LLAMA_POOL, LLAMA, pod_address(gw, "llama-0"), EVEN)
 
 
 async def test_pod_killed_mid_stream_is_a_clean_truncation(gw: LocalGateway) -> None:
@@ -168,29 +146,47 @@ async def test_pod_killed_mid_stream_is_a_clean_truncation(gw: LocalGateway) -> 
     )
 
 
-async def test_epp_down_is_a_json_503_for_fail_close_and_served_by_the_fallback_for_fail_open(
+async def test_epp_killed_under_load_fail_close_answers_json_503_fail_open_keeps_serving(
     gw: LocalGateway,
 ) -> None:
-    """FailClose: JSON 503. FailOpen: the pool's `fallback-<pool>` cluster serves (its EPP route
-    runs the ext_proc in BUFFERED mode, the only mode where Envoy honours failure_mode_allow)."""
-    gw.procs[f"epp-{LLAMA_POOL}"].stop()
-    gw.procs[f"epp-{QWEN_POOL}"].stop()
+    """Both pools under load when their EPPs are killed (SIGKILL: no drain). FailClose: JSON 503
+    from then on. FailOpen: every request answered, by the pool's `fallback-<pool>` cluster once
+    the EPP is gone (its EPP route runs the ext_proc in BUFFERED mode, the only mode where Envoy
+    honours failure_mode_allow; a request whose held EPP stream dies goes on too)."""
     try:
+        async with gw.client() as client:
+            opened, closed = Load(client, QWEN, workers=3), Load(client, LLAMA, workers=3)
+            async with opened.running(), closed.running():
+                await until(
+                    lambda: min(opened.outcomes.total(), closed.outcomes.total()) >= 10, "load answered"
+                )
+                gw.procs[f"epp-{LLAMA_POOL}"].popen.kill()
+                gw.procs[f"epp-{QWEN_POOL}"].popen.kill()
+                killed = {"open": opened.outcomes.total(), "closed": closed.outcomes.total()}
+                await until(
+                    lambda: opened.outcomes.total() >= killed["open"] + 20 and closed.outcomes[503] >= 20,
+                    "20 more answers from each pool",
+                )
+        assert opened.failures() == {}, opened.outcomes
+        # FailClose: JSON 503s; at most the requests in flight at the kill cut (their held EPP
+        # stream died), none hung (`Load` ends).
+        cut = sum(n for k, n in closed.failures().items() if k != 503)
+        assert cut <= 3, closed.outcomes
         started = time.monotonic()
         async with gw.client() as client:
-            closed = await client.post("/v1/chat/completions", json=chat(LLAMA))
-            opened = await client.post("/v1/chat/completions", json=chat(QWEN))
+            closed_reply = await client.post("/v1/chat/completions", json=chat(LLAMA))
+            opened_reply = await client.post("/v1/chat/completions", json=chat(QWEN))
         answered_s = time.monotonic() - started
-        assert closed.status_code == 503, closed.text
-        assert closed.headers["content-type"] == "application/json"
-        assert closed.json()["error"]["type"] == "server_error"
-        assert opened.status_code == 200, opened.text
-        assert opened.headers["x-modelsim-pod"].startswith("qwen")
+        assert closed_reply.status_code == 503, closed_reply.text
+        assert closed_reply.headers["content-type"] == "application/json"
+        assert closed_reply.json()["error"]["type"] == "server_error"
+        assert opened_reply.status_code == 200, opened_reply.text
+        assert opened_reply.headers["x-modelsim-pod"].startswith("qwen")
         record_figures(
-            "epp_down",
+            "epp_killed_under_load",
             {
-                "fail_close": closed.status_code,
-                "fail_open": opened.status_code,
+                "fail_open": dict(opened.outcomes),
+                "fail_close": dict(closed.outcomes),
                 "answered_s": round(answered_s, 3),
             },
         )

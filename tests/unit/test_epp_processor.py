@@ -155,14 +155,18 @@ async def test_body_less_request_passes_through_untouched() -> None:
 
 
 async def test_a_retry_to_the_fallback_moves_the_inflight_slot_there() -> None:
+    """In-flight count, tokens and the ledger's commitment all move to the pod that served."""
     ctx = make_ctx()
     proc = EppProcessor(ctx)
     await proc.on_request({}, body())  # destination A,B
     proc.on_response_headers({":status": "200", "x-gateway-destination-endpoint-served": B})
-    inflight = {e.address: e.inflight_requests for e in ctx.pool.snapshot().endpoints}
-    assert inflight == {A: 0, B: 1}
+    snapshot = {e.address: e for e in ctx.pool.snapshot().endpoints}
+    assert {a: e.inflight_requests for a, e in snapshot.items()} == {A: 0, B: 1}
+    assert snapshot[A].inflight_tokens == 0 and snapshot[B].inflight_tokens > 0
+    assert [len(ctx.pool.ledger(a) or ()) for a in (A, B)] == [0, 1]
     proc.on_close(True)
     assert ctx.pool.inflight_total() == 0
+    assert [len(ctx.pool.ledger(a) or ()) for a in (A, B)] == [0, 0]
 
 
 async def test_any_model_is_scheduled_on_a_pool_that_accepts_any() -> None:
