@@ -65,6 +65,9 @@ class Ticket:
     band: str
     tenant: str
     max_wait_s: float
+    # `edf` ordering: seconds after arrival by which it should leave the queue (its latency
+    # objective, when shorter than the wait); None: `max_wait_s`.
+    due_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,14 +123,21 @@ def tenant_of(headers: Mapping[str, str], policy: HeaderPolicy, config: FlowCont
 
 
 def ticket_for(
-    priority: int, headers: Mapping[str, str], policy: HeaderPolicy, config: FlowControlConfig
+    priority: int,
+    headers: Mapping[str, str],
+    policy: HeaderPolicy,
+    config: FlowControlConfig,
+    slo_ttft_s: float | None = None,
 ) -> Ticket:
+    """`slo_ttft_s`: the request's latency objective (epp/scheduling/slo.py), which orders it in
+    an `edf` band; it still waits up to its band's bound (a critical answer late beats none)."""
     band = band_of(priority)
     max_wait_s = getattr(config, band).max_wait_ms / 1000.0
     asked = headers.get(DEADLINE_HEADER, "")
     if asked.isdigit():
         max_wait_s = min(max_wait_s, int(asked) / 1000.0)
-    return Ticket(band, tenant_of(headers, policy, config), max_wait_s)
+    due_s = slo_ttft_s if slo_ttft_s is not None and slo_ttft_s < max_wait_s else None
+    return Ticket(band, tenant_of(headers, policy, config), max_wait_s, due_s)
 
 
 @dataclass(eq=False, slots=True)
@@ -185,7 +195,8 @@ class FlowController:
         now = self.clock()
         label = self.metrics.label(ticket.tenant)
         entry = _Entry(attempt, self._new_future())
-        item = Waiting(ticket.band, ticket.tenant, now, now + ticket.max_wait_s, payload=entry)
+        due = ticket.max_wait_s if ticket.due_s is None else ticket.due_s
+        item = Waiting(ticket.band, ticket.tenant, now, now + due, payload=entry)
         if not self.queue.push(item):
             self.metrics.outcomes.labels(ticket.band, label, Outcome.OVERFLOW.value).inc()
             return Result(Outcome.OVERFLOW)

@@ -31,7 +31,8 @@ def band_of(priority: int) -> str:
 
 @dataclass(eq=False, slots=True)
 class Waiting:
-    """One queued request. `deadline`: when it stops waiting (a monotonic time, the caller's)."""
+    """One queued request. `deadline`: what `edf` orders by (a monotonic time, the caller's): when
+    it stops waiting, or earlier, when its latency objective runs out."""
 
     band: str
     tenant: str

@@ -238,7 +238,9 @@ class EppProcessor:
             self._decision = decision
             return self._route(request, decision, headers)
 
-        ticket = ticket_for(request.priority, headers, self._ctx.header_policy, config.flow_control)
+        ticket = ticket_for(
+            request.priority, headers, self._ctx.header_policy, config.flow_control, request.slo_ttft_s
+        )
         result: Result[RequestRoute | ErrorResponse] = await flow.wait(ticket, attempt)
         if result.outcome is Outcome.DISPATCHED and result.value is not None:
             return result.value

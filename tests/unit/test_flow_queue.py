@@ -119,6 +119,27 @@ def test_ticket_takes_the_band_bound_and_a_shorter_client_deadline() -> None:
     assert ticket_for(0, {"x-gateway-deadline-ms": "99999999"}, HeaderPolicy(), config).max_wait_s == 5.0
 
 
+def test_a_latency_objective_orders_the_request_but_keeps_its_bands_wait() -> None:
+    config = FlowControlConfig(enabled=True)
+    ticket = ticket_for(0, {}, HeaderPolicy(), config, slo_ttft_s=0.3)
+    assert (ticket.max_wait_s, ticket.due_s) == (5.0, 0.3)
+    assert ticket_for(0, {}, HeaderPolicy(), config, slo_ttft_s=30.0).due_s is None  # past the wait
+
+
+async def test_edf_serves_the_tighter_objective_first_whatever_the_arrival() -> None:
+    flow = FlowController(CollectorRegistry(), FlowControlConfig(enabled=True, ordering="edf"))
+    gate = Gate()
+    loose = asyncio.create_task(flow.wait(Ticket("standard", "t", 5.0, 4.0), gate.attempt("loose")))
+    await until(lambda: len(flow.queue) == 1, "loose queued")
+    tight = asyncio.create_task(flow.wait(Ticket("standard", "t", 5.0, 0.2), gate.attempt("tight")))
+    await until(lambda: len(flow.queue) == 2, "tight queued")
+    gate.open = 2
+    flow.signal()
+    await asyncio.gather(loose, tight)
+    assert gate.order == ["tight", "loose"]
+    await flow.stop()
+
+
 class Gate:
     """A pool stand-in for the controller: `open` slots of capacity, taken by attempts."""
 
