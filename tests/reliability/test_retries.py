@@ -31,17 +31,9 @@ from tests.reliability.gateway_helpers import (
     wait_for,
 )
 from tests.reliability.replica_helpers import envoy_counter
+from tests.reliability.test_faults import FLEET, LLAMA, LLAMA_POOL, QWEN, QWEN_POOL
 from tests.waiting import until
 
-LLAMA, LLAMA_POOL = "llama-3.1-8b-instruct", "llama-3-1-8b-instruct"
-QWEN, QWEN_POOL = "qwen3-32b", "qwen3-32b"
-FLEET = {
-    "time_scale": 20.0,
-    "pods": [
-        {"name": "llama", "model": LLAMA, "profile": "h100-llama3.1-8b", "replicas": 3},
-        {"name": "qwen", "model": QWEN, "profile": "h100x2-qwen3-32b", "replicas": 2},
-    ],
-}
 RETRIES = f"cluster.pool-{LLAMA_POOL}.upstream_rq_retry"
 # Idle pods tie under this profile (ties break at random), so the failing pod gets ranked first.
 EVEN = {"x-gateway-inference-objective": "even"}
