@@ -36,7 +36,9 @@ def test_tables_list_ours_first_with_spreads_and_skip_scenarios_without_objectiv
     assert "plain" not in table and "**slo-x**: slo-x fleet." in table
     rows = [line for line in table.splitlines() if line.startswith("| epp") or line.startswith("| oracle")]
     assert [r.split(" | ")[0] for r in rows] == ["| epp-slo", "| epp-default", "| oracle"]
-    assert rows[0].startswith("| epp-slo | 1,2,3 | 92.0 [90.0-95.0] | 82.0 [80.0-85.0] | 100.0 [100.0-100.0] ")
+    assert rows[0].startswith(
+        "| epp-slo | 1,2,3 | 92.0 [90.0-95.0] | 82.0 [80.0-85.0] | 100.0 [100.0-100.0] "
+    )
     assert "| 92.0 [90.0-95.0] |" in rows[0]  # goodput req/s
     assert "| 100 [50.0-150] |" in rows[0]  # TTFT P95 ms
     doc = tmp_path / "slo.md"
