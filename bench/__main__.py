@@ -7,6 +7,7 @@ python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-ca
 python -m bench sim --scenario bench/scenarios/uniform.yaml --policy epp-default --policy oracle
     [--seeds ...] [--pods-scale K] [--duration-s S]   # virtual time (bench/vtime/), no sleeps
 python -m bench sim-report                         # docs/benchmarks/virtual-time.md from the summaries
+python -m bench slo-report                         # docs/benchmarks/slo.md (latency objectives)
 python -m bench report [--summaries bench/summaries] [--mode quick] [--root .]   # README + docs/benchmarks*
     [--replicas-campaign DIR]                      # docs/benchmarks/replicas.md: real-time replicas campaign
 python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statistics only
@@ -61,6 +62,8 @@ from bench.micro.overhead import measure_overhead, render_overhead
 from bench.reports.pages import render_report
 from bench.reports.replicas import render_page as render_replicas_page
 from bench.reports.report import run_from, save_run, write_section
+from bench.reports.slo import add_parser as add_slo_report_parser
+from bench.reports.slo import cmd_slo_report
 from bench.vtime.cli import REPLICA_SUMMARIES, VIRTUAL_SUMMARIES, cmd_sim
 from bench.vtime.cli import add_parser as add_sim_parser
 from bench.vtime.report import DOC as VIRTUAL_DOC
@@ -367,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_sim_parser(sub)
     add_sim_report_parser(sub)
+    add_slo_report_parser(sub)
 
     rep = sub.add_parser(
         "report",
@@ -420,6 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_sim(args, run_seeds(args))
         if args.command == "sim-report":
             return cmd_sim_report(args)
+        if args.command == "slo-report":
+            return cmd_slo_report(args)
         if args.command == "trace":
             return cmd_trace(args)
         if args.command == "serve":

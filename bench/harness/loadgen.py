@@ -48,6 +48,7 @@ class RequestResult:
     error: str | None = None
     pod: str | None = None
     probe_s: float | None = None  # oracle probe time (PROBE_HEADER); see without_probe_time
+    slo_ttft_s: float | None = None  # the request's own TTFT objective (TraceRequest.slo_ttft_s)
 
     @property
     def ok(self) -> bool:
@@ -318,7 +319,7 @@ async def run_trace(
                 sem.release()
                 not_sent = len(entries) - i
                 break
-            result = RequestResult(index=i, tag=req.tag, scheduled_s=req.at_s)
+            result = RequestResult(index=i, tag=req.tag, scheduled_s=req.at_s, slo_ttft_s=req.slo_ttft_s)
             results.append(result)
             task = asyncio.create_task(guarded(req, result))
             tasks.add(task)

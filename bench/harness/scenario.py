@@ -52,6 +52,7 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
     "lora": {"adapters": int, "zipf_s": float, "adapter_prefix": str},
     "long_short": {"long_fraction": float, "long_input_tokens": int, "long_output_tokens": int},
     "priority_tenants": {"critical_fraction": float, "sheddable_fraction": float, "heavy_share": float},
+    "slo_mix": {"tight_fraction": float, "tight_ms": int, "loose_ms": int},
 }
 _ARRIVAL_KEYS: dict[str, dict[str, type]] = {
     "poisson": {"rate": float},
@@ -228,8 +229,12 @@ def parse_scenario(data: Any, mode: str = "quick", name: str = "") -> Scenario:
         missing = [name for name in missing if name not in served]
         if missing:
             raise _fail("workload.adapters", f"adapters not served by any pod: {', '.join(missing[:3])}...")
-    if workload.get("long_fraction", 0.0) > 1:
-        raise _fail("workload.long_fraction", "must be between 0 and 1")
+    for key in ("long_fraction", "tight_fraction"):
+        if workload.get(key, 0.0) > 1:
+            raise _fail(f"workload.{key}", "must be between 0 and 1")
+    for key in ("tight_ms", "loose_ms"):
+        if workload.get(key, 1) > 600_000:
+            raise _fail(f"workload.{key}", "must be at most 600000 (the header's bound)")
 
     arrivals_raw = _require("", merged, "arrivals")
     if not isinstance(arrivals_raw, Mapping):

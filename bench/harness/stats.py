@@ -184,6 +184,16 @@ def goodput(results: Sequence[RequestResult], slo_ttft_s: float | None) -> float
     return good / len(results)
 
 
+def slo_attainment(results: Sequence[RequestResult]) -> float | None:
+    """Share of the requests that carry their own TTFT objective (`slo_ttft_s`) whose TTFT met
+    it (failures and refusals count as misses); None when none carries one."""
+    asked = [r for r in results if r.slo_ttft_s is not None]
+    if not asked:
+        return None
+    met = sum(1 for r in asked if r.ok and r.ttft_s is not None and r.ttft_s <= (r.slo_ttft_s or 0.0))
+    return met / len(asked)
+
+
 def latency_stats(results: Sequence[RequestResult]) -> dict[str, Any]:
     """Counts, errors and TTFT / E2E / ITL P50-P95-P99 of a set of requests, JSON-ready."""
     ok = [r for r in results if r.ok]
@@ -215,6 +225,9 @@ def by_tag(results: Sequence[RequestResult], max_tags: int = 12) -> dict[str, di
         stats = latency_stats(mine)
         stats["refused_429"] = sum(1 for r in mine if r.status == 429)
         stats["output_tokens"] = sum(r.output_tokens for r in mine if r.ok)
+        attained = slo_attainment(mine)
+        if attained is not None:
+            stats["slo_attainment"] = attained
         out[tag] = stats
     return out
 
@@ -295,6 +308,11 @@ def phase_stats(
     steady_stats["goodput"] = goodput(steady, slo_ttft_s)
     good = None if steady_stats["goodput"] is None else steady_stats["goodput"] * len(steady)
     steady_stats["goodput_rps"] = good / w.length_s if good is not None and w.length_s > 0 else None
+    attained = slo_attainment(steady)
+    if attained is not None:  # requests with their own objectives: met / all, and met per second
+        steady_stats["slo_attainment"] = attained
+        met = attained * sum(1 for r in steady if r.slo_ttft_s is not None)
+        steady_stats["slo_goodput_rps"] = met / w.length_s if w.length_s > 0 else None
     lag = [r.lag_s for r in steady]
     steady_stats["lag_p99"] = percentile(lag, 99)
     steady_stats["lag_max"] = max(lag, default=None)

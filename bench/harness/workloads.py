@@ -9,7 +9,8 @@ Arrivals: Poisson, Gamma (vLLM's burstiness knob: gaps ~ Gamma(shape=b, scale=1/
 b=1 is Poisson, b<1 burstier) and "bursty" (a base rate with periodic spikes of k times it).
 Workloads: chat (ShareGPT-like lengths), sessions (multi-turn chat whose prompts grow turn by
 turn), docqa (questions over a few long documents), shared_prefix (inference-perf style
-groups), lora (Zipf popularity over many adapters) and long_short (long prompts among short).
+groups), lora (Zipf popularity over many adapters), long_short (long prompts among short) and
+slo_mix (chats each carrying a tight or a loose time-to-first-token objective).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from extproc.headers import SLO_TTFT_HEADER
 
 # Re-exported: the bench sizes and writes its text with modelsim's generator.
 from modelsim.pseudo_text import CHARS_PER_TOKEN as CHARS_PER_TOKEN
@@ -31,6 +34,12 @@ class TraceRequest:
     body: dict[str, Any]  # OpenAI chat-completions body (streaming, usage included)
     headers: dict[str, str] = field(default_factory=dict)
     tag: str = ""  # what generated it: "chat", "session-3/turn-2", "group-1", "lora-07", ...
+
+    @property
+    def slo_ttft_s(self) -> float | None:
+        """Its own time-to-first-token objective (`x-gateway-slo-ttft-ms`), seconds; None without."""
+        asked = self.headers.get(SLO_TTFT_HEADER)
+        return int(asked) / 1000.0 if asked is not None else None
 
 
 # ---------------------------------------------------------------- arrivals
@@ -281,6 +290,24 @@ def priority_tenants_workload(
     return out
 
 
+def slo_mix_workload(
+    times: list[float], p: Params, rng: random.Random, text: TextSource
+) -> list[TraceRequest]:
+    """ShareGPT-like chats, each with a time-to-first-token objective on `x-gateway-slo-ttft-ms`:
+    `tight_ms` for a `tight_fraction` of them (interactive), `loose_ms` for the rest (batch-like),
+    drawn independently; the tag is `tight` or `loose`, so summaries report each class apart."""
+    tight_fraction = float(p.get("tight_fraction", 0.3))
+    tight_ms, loose_ms = int(p.get("tight_ms", 100)), int(p.get("loose_ms", 1000))
+    out = []
+    for t in times:
+        tight = rng.random() < tight_fraction
+        n_in, n_out = sharegpt_lengths(rng)
+        body = chat_body(p["model"], [{"role": "user", "content": text.text(n_in, rng)}], n_out)
+        headers = {SLO_TTFT_HEADER: str(tight_ms if tight else loose_ms)}
+        out.append(TraceRequest(t, body, headers=headers, tag="tight" if tight else "loose"))
+    return out
+
+
 WORKLOADS: dict[str, Workload] = {
     "chat": chat_workload,
     "sessions": sessions_workload,
@@ -289,6 +316,7 @@ WORKLOADS: dict[str, Workload] = {
     "lora": lora_workload,
     "long_short": long_short_workload,
     "priority_tenants": priority_tenants_workload,
+    "slo_mix": slo_mix_workload,
 }
 ARRIVALS = ("poisson", "gamma", "bursty")
 

@@ -184,7 +184,9 @@ def simulate(
             track.routed.on_close(error is None)
 
     def land(index: int, req: TraceRequest) -> None:
-        r = RequestResult(index=index, tag=req.tag, scheduled_s=req.at_s, sent_s=req.at_s)
+        r = RequestResult(
+            index=index, tag=req.tag, scheduled_s=req.at_s, sent_s=req.at_s, slo_ttft_s=req.slo_ttft_s
+        )
         results.append(r)
         body = json.dumps(req.body, separators=(",", ":")).encode()
         started = time.process_time_ns()

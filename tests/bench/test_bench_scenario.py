@@ -29,6 +29,7 @@ def test_the_expected_scenarios_ship() -> None:
     assert {"mixed-gpu-qwen3-32b", "bursty-qwen3-235b"} <= names  # the AWS Qwen rows
     families = {"family-skewed-fleet", "family-tenant-prefix-kv", "family-bursty-mixed", "family-lora-tight"}
     assert families | {"kv-cache-wins"} <= names  # issue #11's held-out families
+    assert {"slo-mixed-gpu", "slo-uniform"} <= names  # issue #42's latency objectives
 
 
 def test_scenario_profiles_are_exactly_modelsims() -> None:
@@ -111,6 +112,15 @@ def test_invalid_fields_are_named(path: str, value: Any, named: str) -> None:
     with pytest.raises(ScenarioError) as err:
         parse_scenario(_with(path, value), "full")
     assert str(err.value).startswith(named + ":"), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("tight_fraction", 1.5), ("tight_ms", 600_001), ("loose_ms", 0), ("tight_ms", "80")]
+)
+def test_slo_mix_objectives_are_checked(key: str, value: Any) -> None:
+    data = _with("workload", {"kind": "slo_mix", "model": "m", key: value})
+    with pytest.raises(ScenarioError, match=rf"^workload.{key}:"):
+        parse_scenario(data, "full")
 
 
 def test_bursty_spike_geometry_is_checked() -> None:

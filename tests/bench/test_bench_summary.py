@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ import yaml
 
 from bench.harness.loadgen import RequestResult, without_probe_time
 from bench.harness.scenario import load_scenario
-from bench.harness.stats import goodput, phase_stats, steady_window, tokens_between
+from bench.harness.stats import goodput, phase_stats, slo_attainment, steady_window, tokens_between
 from bench.harness.summary import (
     PACKAGES,
     REPORTING_SEEDS,
@@ -64,6 +65,30 @@ def test_goodput_counts_failures_as_misses() -> None:
     results = [_req(0, 0, 0.1), _req(1, 1, 0.9), RequestResult(2, "t", 2, status=503, error="HTTP 503: x")]
     assert goodput(results, 0.5) == pytest.approx(1 / 3)
     assert goodput(results, None) is None and goodput([], 0.5) is None
+
+
+def test_slo_attainment_holds_each_request_to_its_own_objective() -> None:
+    # tight (0.1 s): met, missed, refused; loose (1 s): met at 0.9 s; one without an objective.
+    def asked(i: int, ttft: float, slo: float, tag: str) -> RequestResult:
+        return dataclasses.replace(_req(i, 10.0 + i, ttft), tag=tag, slo_ttft_s=slo)
+
+    refused = RequestResult(2, "tight", 12.0, 12.0, status=429, error="HTTP 429: x", slo_ttft_s=0.1)
+    results = [
+        asked(0, 0.05, 0.1, "tight"),
+        asked(1, 0.2, 0.1, "tight"),
+        refused,
+        asked(3, 0.9, 1.0, "loose"),
+    ]
+    assert slo_attainment(results) == pytest.approx(2 / 4)
+    assert slo_attainment([_req(0, 0, 0.1)]) is None  # no request asked for one
+    warm = [_req(100 + i, float(i), 5.0) for i in range(10)]  # arrivals 0-9 s: warm-up, no objective
+    steady = phase_stats([*warm, *results, _req(4, 14.0, 5.0)])["steady"]
+    assert steady["slo_attainment"] == pytest.approx(2 / 4)  # the request without one is left out
+    assert steady["slo_goodput_rps"] == pytest.approx(2 / (14.0 - 1.4))  # met per steady second
+    assert steady["by_tag"]["tight"]["slo_attainment"] == pytest.approx(1 / 3)
+    assert steady["by_tag"]["loose"]["slo_attainment"] == 1.0
+    assert "slo_attainment" not in steady["by_tag"]["t"]
+    assert "slo_attainment" not in phase_stats(warm)["steady"]
 
 
 def test_tokens_between_splits_a_request_across_the_boundary() -> None:

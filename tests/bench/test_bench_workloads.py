@@ -193,6 +193,17 @@ def test_lora_popularity_is_zipf_like() -> None:
     assert all(r.tag == r.body["model"] for r in trace)
 
 
+def test_slo_mix_tags_and_objectives() -> None:
+    workload = {"kind": "slo_mix", "model": MODEL, "tight_fraction": 0.3, "tight_ms": 80, "loose_ms": 1000}
+    trace = generate_trace(workload, {"rate": 40}, 50, seed=5)
+    tight = [r for r in trace if r.tag == "tight"]
+    assert len(tight) / len(trace) == pytest.approx(0.3, abs=0.04)
+    assert {r.headers["x-gateway-slo-ttft-ms"] for r in tight} == {"80"}
+    assert {r.slo_ttft_s for r in trace if r.tag == "loose"} == {1.0}
+    assert {r.tag for r in trace} == {"tight", "loose"}
+    assert generate_trace({"kind": "chat", "model": MODEL}, {"rate": 5}, 2, seed=5)[0].slo_ttft_s is None
+
+
 def test_long_short_mix_fraction_and_sizes() -> None:
     workload = {"kind": "long_short", "model": MODEL, "long_fraction": 0.2, "long_input_tokens": 5000}
     trace = generate_trace(workload, {"rate": 40}, 50, seed=4)
