@@ -1,6 +1,6 @@
-"""Latency objectives (epp/scheduling/slo.py and their use in the EPP): loose objectives leave
-the fast pods to tight ones, a request no pod can serve in time gets the least-bad pod or, when
-sheddable, a 429; only trusted callers may set an objective by header."""
+"""Latency objectives (epp/scheduling/slo.py and their use in the EPP): pods that meet the
+objective keep the profile's order, a request no pod can serve in time gets the least-bad pod
+or, when sheddable, a 429; only trusted callers may set an objective by header."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ FAST, SLOW = "10.0.0.1:8000", "10.0.0.2:8000"
 BODY = json.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi " * 200}]}).encode()
 
 
-def test_loose_objectives_take_the_least_headroom_and_missed_ones_the_least_bad() -> None:
+def test_pods_that_meet_keep_the_profiles_order_and_missed_ones_go_least_bad_first() -> None:
     preds = [0.05, 0.40, None, 0.20]
-    assert slo_order([0, 1, 2, 3], preds, 1.0) == ([1, 3, 0, 2], True)  # slowest that meets first
-    assert slo_order([0, 1, 2, 3], preds, 0.25) == ([3, 0, 1, 2], True)
+    assert slo_order([0, 1, 2, 3], preds, 1.0) == ([0, 1, 3, 2], True)  # all meet: the ranking
+    assert slo_order([1, 0, 2, 3], preds, 0.25) == ([0, 3, 1, 2], True)  # the best that meets
     assert slo_order([1, 0, 2, 3], preds, 0.01) == ([0, 3, 1, 2], False)  # none meets: least bad
     assert slo_order([2], preds, 1.0) == ([2], False)  # nothing predicted: nothing promised
 
@@ -61,9 +61,9 @@ async def test_without_an_objective_the_ranking_stands() -> None:
     assert isinstance(out, RequestRoute) and out.set_headers[DESTINATION_HEADER] == FAST
 
 
-async def test_a_loose_objective_goes_to_the_slower_pod_that_still_meets_it() -> None:
+async def test_a_loose_objective_keeps_the_profiles_pick() -> None:
     out = await route(make_ctx(), {SLO_TTFT_HEADER: "600000"})
-    assert isinstance(out, RequestRoute) and out.set_headers[DESTINATION_HEADER] == SLOW
+    assert isinstance(out, RequestRoute) and out.set_headers[DESTINATION_HEADER] == FAST
 
 
 async def test_an_objective_no_pod_meets_takes_the_least_bad_pod() -> None:
