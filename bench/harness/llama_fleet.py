@@ -97,19 +97,31 @@ def engine_record() -> dict[str, Any]:
 
 
 def parse_counters(page: str) -> dict[str, float]:
-    """The COUNTERS from one llama-server /metrics page (absent ones left out)."""
+    """The COUNTERS from one llama-server /metrics page (absent ones left out). On a vLLM-dialect
+    page (modelsim's, for the twin scenarios) the same two prompt figures from its prefix-cache
+    counters: hits are cached tokens, queries less hits computed ones."""
     out: dict[str, float] = {}
+    vllm: dict[str, float] = {}
     for family in text_string_to_metric_families(page):
         for sample in family.samples:
             name = sample.name.removeprefix("llamacpp:")
             if name in COUNTERS:
                 out[name] = float(sample.value)
+            elif sample.name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+                vllm[sample.name] = vllm.get(sample.name, 0.0) + float(sample.value)
+    if not out and len(vllm) == 2:
+        hits = vllm["vllm:prefix_cache_hits_total"]
+        out = {
+            "prompt_tokens_total": vllm["vllm:prefix_cache_queries_total"] - hits,
+            "prompt_tokens_cached_total": hits,
+        }
     return out
 
 
 async def engine_counters(urls: Sequence[str]) -> dict[str, Any] | None:
     """Each pod's counters and the fleet's prompt-cache hit share (cached / (cached + computed)
-    prompt tokens); None when a page cannot be read or is not llama-server's."""
+    prompt tokens); None when a page cannot be read or has neither llama-server's counters nor
+    vLLM's prefix-cache ones."""
     pods: dict[str, dict[str, float]] = {}
     try:
         async with httpx.AsyncClient(timeout=5) as client:
