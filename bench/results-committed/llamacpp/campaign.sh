@@ -7,8 +7,8 @@
 set -e
 POLICIES="--policy round-robin --policy epp-default --policy sglang-cache_aware --policy vllm-cache_aware"
 OUT="--summaries bench/results-committed/llamacpp/summaries --no-progress"
-for scenario in llama-sessions llama-sessions-hetero; do
-  for seed in 1 2 3; do
+for seed in 1 2 3; do
+  for scenario in llama-sessions llama-sessions-hetero; do
     python -m bench run --scenario bench/scenarios/$scenario.yaml $POLICIES --seed $seed $OUT
     python -m bench run --scenario bench/scenarios/$scenario-sim.yaml $POLICIES --seed $seed --fleet-tokenizer $OUT
   done
