@@ -60,8 +60,11 @@ def _baseline(policies: Mapping[str, Runs]) -> Runs | None:
 
 def _ordered(policies: Mapping[str, Runs]) -> list[tuple[str, Runs]]:
     """Round-robin first, then ours, then the peers."""
-    rank = {BASELINE: 0, "epp": 1}
-    return sorted(policies.items(), key=lambda kv: (rank.get(kv[0].split("+")[0].split("-")[0], 2), kv[0]))
+
+    def rank(name: str) -> int:
+        return 0 if name.startswith(BASELINE) else 1 if name.startswith("epp-") else 2
+
+    return sorted(policies.items(), key=lambda kv: (rank(kv[0]), kv[0]))
 
 
 def render_scenario(name: str, policies: Mapping[str, Runs]) -> str:
