@@ -141,13 +141,13 @@ def test_the_report_shows_the_engine_cache_and_flags_twin_differences() -> None:
     }
     table = render_scenario("llama-x", real)
     assert table.index("| round-robin+tok") < table.index("| epp-default+tok")
-    assert "500 ms (-50 %)" in table and "| 50 % |" in table
+    assert "| 500 ms [500-500] (-50 %) |" in table and "| 50 % [50-50] |" in table
     assert "llama.cpp 0c1e570 (test)" in table
     comparison = render_comparison({"llama-x": real, "llama-x-sim": twin})
     rows = {line.split(" | ")[1]: line for line in comparison.splitlines() if line.startswith("| llama-x")}
     assert "| +10 % |" in rows["round-robin+tok"]  # within 15 %: not flagged
     assert "**-50 %**" in rows["epp-default+tok"]
-    assert "50 % / 60 %" in rows["epp-default+tok"]
+    assert "50 % [50-50] / 60 % [60-60]" in rows["epp-default+tok"]
 
 
 @pytest.mark.integration
