@@ -51,6 +51,21 @@ def _tokens(s: Spread | None) -> str:
     return text if s.n == 1 else text + f" [{s.lo:,.0f}-{s.hi:,.0f}]"
 
 
+def _load_split(runs: Runs) -> str:
+    """Each engine's share of the output tokens (in the fleet's pod order), medians over seeds:
+    where the router sent the work (the engines send no pod header to attribute requests by)."""
+    shares: list[list[float]] = []
+    for r in runs:
+        pods = list(((r["run"].get("engine_counters") or {}).get("pods") or {}).values())
+        out = [float(p.get("tokens_predicted_total", 0.0)) for p in pods]
+        if out and sum(out) > 0:
+            shares.append([v / sum(out) for v in out])
+    if not shares or len({len(s) for s in shares}) != 1:
+        return "n/a"
+    medians = [Spread.of(s[i] for s in shares) for i in range(len(shares[0]))]
+    return " / ".join(f"{m.median * 100:.0f} %" for m in medians if m is not None)
+
+
 def _baseline(policies: Mapping[str, Runs]) -> Runs | None:
     for name in (BASELINE, f"{BASELINE}+tok"):
         if name in policies:
@@ -81,8 +96,8 @@ def render_scenario(name: str, policies: Mapping[str, Runs]) -> str:
     lines += [
         "",
         "| policy | seeds | requests (steady) | TTFT P50 | TTFT P95 | sustained tok/s | errors "
-        "| prompt-cache hit share (engine) | prompt tokens computed (engine) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| prompt-cache hit share (engine) | prompt tokens computed (engine) | output tokens per engine |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = _baseline(policies)
     for policy, runs in _ordered(policies):
@@ -101,7 +116,7 @@ def render_scenario(name: str, policies: Mapping[str, Runs]) -> str:
             f"| {policy} | {', '.join(str(r['seed']) for r in runs)} | {requests.median if requests else 0:,.0f} | "
             + " | ".join(cells)
             + f" | {errors} | {_share(_hit_share(runs))} "
-            f"| {_tokens(Spread.of(_counter(r, 'prompt_tokens_computed') for r in runs))} |"
+            f"| {_tokens(Spread.of(_counter(r, 'prompt_tokens_computed') for r in runs))} | {_load_split(runs)} |"
         )
     lines += [
         "",
@@ -114,7 +129,8 @@ def render_scenario(name: str, policies: Mapping[str, Runs]) -> str:
             if "engine" in first["run"]
             else "the simulated pods' `vllm:prefix_cache_hits` over `vllm:prefix_cache_queries` (tokens), "
             "read after each run (whole run)."
-        ),
+        )
+        + " Output tokens per engine: each engine's share of the tokens generated, in the fleet's order.",
     ]
     engines = sorted(
         {str(r["run"]["engine"]["version"]) for rs in policies.values() for r in rs if "engine" in r["run"]}
