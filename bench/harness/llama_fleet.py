@@ -39,7 +39,14 @@ LLAMA_POD_KEYS: dict[str, type] = {
     "replicas": int,
 }
 # llama-server's counters (`llamacpp:` prefix) a summary keeps, by their short name.
-COUNTERS = ("prompt_tokens_total", "prompt_tokens_cached_total", "tokens_predicted_total", "n_decode_total")
+COUNTERS = (
+    "prompt_tokens_total",
+    "prompt_tokens_cached_total",
+    "prompt_seconds_total",  # wall seconds of prefill steps: the run's own prefill cost per token
+    "tokens_predicted_total",
+    "tokens_predicted_seconds_total",
+    "n_decode_total",
+)
 
 
 def is_llama_fleet(fleet: Mapping[str, Any]) -> bool:
