@@ -66,6 +66,26 @@ def _load_split(runs: Runs) -> str:
     return " / ".join(f"{m.median * 100:.0f} %" for m in medians if m is not None)
 
 
+def _paid(runs: Runs) -> str:
+    """What the engines paid per token during the run (their own seconds counters, all engines):
+    prefill ms per computed prompt token / ms per generated token; n/a where not recorded."""
+
+    def per_token(seconds: str, tokens: str) -> Spread | None:
+        values = []
+        for r in runs:
+            pods = ((r["run"].get("engine_counters") or {}).get("pods") or {}).values()
+            secs, toks = sum(p.get(seconds, 0.0) for p in pods), sum(p.get(tokens, 0.0) for p in pods)
+            if any(seconds in p for p in pods) and toks:
+                values.append(secs / toks * 1000)
+        return Spread.of(values)
+
+    prefill = per_token("prompt_seconds_total", "prompt_tokens_total")
+    decode = per_token("tokens_predicted_seconds_total", "tokens_predicted_total")
+    if prefill is None or decode is None:
+        return "n/a"
+    return f"{prefill.median:.2f} / {decode.median:.2f} ({prefill.n} seed{'s' if prefill.n > 1 else ''})"
+
+
 def _baseline(policies: Mapping[str, Runs]) -> Runs | None:
     for name in (BASELINE, f"{BASELINE}+tok"):
         if name in policies:
@@ -96,8 +116,9 @@ def render_scenario(name: str, policies: Mapping[str, Runs]) -> str:
     lines += [
         "",
         "| policy | seeds | requests (steady) | TTFT P50 | TTFT P95 | sustained tok/s | errors "
-        "| prompt-cache hit share (engine) | prompt tokens computed (engine) | output tokens per engine |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| prompt-cache hit share (engine) | prompt tokens computed (engine) | output tokens per engine "
+        "| ms per prompt / output token (engine) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = _baseline(policies)
     for policy, runs in _ordered(policies):
@@ -116,7 +137,7 @@ def render_scenario(name: str, policies: Mapping[str, Runs]) -> str:
             f"| {policy} | {', '.join(str(r['seed']) for r in runs)} | {requests.median if requests else 0:,.0f} | "
             + " | ".join(cells)
             + f" | {errors} | {_share(_hit_share(runs))} "
-            f"| {_tokens(Spread.of(_counter(r, 'prompt_tokens_computed') for r in runs))} | {_load_split(runs)} |"
+            f"| {_tokens(Spread.of(_counter(r, 'prompt_tokens_computed') for r in runs))} | {_load_split(runs)} | {_paid(runs)} |"
         )
     lines += [
         "",
@@ -130,7 +151,10 @@ def render_scenario(name: str, policies: Mapping[str, Runs]) -> str:
             else "the simulated pods' `vllm:prefix_cache_hits` over `vllm:prefix_cache_queries` (tokens), "
             "read after each run (whole run)."
         )
-        + " Output tokens per engine: each engine's share of the tokens generated, in the fleet's order.",
+        + " Output tokens per engine: each engine's share of the tokens generated, in the fleet's order."
+        " ms per token: what the engines paid during the run, from their own counters"
+        " (`prompt_seconds_total` / `prompt_tokens_total`, `tokens_predicted_seconds_total` /"
+        " `tokens_predicted_total`, all engines; medians over the seeds that recorded them).",
     ]
     engines = sorted(
         {str(r["run"]["engine"]["version"]) for rs in policies.values() for r in rs if "engine" in r["run"]}
