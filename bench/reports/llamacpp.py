@@ -53,11 +53,15 @@ def _tokens(s: Spread | None) -> str:
 
 def _load_split(runs: Runs) -> str:
     """Each engine's share of the output tokens (in the fleet's pod order), medians over seeds:
-    where the router sent the work (the engines send no pod header to attribute requests by)."""
+    where the router sent the work (the engines send no pod header to attribute requests by);
+    on simulated pods, their share of the steady window's requests (by pod name)."""
     shares: list[list[float]] = []
     for r in runs:
         pods = list(((r["run"].get("engine_counters") or {}).get("pods") or {}).values())
         out = [float(p.get("tokens_predicted_total", 0.0)) for p in pods]
+        if not sum(out):  # simulated pods: their share of the steady window's requests
+            share = stat(r, "steady.pod_share") or {}
+            out = [float(share[name]) for name in sorted(share)]
         if out and sum(out) > 0:
             shares.append([v / sum(out) for v in out])
     if not shares or len({len(s) for s in shares}) != 1:
@@ -151,7 +155,8 @@ def render_scenario(name: str, policies: Mapping[str, Runs]) -> str:
             else "the simulated pods' `vllm:prefix_cache_hits` over `vllm:prefix_cache_queries` (tokens), "
             "read after each run (whole run)."
         )
-        + " Output tokens per engine: each engine's share of the tokens generated, in the fleet's order."
+        + " Output tokens per engine: each engine's share of the tokens generated, in the fleet's order"
+        " (simulated pods: their share of the steady window's requests)."
         " ms per token: what the engines paid during the run, from their own counters"
         " (`prompt_seconds_total` / `prompt_tokens_total`, `tokens_predicted_seconds_total` /"
         " `tokens_predicted_total`, all engines; medians over the seeds that recorded them).",
