@@ -22,7 +22,7 @@ from bench.harness.llama_fleet import (
     server_specs,
 )
 from bench.harness.scenario import ScenarioError, load_scenario, parse_scenario
-from bench.reports.llamacpp import render_comparison, render_scenario
+from bench.reports.llamacpp import DOC, SUMMARIES, render_comparison, render_scenario, write_doc
 from devstack.llamacpp.model import MODEL_NAME
 from devstack.llamacpp.server import ServerSpec, missing_engine, server_argv
 
@@ -173,3 +173,12 @@ def test_a_llama_fleet_starts_fresh_and_its_counters_are_read() -> None:
         assert engine_record()["version"].startswith("llama.cpp ")
 
     asyncio.run(run())
+
+
+def test_the_committed_page_is_the_generated_one(tmp_path: Path) -> None:
+    """`python -m bench.reports.llamacpp` on the committed summaries changes nothing."""
+    page = tmp_path / "llamacpp.md"
+    committed = (ROOT / DOC).read_text()
+    page.write_text(committed)
+    write_doc(ROOT / SUMMARIES, page)
+    assert page.read_text() == committed, "run `python -m bench.reports.llamacpp` and commit the page"
