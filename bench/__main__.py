@@ -34,6 +34,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bench.harness.fleet import FleetNeeds, fleet_lag, fleet_with, running_fleet_pods
+from bench.harness.llama_fleet import engine_counters, engine_record, is_llama_fleet, running_llama_fleet
 from bench.harness.loadgen import (
     LoadGenConfig,
     RequestResult,
@@ -89,8 +90,16 @@ async def _workers(
     if urls:
         yield list(urls), []
         return
+    if is_llama_fleet(scenario.fleet):
+        async with running_llama_fleet(scenario.fleet) as pods:
+            yield [f"http://{pod['address']}" for pod in pods], pods
+        return
     async with running_fleet_pods(fleet_with(scenario.fleet, needs)) as pods:
         yield [f"http://{pod['address']}" for pod in pods], pods
+
+
+# llama-server tokenizes with the tiny model's tokenizer, the shipped one: a tokenizing fleet.
+LLAMA_TOKENIZES = FleetNeeds(tokenizer=True)
 
 
 def run_fleet_needs(args: argparse.Namespace) -> FleetNeeds:
@@ -100,7 +109,10 @@ def run_fleet_needs(args: argparse.Namespace) -> FleetNeeds:
     target on the bench's text, the approximate ids 0.93-0.98x: `python -m bench.probes.token_parity`),
     so a policy compared with a precise one runs on the same fleet: in the same run, or with
     --fleet-tokenizer."""
-    return fleet_needs(list(args.policy)) | FleetNeeds(args.fleet_kv_events, args.fleet_tokenizer)
+    needs = fleet_needs(list(args.policy)) | FleetNeeds(args.fleet_kv_events, args.fleet_tokenizer)
+    if is_llama_fleet(load_scenario(args.scenario, args.mode).fleet):
+        needs = needs | LLAMA_TOKENIZES
+    return needs
 
 
 def run_label(policy: str, needs: FleetNeeds) -> str:
@@ -144,6 +156,7 @@ async def run_policy(
         ) as bar:
             run = await run_trace(trace, config, on_done=lambda _: bar.update())
         lag = await fleet_lag(ctx.worker_urls)
+        counters = await engine_counters(ctx.worker_urls)  # llama-server's own; None on modelsim
         if plan:
             pinning = record(plan, router, bool(args.worker_urls))
     finally:
@@ -188,6 +201,10 @@ async def run_policy(
         "fleet_options": ctx.fleet_needs.describe(),
         "cpu_pinning": pinning,  # None: the router shared every CPU with the harness
     }
+    if is_llama_fleet(scenario.fleet):
+        info["engine"] = engine_record()
+    if counters is not None:
+        info["engine_counters"] = counters
     summary = build_summary(
         scenario=scenario,
         policy=label,
@@ -250,7 +267,11 @@ async def cmd_run(args: argparse.Namespace) -> int:
         print("--label names one policy's runs; give exactly one --policy", file=sys.stderr)
         return 2
     needs = run_fleet_needs(args)
-    if args.worker_urls and (needs.kv_events or needs.tokenizer):
+    llama = is_llama_fleet(load_scenario(args.scenario, args.mode).fleet)
+    if needs.kv_events and llama:
+        print("llama-server publishes no KV events: drop the precise policies", file=sys.stderr)
+        return 2
+    if args.worker_urls and (needs.kv_events or (needs.tokenizer and not llama)):
         print(
             f"the run needs the harness's fleet ({needs.describe()}): KV-event ports and the"
             " tokenizer are set when it starts the pods; drop --worker-urls",

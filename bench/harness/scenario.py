@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from bench.harness.llama_fleet import ENGINE as LLAMA_ENGINE
+from bench.harness.llama_fleet import LLAMA_POD_KEYS, check_llama_pod
 from bench.harness.workloads import ARRIVALS, WORKLOADS, TraceRequest, generate_trace
 
 PROFILES = (
@@ -75,6 +77,9 @@ _POD_KEYS = {
     "adapters": list,
     "max_loras": int,
     "num_gpu_blocks": int,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "max_model_len": int,
     "t0_ms": float,
     "w_ms": float,
     "k_kv_ms_per_1k": float,
@@ -98,7 +103,9 @@ class Scenario:
     name: str
     description: str
     seed: int
-    fleet: dict[str, Any]  # modelsim fleet spec: {time_scale, pods: [{model, profile, replicas}]}
+    # modelsim fleet spec: {time_scale, pods: [{model, profile, replicas}]}, or llama-server
+    # processes: {engine: llama.cpp, pods: [{threads, replicas, ...}]} (bench/harness/llama_fleet.py)
+    fleet: dict[str, Any]
     workload: dict[str, Any]
     arrivals: dict[str, Any]
     duration_s: float
@@ -169,12 +176,22 @@ def _deep_merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, 
 def _check_fleet(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise _fail("fleet", f"expected a mapping, got {raw!r}")
-    unknown = set(raw) - {"pods", "time_scale"}
+    unknown = set(raw) - {"pods", "time_scale", "engine"}
     if unknown:
-        raise _fail(f"fleet.{sorted(unknown)[0]}", "unknown field; expected pods, time_scale")
+        raise _fail(f"fleet.{sorted(unknown)[0]}", "unknown field; expected engine, pods, time_scale")
     pods = _require("fleet", raw, "pods")
     if not isinstance(pods, list) or not pods:
         raise _fail("fleet.pods", "expected a non-empty list")
+    engine = raw.get("engine", "modelsim")
+    if engine == LLAMA_ENGINE:  # real engines (bench/harness/llama_fleet.py): wall-clock time only
+        llama = [
+            check_llama_pod(_check_mapping(f"fleet.pods[{i}]", p, LLAMA_POD_KEYS)) for i, p in enumerate(pods)
+        ]
+        if raw.get("time_scale", 1.0) != 1.0:
+            raise _fail("fleet.time_scale", "real engines run in wall-clock time: 1 or absent")
+        return {"engine": LLAMA_ENGINE, "pods": llama, "time_scale": 1.0}
+    if engine != "modelsim":
+        raise _fail("fleet.engine", f"unknown {engine!r}; expected modelsim or {LLAMA_ENGINE}")
     checked = []
     for i, pod in enumerate(pods):
         path = f"fleet.pods[{i}]"

@@ -32,6 +32,9 @@ class ServerSpec:
     threads: int = 1
     parallel: int = 2  # slots (concurrent sequences, each with its own prompt cache)
     ctx_per_slot: int = 4096  # tokens of context (KV) per slot
+    # The host-memory prompt cache (`--cache-ram`, MiB) that keeps prompts evicted from the
+    # slots; None: the engine's default (8,192 MiB, far more than the tiny model ever fills).
+    cache_ram_mib: int | None = None
 
 
 def missing_engine() -> str | None:
@@ -57,6 +60,7 @@ def server_argv(spec: ServerSpec, port: int, model: Path = DEFAULT_MODEL) -> lis
         *("--host", "127.0.0.1", "--port", str(port)),
         *("--threads", str(spec.threads), "--threads-batch", str(spec.threads)),
         *("--parallel", str(spec.parallel), "--ctx-size", str(spec.ctx_per_slot * spec.parallel)),
+        *(("--cache-ram", str(spec.cache_ram_mib)) if spec.cache_ram_mib is not None else ()),
         "--metrics",
         "--no-webui",
     ]
