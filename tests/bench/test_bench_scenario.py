@@ -29,6 +29,7 @@ def test_the_expected_scenarios_ship() -> None:
     assert {"mixed-gpu-qwen3-32b", "bursty-qwen3-235b"} <= names  # the AWS Qwen rows
     families = {"family-skewed-fleet", "family-tenant-prefix-kv", "family-bursty-mixed", "family-lora-tight"}
     assert families | {"kv-cache-wins"} <= names  # issue #11's held-out families
+    assert {"agentic-coding", "agentic-tool-bursts", "agentic-shared-system"} <= names  # issue #45
 
 
 def test_scenario_profiles_are_exactly_modelsims() -> None:
