@@ -41,6 +41,9 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
         "answer_tokens": int,
         "staggered": bool,
         "session_header": bool,
+        "shared_system": bool,
+        "tool_output_fraction": float,
+        "tool_output_tokens": int,
     },
     "docqa": {"documents": int, "document_tokens": int, "question_tokens": int, "output_tokens": int},
     "shared_prefix": {

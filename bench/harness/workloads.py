@@ -151,22 +151,41 @@ def sessions_workload(
     0..turns-1, their earlier turns already in the history (never sent): session ages then
     start at their steady-state (uniform) spread, so prompt sizes do not grow through the run
     as they do when every session starts at turn 0 together (see bench/harness/stationarity.py).
+
+    Agentic shapes (bench/scenarios/agentic-*.yaml): with `shared_system` every session opens
+    with the same system prompt (many agents of one product sharing its tool definitions);
+    with `tool_output_fraction` > 0 that share of user turns is a tool's output (a file, a test
+    log) of ~`tool_output_tokens` (lognormal, sigma 0.5, clipped to 1/4..4x) instead of a
+    `question_tokens` question. Left out, neither draws from the random source, so the traces
+    of the other sessions scenarios are unchanged.
     """
     n_sessions, turns = int(p.get("sessions", 16)), int(p.get("turns", 6))
     system_tokens = int(p.get("system_tokens", 400))
     q_tokens, a_tokens = int(p.get("question_tokens", 80)), int(p.get("answer_tokens", 150))
     staggered = bool(p.get("staggered", False))
     session_header = bool(p.get("session_header", False))  # x-session-id: the session's number
+    tool_fraction = float(p.get("tool_output_fraction", 0.0))  # share of user turns that are tool output
+    tool_tokens = int(p.get("tool_output_tokens", 4000))
+    if not 0.0 <= tool_fraction <= 1.0 or tool_tokens < 4:
+        raise ValueError("need 0 <= tool_output_fraction <= 1 and tool_output_tokens >= 4")
+    shared_system = text.text(system_tokens, rng) if p.get("shared_system", False) else None
+
+    def user_turn() -> str:
+        if tool_fraction > 0 and rng.random() < tool_fraction:
+            return text.text(lognormal_tokens(rng, tool_tokens, 0.5, tool_tokens // 4, tool_tokens * 4), rng)
+        return text.text(q_tokens, rng)
+
     histories: dict[int, list[dict[str, str]]] = {}
     next_id = 0
     live: list[int] = []
     out = []
     for t in times:
         while len(live) < n_sessions:
-            history = [{"role": "system", "content": text.text(system_tokens, rng)}]
+            system = shared_system if shared_system is not None else text.text(system_tokens, rng)
+            history = [{"role": "system", "content": system}]
             if staggered and next_id < n_sessions:
                 for _ in range(next_id * turns // n_sessions):
-                    history.append({"role": "user", "content": text.text(q_tokens, rng)})
+                    history.append({"role": "user", "content": user_turn()})
                     history.append({"role": "assistant", "content": text.text(a_tokens, rng)})
             histories[next_id] = history
             live.append(next_id)
@@ -176,7 +195,7 @@ def sessions_workload(
         turn = sum(m["role"] == "user" for m in history)
         if history[-1]["role"] == "user":
             history.append({"role": "assistant", "content": text.text(a_tokens, rng)})
-        history.append({"role": "user", "content": text.text(q_tokens, rng)})
+        history.append({"role": "user", "content": user_turn()})
         body = chat_body(p["model"], [dict(m) for m in history], a_tokens)
         headers = {SESSION_HEADER: f"session-{sid}"} if session_header else {}
         out.append(TraceRequest(t, body, headers=headers, tag=f"session-{sid}/turn-{turn}"))

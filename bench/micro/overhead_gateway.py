@@ -17,6 +17,8 @@ python -m bench.micro.overhead_gateway [--requests 300] [--doc docs/benchmarks/c
 python -m bench.micro.overhead_gateway --stream-only --requests 100 --rounds 5   # second table alone
 python -m bench.micro.overhead_gateway noop-extproc --port N     # the do-nothing ext_proc alone
 python -m bench.micro.overhead_gateway split [--requests 300]     # CPU per process and ext_proc messages
+python -m bench.micro.overhead_gateway agentic [--requests 100] [--sizes 65536,409600]
+    # agentic bodies (a multi-turn conversation), approximate vs precise prefix path (issue #45)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shlex
 import ssl
 import subprocess
@@ -39,14 +42,15 @@ from statistics import median
 import httpx
 from aiohttp import web
 
-from bench.harness.gateway_policies import start_envoy, wait_ready_async, write_baseline
+from bench.harness.gateway_policies import start_envoy, wait_ready_async, with_tokenizer, write_baseline
 from bench.harness.stats import percentile
 from bench.micro.stub_server import StubConfig, StubServer
 from bench.reports.report import write_section
-from devstack.launch import Proc, free_port, grpc_serving, start_local_gateway
+from devstack.launch import LocalGateway, Proc, free_port, grpc_serving, start_local_gateway
 from extproc.errors import ErrorResponse
 from extproc.server import start_grpc_service, wait_for_shutdown_signal
 from extproc.stream import ExtProcServicer, RequestOnlyProcessor, RequestRoute
+from modelsim.pseudo_text import TextSource
 
 MODEL = "llama3.1-8b"
 BODY_SIZES = (1024, 32 * 1024, 256 * 1024)
@@ -146,9 +150,11 @@ def request_body(size: int, tokens: int) -> bytes:
 
 
 async def load(
-    url: str, verify: ssl.SSLContext | bool, body: bytes, requests: int, concurrency: int
+    url: str, verify: ssl.SSLContext | bool, body: bytes | Sequence[bytes], requests: int, concurrency: int
 ) -> tuple[list[float], int, float]:
-    """Closed loop: `concurrency` workers send `requests` streaming requests in total."""
+    """Closed loop: `concurrency` workers send `requests` streaming requests in total; a
+    sequence of bodies is sent in turn (request i sends body i modulo its length)."""
+    bodies = [body] if isinstance(body, bytes) else list(body)
     latencies: list[float] = []
     errors = 0
     remaining = requests
@@ -159,12 +165,13 @@ async def load(
             nonlocal remaining, errors
             while remaining > 0:
                 remaining -= 1
+                payload = bodies[remaining % len(bodies)]
                 started = time.perf_counter()
                 try:
                     async with client.stream(
                         "POST",
                         "/v1/chat/completions",
-                        content=body,
+                        content=payload,
                         headers={"content-type": "application/json"},
                     ) as reply:
                         async for _ in reply.aiter_raw():
@@ -391,28 +398,115 @@ async def run_split(requests: int, tokens: int) -> list[str]:
                     config_extra={"listener": {"requestBodyMode": body_mode}},
                 )
                 try:
-                    verify = ssl.create_default_context(cafile=str(gateway.certs.ca))
-                    body = request_body(size, tokens)
-                    await load(gateway.url, verify, body, 30, 1)  # warm
-                    stats = f"http://127.0.0.1:{gateway.admin_port}/stats?filter=ext_proc.stream_msgs"
-                    async with httpx.AsyncClient() as admin:
-                        before = ext_proc_message_counts((await admin.get(stats)).text)
-                        cpu0 = {
-                            k: cpu_seconds([p.popen.pid]) for k, p in gateway.procs.items() if k != "fleet"
-                        }
-                        lat, errors, _ = await load(gateway.url, verify, body, requests, 1)
-                        cpu = {k: (cpu_seconds([gateway.procs[k].popen.pid]) - v) * 1000 / requests
-                               for k, v in cpu0.items()}  # fmt: skip
-                        after = ext_proc_message_counts((await admin.get(stats)).text)
+                    lat, errors, cpu, (sent, received) = await measure_gateway(
+                        gateway, request_body(size, tokens), requests
+                    )
                 finally:
                     gateway.stop()
                 per_proc = ", ".join(f"{k.split('-')[0]} {v:.2f}" for k, v in sorted(cpu.items()))
-                sent, received = ((after[k] - before[k]) / requests for k in ("sent", "received"))
                 lines.append(
                     f"| {name} | {size // 1024} KB | {percentile(lat, 50) or 0.0:.2f} | {per_proc} | "
                     f"{sent:.1f} / {received:.1f} | {errors} |"
                 )
                 print(lines[-1], flush=True)
+    finally:
+        stub_proc.terminate()
+        await stub_proc.wait()
+    return lines
+
+
+async def measure_gateway(
+    gateway: LocalGateway, body: bytes | Sequence[bytes], requests: int, warm: int = 30
+) -> tuple[list[float], int, dict[str, float], tuple[float, float]]:
+    """`requests` requests at concurrency 1 through a started local gateway, after `warm` more:
+    latencies (ms), errors, CPU ms per request per gateway process (the fleet left out) and
+    Envoy's ext_proc messages per request (sent, received)."""
+    verify = ssl.create_default_context(cafile=str(gateway.certs.ca))
+    await load(gateway.url, verify, body, warm, 1)
+    stats = f"http://127.0.0.1:{gateway.admin_port}/stats?filter=ext_proc.stream_msgs"
+    async with httpx.AsyncClient() as admin:
+        before = ext_proc_message_counts((await admin.get(stats)).text)
+        cpu0 = {k: cpu_seconds([p.popen.pid]) for k, p in gateway.procs.items() if k != "fleet"}
+        lat, errors, _ = await load(gateway.url, verify, body, requests, 1)
+        cpu = {k: (cpu_seconds([gateway.procs[k].popen.pid]) - v) * 1000 / requests for k, v in cpu0.items()}
+        after = ext_proc_message_counts((await admin.get(stats)).text)
+    sent, received = ((after[k] - before[k]) / requests for k in ("sent", "received"))
+    return lat, errors, cpu, (sent, received)
+
+
+# Agentic request bodies (issue #45): a coding agent's conversation, a system prompt and turns
+# of ~2,000 tokens (tool outputs, answers), up to the body size.
+AGENTIC_SIZES = (64 * 1024, 400 * 1024)
+AGENTIC_TURN_TOKENS = 2000
+# The two prefix paths of the shipped default profile (precise-prefix-cache): without a tokenizer
+# it scores with the approximate index (character blocks); with the model's tokenizer the EPP
+# tokenizes each prompt (epp/tokenize.py) to look it up in the precise index.
+PREFIX_PATHS = {"approximate": None, "precise": with_tokenizer}
+
+
+def agentic_bodies(size: int, tokens: int, requests: int, fresh: bool) -> list[bytes]:
+    """`requests` conversation bodies of about `size` bytes. Every body ends with its own new
+    user turn (a session's next turn: the EPP's tokenizer cache holds the rest, as in a
+    running session); with `fresh`, every message is new too (each request a session the EPP
+    has not seen: the whole prompt tokenized)."""
+    text, rng = TextSource(0), random.Random(f"agentic-{size}")
+    turn_chars = AGENTIC_TURN_TOKENS * 4
+    history = [{"role": "system", "content": text.text(AGENTIC_TURN_TOKENS, rng)}]
+    roles = ("user", "assistant")
+    while len(json.dumps(history)) + turn_chars < size:
+        history.append(
+            {"role": roles[(len(history) - 1) % 2], "content": text.text(AGENTIC_TURN_TOKENS, rng)}
+        )
+    if history[-1]["role"] == "user":
+        history.append({"role": "assistant", "content": text.text(AGENTIC_TURN_TOKENS // 4, rng)})
+    base = {"model": MODEL, "messages": history, "max_tokens": tokens, "stream": True}
+    tail_tokens = max(1, (size - len(json.dumps(base)) - 32) // 4)
+    tail = text.text(tail_tokens, rng)
+    bodies = []
+    for i in range(requests):
+        salt = f"[request {i}] "
+        messages = [{**m, "content": salt + m["content"]} for m in history] if fresh else history
+        body = {**base, "messages": [*messages, {"role": "user", "content": salt + tail}]}
+        bodies.append(json.dumps(body).encode())
+    return bodies
+
+
+async def run_agentic(requests: int, tokens: int, sizes: Sequence[int]) -> list[str]:
+    """CPU per request and added latency at agentic body sizes, single-hop streamed (the shipped
+    default shape), approximate vs precise prefix path, each with a session's next turn (new
+    last message) and a fresh session (every message new); concurrency 1. Added = p50 minus
+    direct-to-stub's p50 on the same bodies, measured just before."""
+    work = Path(tempfile.mkdtemp(prefix="bench-overhead-agentic-"))
+    stub_proc, stub = await start_stub(tokens)
+    pod = {"name": "stub-0", "model": MODEL, "adapters": [], "dialect": "vllm", "address": stub}
+    lines = [
+        "| prefix path | body | bodies | p50 ms | p99 ms | added p50 ms | CPU ms/req per process = total "
+        "| req/s per core | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    try:
+        for size in sizes:
+            for fresh in (False, True):
+                bodies = agentic_bodies(size, tokens, requests, fresh)
+                direct, _, _ = await load(f"http://{stub}", False, bodies, requests, 1)
+                direct_p50 = percentile(direct, 50) or 0.0
+                for path, patch in PREFIX_PATHS.items():
+                    gateway = start_local_gateway(
+                        work / f"{path}-{size}-{int(fresh)}", pods=[pod], single_hop=True, config_patch=patch
+                    )
+                    try:
+                        lat, errors, cpu, _ = await measure_gateway(gateway, bodies, requests, warm=10)
+                    finally:
+                        gateway.stop()
+                    total = sum(cpu.values())
+                    per_proc = " + ".join(f"{k.split('-')[0]} {cpu[k]:.2f}" for k in sorted(cpu))
+                    p50 = percentile(lat, 50) or 0.0
+                    lines.append(
+                        f"| {path} | {size // 1024} KB | {'fresh session' if fresh else 'next turn'} | "
+                        f"{p50:.2f} | {percentile(lat, 99) or 0.0:.2f} | {p50 - direct_p50:+.2f} | "
+                        f"{per_proc} = {total:.2f} | {1000 / total:.0f} | {errors} |"
+                    )
+                    print(lines[-1], f"(direct p50 {direct_p50:.2f})", flush=True)
     finally:
         stub_proc.terminate()
         await stub_proc.wait()
@@ -494,6 +588,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument("--requests", type=int, default=300)
         before = os.getloadavg()[0]
         lines = asyncio.run(run_split(parser.parse_args(argv[1:]).requests, 4))
+        print("\n".join(lines))
+        print(f"1-minute load average before/after: {before:.1f} / {os.getloadavg()[0]:.1f}")
+        return 0
+    if argv[:1] == ["agentic"]:
+        parser = argparse.ArgumentParser(prog="bench.micro.overhead_gateway agentic")
+        parser.add_argument("--requests", type=int, default=100)
+        parser.add_argument("--sizes", default=",".join(str(n) for n in AGENTIC_SIZES), help="body bytes")
+        args = parser.parse_args(argv[1:])
+        before = os.getloadavg()[0]
+        lines = asyncio.run(run_agentic(args.requests, 4, [int(n) for n in args.sizes.split(",")]))
         print("\n".join(lines))
         print(f"1-minute load average before/after: {before:.1f} / {os.getloadavg()[0]:.1f}")
         return 0

@@ -102,7 +102,8 @@ class LoopStats:
 
 
 def engine_totals(pod: SimPod) -> dict[str, Any]:
-    """What a pod's engine did over the run: prefix-cache hit rate, preemptions, adapter loads."""
+    """What a pod's engine did over the run: prefix-cache hit rate, preemptions, adapter loads,
+    KV use after its steps (mean over steps and peak)."""
     e = pod.pod.engine
     s = e.stats
     return {
@@ -111,6 +112,8 @@ def engine_totals(pod: SimPod) -> dict[str, Any]:
         "preemptions": s.num_preemptions,
         "adapter_loads": e.lora.loads_from_disk + e.lora.loads_from_cpu,
         "steps": s.steps,
+        "kv_usage_mean": round(pod.kv_sum / pod.kv_steps, 6) if pod.kv_steps else None,
+        "kv_usage_peak": round(pod.kv_peak, 6),
     }
 
 
@@ -146,6 +149,7 @@ def simulate(
         if plan.scheduled:
             stats.steps += 1
             pod.pod.engine.complete_step(plan, end)
+            pod.note_kv()
             for seq, _ in plan.scheduled:
                 deliver(seq, end)
         kick(pod)

@@ -29,6 +29,16 @@ class SimPod:
     address: str
     index: int
     stepping: bool = False  # a step is planned and its end event is queued
+    kv_peak: float = 0.0  # KV use (0..1, what /metrics reports) after each engine step: highest,
+    kv_sum: float = 0.0  # sum and count for the mean over steps
+    kv_steps: int = 0
+
+    def note_kv(self) -> None:
+        """Sample the engine's KV use after a step (per-pod KV use in the summaries)."""
+        usage = self.pod.engine.kv_usage()
+        self.kv_peak = max(self.kv_peak, usage)
+        self.kv_sum += usage
+        self.kv_steps += 1
 
     @property
     def name(self) -> str:

@@ -215,15 +215,82 @@ def scale_table(virtual_root: str | Path, mode: str) -> str:
     return "\n".join(rows)
 
 
-def render_doc(real: str | Path, virtual: str | Path, mode: str, doc: str | Path = DOC) -> None:
-    """Write the three generated sections into `doc` (its other text stays)."""
+def _spread(values: Sequence[float | None], scale: float, fmt: str = "{:,.0f}") -> str:
+    """Median [min-max] over seeds."""
+    data = sorted(v * scale for v in values if v is not None)
+    if not data:
+        return "n/a"
+    mid = fmt.format(statistics.median(data))
+    return mid if len(data) == 1 else f"{mid} [{fmt.format(data[0])}-{fmt.format(data[-1])}]"
+
+
+def _per_pod(runs: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    """A per-pod engine figure (`run.engines`), median over seeds, in pod order."""
+    pods = sorted({e["pod"] for r in runs for e in r["run"].get("engines", []) if e.get(key) is not None})
+    values = {
+        p: _median([e.get(key) for r in runs for e in r["run"].get("engines", []) if e["pod"] == p])
+        for p in pods
+    }
+    return [v for v in values.values() if v is not None]
+
+
+def family_table(virtual_root: str | Path, mode: str, prefix: str) -> str:
+    """Every policy on every scenario whose name starts with `prefix` (a family's page), reporting
+    seeds: TTFT P50 / P95, the pods' prefix-cache hit rate, KV use per pod, pod shares."""
+    data = load_summaries(virtual_root, mode, REPORTING_SEEDS)
+    rows = [
+        "| scenario | policy | seeds | requests (steady) | TTFT P50 ms | TTFT P95 ms | prefix-cache hit % "
+        "| KV use per pod, mean over steps % | KV peak % (highest pod) | pod share % | preemptions | goodput % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for scenario in sorted(s for s in data if s.startswith(prefix) and "@" not in s):
+        policies = data[scenario]
+        order = [p for p in ("round-robin", "oracle") if p in policies]
+        for policy in order + sorted(p for p in policies if p not in order):
+            runs = policies[policy]
+            steady = [r["stats"]["steady"] for r in runs]
+            kv_mean = " / ".join(f"{v * 100:.0f}" for v in _per_pod(runs, "kv_usage_mean")) or "n/a"
+            kv_peak = _median(
+                [
+                    max((e.get("kv_usage_peak") or 0.0 for e in r["run"].get("engines", [])), default=None)
+                    for r in runs
+                ]
+            )
+            share = " / ".join(f"{v * 100:.0f}" for v in _shares(runs).values())
+            rows.append(
+                f"| {scenario} | {policy} | {','.join(str(r['seed']) for r in runs)} | "
+                f"{_median([s.get('requests') for s in steady]) or 0:.0f} | "
+                f"{_spread([s.get('ttft_p50') for s in steady], 1000)} | "
+                f"{_spread([s.get('ttft_p95') for s in steady], 1000)} | "
+                f"{_engine_figure(runs, 'prefix_hit_rate', 100)} | {kv_mean} | "
+                f"{'n/a' if kv_peak is None else f'{kv_peak * 100:.0f}'} | {share} | "
+                f"{_engine_figure(runs, 'preemptions', 1, total=True)} | "
+                f"{_spread([s.get('goodput') for s in steady], 100)} |"
+            )
+    return "\n".join(rows)
+
+
+def render_doc(
+    real: str | Path, virtual: str | Path, mode: str, doc: str | Path = DOC, family_docs: Sequence[str] = ()
+) -> None:
+    """Write the three generated sections into `doc` (its other text stays), and each family's
+    table into its own page (FAMILY_DOCS: prefix -> page, section `vtime-<prefix>`)."""
     write_section(doc, "vtime-agreement", agreement_table(real, Path(virtual) / "agreement", mode), TITLE)
     write_section(doc, "vtime-oracle", oracle_table(virtual, mode), TITLE)
     write_section(doc, "vtime-scale", scale_table(virtual, mode), TITLE)
+    for prefix in family_docs:
+        page, title = FAMILY_DOCS[prefix]
+        write_section(page, f"vtime-{prefix.rstrip('-')}", family_table(virtual, mode, prefix), title)
+
+
+# Families with their own page: scenario-name prefix -> (page, its title line).
+FAMILY_DOCS = {"agentic-": (Path("docs/benchmarks/agentic.md"), "# Benchmarks: agentic traffic")}
 
 
 def cmd_sim_report(args: argparse.Namespace) -> int:
-    render_doc(args.real, args.virtual, args.mode, args.doc)
+    render_doc(
+        args.real, args.virtual, args.mode, args.doc, tuple(FAMILY_DOCS) if args.doc == str(DOC) else ()
+    )
     print(f"rendered the virtual-time tables into {args.doc}")
     return 0
 

@@ -147,6 +147,34 @@ def test_staggered_sessions_start_at_spread_turns_and_still_extend_their_prompts
         )
 
 
+def test_agentic_sessions_share_one_system_prompt_and_carry_tool_outputs() -> None:
+    workload = {"kind": "sessions", "model": MODEL, "sessions": 6, "turns": 12, "system_tokens": 300,
+                "question_tokens": 20, "shared_system": True, "tool_output_fraction": 0.5,
+                "tool_output_tokens": 400}  # fmt: skip
+    trace = generate_trace(workload, {"rate": 20}, 20, seed=3)
+    assert len({req.body["messages"][0]["content"] for req in trace}) == 1  # one shared system prompt
+    assert len({req.tag.split("/")[0] for req in trace}) > 6  # sessions still retire and renew
+    last_turns = [len(req.body["messages"][-1]["content"]) // CHARS_PER_TOKEN for req in trace]
+    tool_outputs = [n for n in last_turns if n > 20]
+    assert 0.35 < len(tool_outputs) / len(last_turns) < 0.65
+    assert all(100 <= n <= 1600 for n in tool_outputs)  # lognormal around 400, clipped to 1/4..4x
+    assert 300 < statistics.median(tool_outputs) < 550
+    by_session: dict[str, list] = {}
+    for req in trace:
+        by_session.setdefault(req.tag.split("/")[0], []).append(req.body["messages"])
+    for turns in by_session.values():
+        for earlier, later in itertools.pairwise(turns):
+            assert later[: len(earlier)] == earlier and len(later) == len(earlier) + 2
+
+
+def test_agentic_options_left_out_keep_the_sessions_trace() -> None:
+    base = {"kind": "sessions", "model": MODEL, "sessions": 4, "turns": 5, "staggered": True}
+    explicit = {**base, "shared_system": False, "tool_output_fraction": 0.0}
+    assert generate_trace(base, {"rate": 8}, 10, seed=2) == generate_trace(explicit, {"rate": 8}, 10, seed=2)
+    with pytest.raises(ValueError):
+        generate_trace({**base, "tool_output_fraction": 1.5}, {"rate": 8}, 10, seed=2)
+
+
 def test_shared_prefix_groups_share_system_prompts() -> None:
     workload = {"kind": "shared_prefix", "model": MODEL, "groups": 3, "prompts_per_group": 4}
     trace = generate_trace(workload, {"rate": 20}, 20, seed=9)

@@ -3,9 +3,12 @@ in both request body modes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from bench.micro.overhead_gateway import FULL_GATEWAYS, Cell, ext_proc_message_counts, render
+import pytest
+
+from bench.micro.overhead_gateway import FULL_GATEWAYS, Cell, agentic_bodies, ext_proc_message_counts, render
 from bench.reports.report import write_section
 
 
@@ -41,3 +44,18 @@ def test_message_counts_sum_every_ext_proc_filter() -> None:
         "http.gateway.ext_proc.spurious_msgs_received: 9\n"
     )
     assert ext_proc_message_counts(stats) == {"sent": 10, "received": 5}
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 400 * 1024])
+def test_agentic_bodies_are_sized_conversations_new_at_the_tail_or_throughout(size: int) -> None:
+    turns = [json.loads(b) for b in agentic_bodies(size, 4, 3, fresh=False)]
+    fresh = [json.loads(b) for b in agentic_bodies(size, 4, 3, fresh=True)]
+    for bodies in (turns, fresh):
+        for raw in bodies:
+            assert 0.97 * size <= len(json.dumps(raw)) <= 1.03 * size
+            roles = [m["role"] for m in raw["messages"]]
+            assert roles[0] == "system" and roles[-1] == "user" and len(roles) > 4
+    # A session's next turn: the same history, a new last message; a fresh session: nothing shared.
+    assert turns[0]["messages"][:-1] == turns[1]["messages"][:-1] != fresh[0]["messages"][:-1]
+    assert turns[0]["messages"][-1] != turns[1]["messages"][-1]
+    assert not {m["content"] for m in fresh[0]["messages"]} & {m["content"] for m in fresh[1]["messages"]}

@@ -119,6 +119,8 @@ def test_bench_sim_writes_a_virtual_summary(tmp_path: Path) -> None:
     assert summary["policy"]["config"]["profile"]["weights"]["predicted-ttft"] > 0
     assert summary["stats"]["steady"]["ok"] > 0 and summary["run"]["decision_cpu"]["mean_us"] > 0
     assert 0 < summary["run"]["pick_cpu"]["mean_us"] < summary["run"]["decision_cpu"]["mean_us"]
+    for engine in summary["run"]["engines"]:  # per-pod KV use, sampled after every engine step
+        assert 0 < engine["kv_usage_mean"] <= engine["kv_usage_peak"] <= 1
 
 
 def test_bench_sim_refuses_an_unknown_policy_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
