@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bench.harness.summary import REPORTING_SEEDS, load_summaries
 from bench.reports.comparable import Runs, why_not_comparable
 from bench.reports.report import cell, spread, write_section
@@ -217,11 +219,20 @@ def render_real(runs: Mapping[str, Mapping[str, Runs]], source: str | None) -> s
 
 
 def virtual_scenarios(root: Path, runs: Mapping[str, Mapping[str, Runs]]) -> list[str]:
-    """Every scenario file's name, and any other scenario that ran replicas (a scaled one)."""
-    names = {p.stem for p in (root / SCENARIOS_DIR).glob("*.yaml")}
+    """Every scenario file's name but those whose fleet is real engines (`fleet.engine`, e.g.
+    llama.cpp processes: nothing virtual time can run), and any other scenario that ran replicas
+    (a scaled one)."""
+    names = {p.stem for p in (root / SCENARIOS_DIR).glob("*.yaml") if not _real_engines(p)}
     labels = {replicas_label(n) for n in VIRTUAL.counts}
     names |= {s for s, policies in runs.items() if labels & set(policies)}
     return sorted(names)
+
+
+def _real_engines(path: Path) -> bool:
+    """Whether a scenario file's fleet runs real engines (`fleet.engine` set) rather than modelsim."""
+    data = yaml.safe_load(path.read_text()) or {}
+    fleet = data.get("fleet") if isinstance(data, dict) else None
+    return isinstance(fleet, dict) and bool(fleet.get("engine"))
 
 
 def latest_campaign(root: Path, mode: str) -> Path | None:
