@@ -46,7 +46,9 @@ FLEET = {
 EVEN = {"x-gateway-inference-objective": "even"}
 
 
-def _patch(config: dict[str, Any]) -> None:
+def even_with_fallback(config: dict[str, Any]) -> None:
+    """The `even` profile on every model, the decision header open, llama's pool with one
+    fallback endpoint (the retry tests share it)."""
     dev_trust(config)  # the tests read the EPP's ranking from the decision header
     config["profiles"] = {"even": {"weights": {"queue": 1}}}
     for pool in config["pools"]:
@@ -54,7 +56,12 @@ def _patch(config: dict[str, Any]) -> None:
             model["objectives"] = [*model.get("objectives", []), "even"]
         if pool["name"] == LLAMA_POOL:
             pool["fallbackEndpoints"] = 1
-        else:
+
+
+def _patch(config: dict[str, Any]) -> None:
+    even_with_fallback(config)
+    for pool in config["pools"]:
+        if pool["name"] != LLAMA_POOL:
             pool["failureMode"] = "FailOpen"
 
 

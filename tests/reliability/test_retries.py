@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
 
-from devstack.launch import LocalGateway, dev_trust, start_local_gateway
+from devstack.launch import LocalGateway, start_local_gateway
 from tests.integration.conftest import chat
 from tests.reliability.conftest import record_figures
 from tests.reliability.gateway_helpers import (
@@ -31,22 +30,12 @@ from tests.reliability.gateway_helpers import (
     wait_for,
 )
 from tests.reliability.replica_helpers import envoy_counter
-from tests.reliability.test_faults import FLEET, LLAMA, LLAMA_POOL, QWEN, QWEN_POOL
+from tests.reliability.test_faults import EVEN, FLEET, LLAMA, LLAMA_POOL, QWEN, QWEN_POOL, even_with_fallback
 from tests.waiting import until
 
 RETRIES = f"cluster.pool-{LLAMA_POOL}.upstream_rq_retry"
-# Idle pods tie under this profile (ties break at random), so the failing pod gets ranked first.
-EVEN = {"x-gateway-inference-objective": "even"}
-
-
-def _patch(config: dict[str, Any]) -> None:
-    dev_trust(config)  # the tests read the EPP's ranking from the decision header
-    config["profiles"] = {"even": {"weights": {"queue": 1}}}
-    for pool in config["pools"]:
-        for model in pool["models"]:
-            model["objectives"] = [*model.get("objectives", []), "even"]
-        if pool["name"] == LLAMA_POOL:
-            pool["fallbackEndpoints"] = 1
+# Idle pods tie under the `even` profile (ties break at random), so the failing pod gets ranked first.
+_patch = even_with_fallback
 
 
 @pytest.fixture(scope="module")
