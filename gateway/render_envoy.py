@@ -22,12 +22,14 @@ from pathlib import Path
 
 import yaml
 
+from gateway import deploy_pools
 from gateway.config import GatewayConfig, load_config
 from gateway.envoy_blocks import host_port_argument
 from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap
 from gateway.xds_resources import topology_to_json, xds_bootstrap
 
-NAMESPACE = "inference-gateway"
+NAMESPACE = deploy_pools.NAMESPACE
+_REPO = Path(__file__).resolve().parents[1]
 _SVC = f"{NAMESPACE}.svc.cluster.local"
 # In a cluster the listener must take the Service's traffic (0.0.0.0) and TLS terminates at the
 # load balancer in front (deploy/overlays/eks-hyperpod/envoy-nlb.yaml), hence explicit plain HTTP.
@@ -36,7 +38,8 @@ _BASE_ARGS = [
     "--listen", "0.0.0.0:8080",
     "--plain-http",
     "--bbr", f"bbr.{_SVC}:9004",
-    "--epp", f"llama-3-8b=epp.{_SVC}:9002",
+    # Every pool's EPP (gateway/deploy_pools.py): `epp` for the first pool, `epp-<pool>` after.
+    *deploy_pools.epp_arguments(_REPO),
     "--buffer-bytes", str(16 * 1024 * 1024),
 ]  # fmt: skip
 # The readable example next to the Envoy docs: local services, HTTPS on loopback.
@@ -185,6 +188,9 @@ def _topology(args: argparse.Namespace) -> tuple[GatewayConfig, Topology]:
 def main() -> None:
     args = parser().parse_args()
     if args.deploy:
+        for out, render in deploy_pools.GENERATED:
+            Path(out).write_text(render(Path(".")))
+            print(f"wrote {out}")
         for out, argv in DEPLOY_BOOTSTRAPS:
             Path(out).write_text(render_yaml(argv))
             print(f"wrote {out}")

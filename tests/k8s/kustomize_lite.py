@@ -3,7 +3,8 @@
 Supported: `resources` (files and directories), `components` (directories whose resources are
 added after the kustomization's own), `namespace`, `images`, `patches` (strategic
 merge by path; target found by kind and name, or every object matched by a `target` of
-group/version/kind/name; `$patch: delete` of a whole object or of a keyed list item),
+group/version/kind/name/labelSelector (`key=value,...`); `$patch: delete` of a whole object or
+of a keyed list item; a file holding a list is a JSON patch, ops test/remove/replace/add),
 `configMapGenerator` (files; behaviours create, replace, merge; name hashes disabled). Anything
 else raises, so deploy/ cannot quietly grow features this renderer ignores; tests compare it
 with `kubectl kustomize` where available.
@@ -67,6 +68,10 @@ def build(path: Path, parent: list[Obj] | None = None) -> list[Obj]:
         if "path" not in patch or set(patch) - {"path", "target"}:
             raise KustomizeError(f"{path}: only `patches: [{{path: ..., target: ...}}]` is supported")
         for doc in yaml.safe_load_all((path / patch["path"]).read_text()):
+            if isinstance(doc, list):  # a JSON patch (RFC 6902): to every object of its target
+                for target in _select(objs, patch["target"]):
+                    _json_patch(target, doc)
+                continue
             if "target" in patch:
                 targets = _select(objs, patch["target"])
             else:
@@ -117,19 +122,55 @@ def _find(objs: list[Obj], kind: str, name: str) -> Obj:
     raise KustomizeError(f"no {kind}/{name} to patch")
 
 
-_SELECTOR_FIELDS = {"group", "version", "kind", "name"}
+_SELECTOR_FIELDS = {"group", "version", "kind", "name", "labelSelector"}
 
 
 def _select(objs: list[Obj], target: Obj) -> list[Obj]:
-    """Every object a patch `target` matches (exact values; kustomize's regexes unsupported)."""
+    """Every object a patch `target` matches (exact values, a labelSelector of `key=value`
+    terms; kustomize's regexes and set-based selectors unsupported)."""
     if set(target) - _SELECTOR_FIELDS:
         raise KustomizeError(f"patch target: only {sorted(_SELECTOR_FIELDS)} are supported")
+    fixed = {k: v for k, v in target.items() if k != "labelSelector"}
+    labels = {}
+    for term in filter(None, target.get("labelSelector", "").split(",")):
+        key, sep, value = term.partition("=")
+        if not sep or any(c in term for c in "!()"):
+            raise KustomizeError(f"labelSelector {target['labelSelector']!r}: only key=value terms")
+        labels[key.strip()] = value.strip()
 
     def fields(obj: Obj) -> dict[str, str]:
         group, _, version = obj["apiVersion"].rpartition("/")
         return {"group": group, "version": version, "kind": obj["kind"], "name": obj["metadata"]["name"]}
 
-    return [o for o in objs if all(fields(o)[k] == v for k, v in target.items())]
+    return [
+        o
+        for o in objs
+        if all(fields(o)[k] == v for k, v in fixed.items())
+        and labels.items() <= o["metadata"].get("labels", {}).items()
+    ]
+
+
+def _json_patch(obj: Obj, ops: list[Obj]) -> None:
+    """RFC 6902 on `obj` in place: test, remove, replace, add (a failed test raises, as in kustomize)."""
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node: Any = obj
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key: Any = (len(node) if last == "-" else int(last)) if isinstance(node, list) else last
+        if op["op"] == "test":
+            if node[key] != op["value"]:
+                raise KustomizeError(f"JSON patch test failed at {op['path']}: {node[key]!r}")
+        elif op["op"] == "remove":
+            del node[key]
+        elif op["op"] == "replace":
+            node[key] = copy.deepcopy(op["value"])
+        elif op["op"] == "add" and isinstance(node, list):
+            node.insert(key, copy.deepcopy(op["value"]))
+        elif op["op"] == "add":
+            node[key] = copy.deepcopy(op["value"])
+        else:
+            raise KustomizeError(f"JSON patch op {op['op']!r} not supported")
 
 
 def _retarget(doc: Obj, target: Obj) -> Obj:

@@ -26,6 +26,7 @@ from gateway.config import parse_config
 from gateway.profiles import BUILTIN_PROFILES
 from gateway.xds_resources import CLUSTER, ROUTE, snapshot, topology_from_json
 from tests.k8s.helm_render import render_chart
+from tests.k8s.test_deploy_pools import assert_serves_every_pool_over_xds
 from tests.k8s.test_manifests import BUILTIN_GROUPS, DEPLOY, THIRD_PARTY_SCHEMAS, _crd_schema, _key, render
 
 CHART = DEPLOY / "helm" / "inference-gateway"
@@ -128,6 +129,12 @@ def test_default_values_render_the_kustomize_base(helm: Obj) -> None:
     assert sorted(chart, key=str) == sorted(base, key=str)
     for key, obj in base.items():
         assert chart[key] == obj, key
+
+
+def test_default_values_serve_two_pools_from_one_resource_over_xds(helm: Obj) -> None:
+    """As every kustomize overlay (tests/k8s/test_deploy_pools.py): both pools of the one
+    resource, each by its EPP, Envoy fed by the xDS server that follows the resource."""
+    assert_serves_every_pool_over_xds(_objects(helm["renders"][0]))
 
 
 def test_default_profile_is_the_shipped_default() -> None:

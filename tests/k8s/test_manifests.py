@@ -354,23 +354,34 @@ def _gateway_config(objs: tuple[Obj, ...]) -> Obj:
 def test_configs_parse_and_agree_with_the_cluster_objects(target: str) -> None:
     objs = render(target)
     config = parse_config(_gateway_config(objs))
+    assert len(config.pools) >= 2  # every pool of the one configuration is served
+    for index, pool_cfg in enumerate(config.pools):
+        assert pool_cfg.kubernetes is not None
+        epp = find(objs, "Deployment", "epp" if index == 0 else f"epp-{pool_cfg.name}")
+        assert pool_cfg.kubernetes.namespace == epp["metadata"]["namespace"]
+        pool = find(objs, "InferencePool", pool_cfg.kubernetes.pool_name)
+        assert pool["spec"]["endpointPickerRef"]["failureMode"] == pool_cfg.failure_mode
+        assert [p["number"] for p in pool["spec"]["targetPorts"]] == [pool_cfg.target_port]
+        # The EPP serves the pool named in its arguments, and the pool points at the EPP Service.
+        assert f"--pool={pool_cfg.name}" in epp["spec"]["template"]["spec"]["containers"][0]["args"]
+        ref = pool["spec"]["endpointPickerRef"]
+        assert ref["name"] == epp["metadata"]["name"]
+        epp_ports = {p["port"] for p in find(objs, "Service", ref["name"])["spec"]["ports"]}
+        assert ref["port"]["number"] in epp_ports
+        # The example model servers are selected by the pool and named as the pool's models.
+        (vllm,) = [
+            o["spec"]["template"]
+            for o in objs
+            if o["kind"] == "Deployment"
+            and o["metadata"]["name"].startswith("vllm-")
+            and pool["spec"]["selector"]["matchLabels"].items()
+            <= o["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        served = set(vllm["metadata"]["annotations"]["gateway.inference.dev/model"].split(","))
+        assert served <= {name for name, route in config.routes().items() if route.pool == pool_cfg.name}
     pool_cfg = config.pools[0]
     assert pool_cfg.kubernetes is not None
-    assert pool_cfg.kubernetes.namespace == find(objs, "Deployment", "epp")["metadata"]["namespace"]
-    pool = find(objs, "InferencePool", pool_cfg.kubernetes.pool_name)
-    assert pool["spec"]["endpointPickerRef"]["failureMode"] == pool_cfg.failure_mode
-    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [pool_cfg.target_port]
-    # The EPP serves the pool named in its arguments, and the pool points at the EPP Service.
     epp_args = find(objs, "Deployment", "epp")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert f"--pool={pool_cfg.name}" in epp_args
-    ref = pool["spec"]["endpointPickerRef"]
-    epp_ports = {p["port"] for p in find(objs, "Service", ref["name"])["spec"]["ports"]}
-    assert ref["port"]["number"] in epp_ports
-    # The example model servers are selected by the pool and named as the config's models.
-    vllm = find(objs, "Deployment", "vllm-llama-3-8b")["spec"]["template"]
-    assert pool["spec"]["selector"]["matchLabels"].items() <= vllm["metadata"]["labels"].items()
-    served = set(vllm["metadata"]["annotations"]["gateway.inference.dev/model"].split(","))
-    assert served <= set(config.routes())
     # The llm-d examples name this pool, BBR and the EPP follow their namespace, and every
     # rewrite target is a model the configuration routes.
     namespace = pool_cfg.kubernetes.namespace
@@ -404,12 +415,13 @@ def test_configs_parse_and_agree_with_the_cluster_objects(target: str) -> None:
 
 def test_dev_is_failopen_and_hyperpod_failclose() -> None:
     dev, prod = render("overlays/dev"), render("overlays/eks-hyperpod")
-    assert find(dev, "InferencePool", "llama-3-8b")["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
-    assert (
-        find(prod, "InferencePool", "llama-3-8b")["spec"]["endpointPickerRef"]["failureMode"] == "FailClose"
-    )
-    assert find(dev, "Deployment", "epp")["spec"]["replicas"] == 1
-    assert find(prod, "Deployment", "epp")["spec"]["replicas"] >= 2
+    for objs, mode in ((dev, "FailOpen"), (prod, "FailClose")):
+        pools = [o for o in objs if o["kind"] == "InferencePool"]
+        assert len(pools) >= 2
+        assert {p["spec"]["endpointPickerRef"]["failureMode"] for p in pools} == {mode}
+        assert {p.failure_mode for p in parse_config(_gateway_config(objs)).pools} == {mode}
+    assert {d["spec"]["replicas"] for d in _epps(dev)} == {1}
+    assert min(d["spec"]["replicas"] for d in _epps(prod)) >= 2
 
 
 @pytest.mark.parametrize("target", OVERLAYS)
@@ -547,18 +559,20 @@ def test_envoy_bootstrap_routes_by_metadata_to_services_that_exist(target: str) 
     validate_bootstrap(bootstrap)  # parses into the real envoy Bootstrap proto
     clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
     namespace = find(objs, "Deployment", "epp")["metadata"]["namespace"]
-    for name in ("bbr", "epp-llama-3-8b"):
+    config = parse_config(_gateway_config(objs))
+    for name in ("bbr", *(f"epp-{pool.name}" for pool in config.pools)):
         addr = clusters[name]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
         host, port = addr["socket_address"]["address"], addr["socket_address"]["port_value"]
         svc_name, svc_ns = host.split(".")[:2]
         assert svc_ns == namespace
         assert port in {p["port"] for p in find(objs, "Service", svc_name)["spec"]["ports"]}
-    pool = clusters["pool-llama-3-8b"]
-    assert pool["type"] == "ORIGINAL_DST" and pool["lb_policy"] == "CLUSTER_PROVIDED"
-    assert pool["original_dst_lb_config"]["metadata_key"] == {
-        "key": "envoy.lb",
-        "path": [{"key": "x-gateway-destination-endpoint"}],
-    }
+    for pool_cfg in config.pools:
+        pool = clusters[f"pool-{pool_cfg.name}"]
+        assert pool["type"] == "ORIGINAL_DST" and pool["lb_policy"] == "CLUSTER_PROVIDED"
+        assert pool["original_dst_lb_config"]["metadata_key"] == {
+            "key": "envoy.lb",
+            "path": [{"key": "x-gateway-destination-endpoint"}],
+        }
     hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     filters = {f["name"]: f for f in hcm["http_filters"]}
     assert list(filters) == [
@@ -569,15 +583,16 @@ def test_envoy_bootstrap_routes_by_metadata_to_services_that_exist(target: str) 
     ]
     epp = filters["gateway.epp"]["typed_config"]
     assert epp["metadata_options"]["receiving_namespaces"]["untyped"] == ["envoy.lb"]
-    # Every public model name of the config reaches the pool route; other names do not.
+    # Every public model name of a pool reaches that pool's route; other names do not.
     routes = {r["name"]: r for r in hcm["route_config"]["virtual_hosts"][0]["routes"]}
-    route = routes["llama-3-8b-pick"]
-    (model_match,) = [h for h in route["match"]["headers"] if h["name"] == "x-gateway-model-name"]
-    regex = re.compile(model_match["string_match"]["safe_regex"]["regex"])
-    assert {"name": ":method", "string_match": {"exact": "POST"}} in route["match"]["headers"]
-    for model in parse_config(_gateway_config(objs)).routes():
-        assert regex.fullmatch(model), model
-    assert not regex.fullmatch("meta-llama/Llama-3X1-8B-Instruct")
+    for pool_cfg in config.pools:
+        route = routes[f"{pool_cfg.name}-pick"]
+        (model_match,) = [h for h in route["match"]["headers"] if h["name"] == "x-gateway-model-name"]
+        regex = re.compile(model_match["string_match"]["safe_regex"]["regex"])
+        assert {"name": ":method", "string_match": {"exact": "POST"}} in route["match"]["headers"]
+        for model, where in config.routes().items():
+            assert bool(regex.fullmatch(model)) == (where.pool == pool_cfg.name), (pool_cfg.name, model)
+        assert not regex.fullmatch("meta-llama/Llama-3X1-8B-Instruct")
 
 
 @pytest.mark.parametrize("target", ["base", "overlays/eks-hyperpod"])
@@ -586,16 +601,17 @@ def test_epp_replicas_are_each_reached_and_health_checked(target: str) -> None:
     ClusterIP would put all streams on one HTTP/2 connection to one pod), the config names
     as many replicas as the Deployment runs, and Envoy health-checks the EPP cluster."""
     objs = render(target)
-    replicas = find(objs, "Deployment", "epp")["spec"]["replicas"]
-    assert replicas > 1
-    assert find(objs, "Service", "epp")["spec"]["clusterIP"] == "None"
-    assert parse_config(_gateway_config(objs)).pools[0].epp.replicas == replicas
-    (cluster,) = [
-        c for c in _bootstrap(target)["static_resources"]["clusters"] if c["name"].startswith("epp-")
-    ]
-    assert cluster["type"] == "STRICT_DNS"
-    assert cluster["health_checks"][0]["grpc_health_check"] == {}
-    assert cluster["outlier_detection"]["consecutive_local_origin_failure"] == 1
+    clusters = {c["name"]: c for c in _bootstrap(target)["static_resources"]["clusters"]}
+    for index, pool in enumerate(parse_config(_gateway_config(objs)).pools):
+        name = "epp" if index == 0 else f"epp-{pool.name}"
+        replicas = find(objs, "Deployment", name)["spec"]["replicas"]
+        assert replicas > 1
+        assert find(objs, "Service", name)["spec"]["clusterIP"] == "None"
+        assert pool.epp.replicas == replicas
+        cluster = clusters[f"epp-{pool.name}"]
+        assert cluster["type"] == "STRICT_DNS"
+        assert cluster["health_checks"][0]["grpc_health_check"] == {}
+        assert cluster["outlier_detection"]["consecutive_local_origin_failure"] == 1
 
 
 @pytest.mark.parametrize("target", ["base", *OVERLAYS])
@@ -779,7 +795,10 @@ TLS_FLAGS = ("--tls-cert=", "--tls-key=", "--tls-client-ca=")
 
 def _container(objs: tuple[Obj, ...], name: str) -> Obj:
     pod = find(objs, "Deployment", name)["spec"]["template"]["spec"]
-    (container,) = [c for c in pod["containers"] if c["name"] == name]
+    # A later pool's EPP, epp-<pool>, runs the container `epp` too.
+    (container,) = [
+        c for c in pod["containers"] if c["name"] in (name, "epp" if name.startswith("epp-") else name)
+    ]
     return container
 
 
@@ -793,9 +812,10 @@ def test_only_dev_is_plaintext(target: str) -> None:
     clusters = {c["name"]: c for c in _bootstrap(target)["static_resources"]["clusters"]}
     extproc = {
         "bbr": clusters["bbr"],
-        "epp": clusters["epp-llama-3-8b"],
         "xds": _xds_bootstrap(target)["static_resources"]["clusters"][0],
     }
+    for index, pool in enumerate(parse_config(_gateway_config(objs)).pools):  # every pool's EPP
+        extproc["epp" if index == 0 else f"epp-{pool.name}"] = clusters[f"epp-{pool.name}"]
     service_args = [_container(objs, name)["args"] for name in extproc]
     cert_manager = [o for o in objs if o["apiVersion"].startswith("cert-manager.io/")]
     if target == "overlays/dev":
@@ -848,6 +868,15 @@ def test_services_run_the_packages_console_scripts(target: str) -> None:
         module_name, _, func = scripts[command].partition(":")
         assert module_name == module, (command, scripts[command])
         assert callable(getattr(importlib.import_module(module_name), func))
+
+
+def _epps(objs: tuple[Obj, ...]) -> list[Obj]:
+    """Every pool's EPP Deployment."""
+    return [
+        o
+        for o in objs
+        if o["kind"] == "Deployment" and o["metadata"]["labels"].get("app.kubernetes.io/name") == "epp"
+    ]
 
 
 def _policies(objs: tuple[Obj, ...]) -> dict[str, Obj]:
