@@ -52,7 +52,7 @@ def load(root: Path, path: str = BASE_CONFIG) -> Obj:
     data: Obj = yaml.safe_load((root / path).read_text())
     parse_config(copy.deepcopy(data))
     for index, pool in enumerate(data["pools"][1:], start=1):
-        want = {"host": epp_host(index, pool["name"]), "port": EPP_PORT}
+        want = {"host": epp_host(index, pool["name"], _namespace(pool)), "port": EPP_PORT}
         given = {k: pool.get("epp", {}).get(k) for k in want}
         if given != want:
             raise SystemExit(
@@ -63,12 +63,19 @@ def load(root: Path, path: str = BASE_CONFIG) -> Obj:
     return data
 
 
+def _namespace(pool: Obj) -> str:
+    """Where the pool's EPP runs: the namespace of its InferencePool (the overlays put both there)."""
+    return str(pool.get("kubernetes", {}).get("namespace") or NAMESPACE)
+
+
 def epp_arguments(root: Path) -> list[str]:
     """`--epp pool=host:port` of every pool, for the Envoy renderer (none without deploy/)."""
     path = root / BASE_CONFIG
     pools = yaml.safe_load(path.read_text())["pools"] if path.exists() else []
     return [
-        a for i, p in enumerate(pools) for a in ("--epp", f"{p['name']}={epp_host(i, p['name'])}:{EPP_PORT}")
+        a
+        for i, p in enumerate(pools)
+        for a in ("--epp", f"{p['name']}={epp_host(i, p['name'], _namespace(p))}:{EPP_PORT}")
     ]
 
 
