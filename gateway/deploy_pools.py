@@ -111,7 +111,8 @@ def pool_objects(template: list[Obj], certificate: Obj, pool: str, index: int, r
             spec["dnsNames"] = [name + d.removeprefix("epp") for d in spec["dnsNames"]]
             selectors = []
         for labels in selectors:
-            assert labels[POOL_LABEL] == first, (obj["kind"], labels)
+            if labels.get(POOL_LABEL) != first:  # base/epp.yaml must select its pool everywhere
+                raise ValueError(f"{EPP_TEMPLATE}: {obj['kind']} selects {labels}, not {POOL_LABEL}={first}")
             labels[POOL_LABEL] = pool
         out.append(obj)
     return out
