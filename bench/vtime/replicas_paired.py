@@ -1,7 +1,7 @@
 """Replicas against one EPP seed by seed, beside one EPP against itself (the noise floor).
 
     python -m bench.vtime.replicas_paired --summaries <root> [--control <root>] \\
-        [--scenario S ...] [--policy epp-default] [--replicas 2,4,8] [--markdown]
+        [--scenario S ...] [--policy epp-default] [--variant P ...] [--replicas 2,4,8] [--markdown]
 
 On small, chaotic traces (a few multi-turn sessions, ~100 requests a run) the median over seeds
 of a TTFT percentile moves by tens of percent between two runs of the same router, so "within
@@ -10,7 +10,9 @@ of N replicas and gives, per replica count: the change of the medians over the s
 of the per-seed ratios (replicas / one EPP on the same trace) and on how many seeds the P95 is
 more than 3 % worse or better. `--control` names a root holding one EPP's runs of the same
 seeds with other scrape phases (`bench sim --router-seed <seed + 1000>`): its row is what one
-EPP does against itself, the spread a replica row has to be read against.
+EPP does against itself, the spread a replica row has to be read against. `--variant P` adds
+the replica runs of policy P (e.g. `epp-noscrapeshare`, bench/vtime/replica_policies.py) against
+the same one-EPP runs.
 """
 
 from __future__ import annotations
@@ -78,19 +80,28 @@ def paired(
 
 
 def rows(
-    root: Path, mode: str, scenario: str, policy: str, counts: Sequence[int], control: Path | None
+    root: Path,
+    mode: str,
+    scenario: str,
+    policy: str,
+    counts: Sequence[int],
+    control: Path | None,
+    variants: Sequence[str] = (),
 ) -> list[Paired]:
+    """The control row (if any), then `policy`'s replica rows, then each variant policy's
+    replica rows, all against one EPP running `policy`."""
     base = _ttfts(root / mode / scenario / policy)
     out: list[Paired] = []
     if control is not None:
         row = paired("one EPP, other scrape phases", _ttfts(control / mode / scenario / policy), base)
         if row:
             out.append(row)
-    for n in counts:
-        label = replica_label(policy, n)
-        row = paired(f"{n} replicas", _ttfts(root / mode / scenario / label), base)
-        if row:
-            out.append(row)
+    for variant in (policy, *variants):
+        for n in counts:
+            name = f"{n} replicas" if variant == policy else f"{variant}, {n} replicas"
+            row = paired(name, _ttfts(root / mode / scenario / replica_label(variant, n)), base)
+            if row:
+                out.append(row)
     return out
 
 
@@ -132,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--mode", default="quick")
     parser.add_argument("--policy", default="epp-default")
+    parser.add_argument(
+        "--variant", action="append", default=[], help="repeatable: a policy whose replica runs to add"
+    )
     parser.add_argument("--replicas", default="2,4,8")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
@@ -139,7 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     scenarios = args.scenario or sorted(p.name for p in (root / args.mode).iterdir() if p.is_dir())
     counts = [int(n) for n in args.replicas.split(",")]
     control = Path(args.control) if args.control else None
-    table = [(s, r) for s in scenarios for r in rows(root, args.mode, s, args.policy, counts, control)]
+    table = [
+        (s, r)
+        for s in scenarios
+        for r in rows(root, args.mode, s, args.policy, counts, control, args.variant)
+    ]
     print(render(table, args.markdown))
     return 0
 

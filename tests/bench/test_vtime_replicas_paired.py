@@ -47,3 +47,11 @@ def test_rows_put_the_control_first_and_skip_missing_counts(
     assert table[1].p50_change_pct == pytest.approx(10.0)
     assert main(["--summaries", str(root), "--control", str(control), "--markdown"]) == 0
     assert "| s | 2 replicas | 2 | +10.0 / +0.0 % |" in capsys.readouterr().out
+
+
+def test_variant_rows_compare_against_the_policys_one_epp(tmp_path: Path) -> None:
+    _write(tmp_path, "s", "epp-default", {1: (1.0, 2.0)})
+    _write(tmp_path, "s", "epp-other-2replicas", {1: (1.0, 3.0)})
+    table = rows(tmp_path, "quick", "s", "epp-default", [2], None, ["epp-other"])
+    assert [r.label for r in table] == ["epp-other, 2 replicas"]
+    assert table[0].p95_change_pct == pytest.approx(50.0)
