@@ -86,14 +86,14 @@ BENCH_POLICIES := round-robin least-request epp-default epp-best oracle sglang-c
 
 bench: $(BENCH_STAMP)
 	for s in $(BENCH_QUICK_SCENARIOS); do \
-	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode quick \
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode quick --summaries bench/summaries \
 	    --no-progress $(foreach p,$(BENCH_QUICK_POLICIES),--policy $(p)) || exit 1; \
 	done
 	$(BIN)/python -m bench report --mode quick --results bench/results
 
 bench-full: $(BENCH_STAMP)
 	for s in $(BENCH_SCENARIOS); do \
-	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode full \
+	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench run --scenario bench/scenarios/$$s.yaml --mode full --summaries bench/summaries \
 	    --no-progress $(foreach p,$(BENCH_POLICIES),--policy $(p)) || exit 1; \
 	done
 	$(BIN)/python -m bench report --mode full --results bench/results

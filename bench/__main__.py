@@ -4,8 +4,11 @@ python -m bench run --scenario bench/scenarios/mixed-gpu.yaml --policy sglang-ca
     [--seeds reporting|tuning|N] [--seed N ...]     # default: the reporting seeds
     [--fleet-tokenizer] [--fleet-kv-events]        # on anyway for a run with a precise policy
     [--pin-router]                                 # the router on CPU 0, fleet + load generator on the rest
+    [--summaries bench/summaries]                  # the committed root; default bench/scratch/summaries
 python -m bench sim --scenario bench/scenarios/uniform.yaml --policy epp-default --policy oracle
     [--seeds ...] [--pods-scale K] [--duration-s S]   # virtual time (bench/vtime/), no sleeps
+    [--summaries bench/summaries-virtual]          # the committed root; default bench/scratch/summaries-virtual
+                                                   # (with --replicas: bench/scratch/summaries-virtual-replicas)
 python -m bench sim-report                         # docs/benchmarks/virtual-time.md from the summaries
 python -m bench slo-report                         # docs/benchmarks/slo.md (latency objectives)
 python -m bench report [--summaries bench/summaries] [--mode quick] [--root .]   # README + docs/benchmarks*
@@ -56,6 +59,7 @@ from bench.harness.summary import (
     build_summary,
     environment,
     machine_state,
+    scratch_for,
     write_summary,
 )
 from bench.harness.targets import FLEET_NEEDS, POLICIES, TargetContext, fleet_needs, load_plugins, make_target
@@ -241,6 +245,12 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def sim_summaries(replicas: int | None) -> Path:
+    """Where `bench sim` writes when told no root: the scratch stand-in of the committed root its
+    runs belong to (the replicas campaign's when a replica count is named)."""
+    return scratch_for(VIRTUAL_SUMMARIES if replicas is None else REPLICA_SUMMARIES)
+
+
 def run_seeds(args: argparse.Namespace) -> list[int]:
     """--seed N (repeatable) wins; else --seeds: reporting | tuning | N (the first N reporting)."""
     if args.seed:
@@ -363,7 +373,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--label", help="store the runs under this name instead of the policy's (tuning variants)"
     )
     run.add_argument("--results", default="bench/results", help="raw per-request results (git-ignored)")
-    run.add_argument("--summaries", default=str(SUMMARIES_DIR), help="committed run summaries")
+    run.add_argument(
+        "--summaries",
+        default=str(scratch_for(SUMMARIES_DIR)),
+        help=f"summaries root (default {scratch_for(SUMMARIES_DIR)}, git-ignored; the committed one: {SUMMARIES_DIR})",
+    )
     run.add_argument("--http2", action="store_true")
     run.add_argument("--ca-file", help="CA bundle for TLS targets (default: verification off)")
     run.add_argument("--concurrency", type=int, help="in-flight cap (default from the scenario, else 256)")
@@ -442,6 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"rendered the replica tables into {page}")
             return 0
         if args.command == "sim":
+            args.summaries = args.summaries or str(sim_summaries(args.replicas))
             return cmd_sim(args, run_seeds(args))
         if args.command == "sim-report":
             return cmd_sim_report(args)

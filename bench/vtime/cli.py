@@ -342,7 +342,10 @@ def add_parser(sub: Any) -> None:
     sim.add_argument("--as-recorded", help="epp-* policies run the config of this root's real-time summaries")
     sim.add_argument(
         "--summaries",
-        help=f"summaries root (default {VIRTUAL_SUMMARIES}; with --replicas: {REPLICA_SUMMARIES})",
+        help=(
+            "summaries root (default: git-ignored scratch under bench/scratch/; name "
+            f"{VIRTUAL_SUMMARIES} or, with --replicas, {REPLICA_SUMMARIES} to write the committed one)"
+        ),
     )
     sim.add_argument(
         "--ttft-only", action="store_true", help="stop once every request has its first token (big runs)"
