@@ -10,8 +10,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
-from epp.pool import PoolSnapshot
-from epp.telemetry import Telemetry
+from epp.datalayer.pool import PoolSnapshot
+from epp.requestcontrol.telemetry import Telemetry
 from gateway.admin_http import start_admin_http
 
 

@@ -14,25 +14,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from epp import test_picker
 from epp.admin import start_admin_server
-from epp.config import EppConfig
-from epp.context import EppContext
-from epp.discovery.static import static_endpoints
-from epp.flow_control import FlowController
-from epp.kv_events import EventBatch, KVEventMetrics, KVEventSubscribers, stored_adapters
-from epp.kv_index import KVIndex
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
-from epp.scale_from_zero import EmptyPoolHold
-from epp.scheduling.lora import event_time
+from epp.datalayer.adapter_residency import event_time
+from epp.datalayer.discovery.static import static_endpoints
+from epp.datalayer.kv_events import EventBatch, KVEventMetrics, KVEventSubscribers, stored_adapters
+from epp.datalayer.kv_index import KVIndex
+from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.scrape import Scraper
+from epp.datalayer.shared_state import SharedState
+from epp.datalayer.tokenizer import PoolTokenizers
+from epp.requestcontrol import conformance_mode
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.flow_control import FlowController
+from epp.requestcontrol.header_policy import HeaderPolicy
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.scale_from_zero import EmptyPoolHold
+from epp.requestcontrol.telemetry import Telemetry
 from epp.scheduling.weighted import WeightedScheduler
-from epp.scrape import Scraper
-from epp.shared_state import SharedState
-from epp.telemetry import Telemetry
-from epp.tokenize import PoolTokenizers
-from epp.trust import HeaderPolicy
-from epp.workers import WorkerFront, resolve_workers, start_worker_front
+from epp.workers.processes import WorkerFront, resolve_workers, start_worker_front
 from extproc.server import (
     GrpcService,
     StartupError,
@@ -42,6 +41,7 @@ from extproc.server import (
     start_health_server,
 )
 from extproc.stream import ExtProcServicer
+from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.llmd_api import (
     GROUP,
@@ -72,12 +72,12 @@ class KubernetesPool:
 class SharedRuntime:
     """What the pools of one multi-pool EPP process share."""
 
-    store: ConfigStore[EppConfig]
+    store: ConfigStore[GatewayConfig]
     tracing: Tracing
 
 
 def build_scheduler(
-    config: EppConfig, previous: WeightedScheduler | None = None, kv_index: KVIndex | None = None
+    config: GatewayConfig, previous: WeightedScheduler | None = None, kv_index: KVIndex | None = None
 ) -> WeightedScheduler:
     return WeightedScheduler(
         config.scheduler_profiles(),
@@ -107,13 +107,13 @@ class EppApp:
     ) -> None:
         """`health_port`: also serve the gRPC health service alone there (the reference EPP's
         9003); `kubernetes`: discover the pool from this InferencePool whatever the config
-        says (`--pool-name`); `conformance_test_mode`: see epp/test_picker.py; `shared`: one
+        says (`--pool-name`); `conformance_test_mode`: see epp/requestcontrol/conformance_mode.py; `shared`: one
         pool of a process serving several (epp/single_hop.py), which owns the config store,
         tracing and the gRPC server, so this app starts no ext_proc server of its own;
-        `workers`: ext_proc worker processes (epp/workers.py; None: the pool's `epp.workers`),
+        `workers`: ext_proc worker processes (epp/workers/processes.py; None: the pool's `epp.workers`),
         `worker_options` their --log-level / --event-loop / --drain-seconds."""
         self._shared = shared
-        self.store = shared.store if shared else ConfigStore.from_file(config_path, EppConfig)
+        self.store = shared.store if shared else ConfigStore.from_file(config_path, GatewayConfig)
         self._watcher = FileWatcher(self.store, config_path) if shared is None else None
         config = self.store.current()
         if pool_name not in {p.name for p in config.pools}:
@@ -151,7 +151,7 @@ class EppApp:
             self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
             self.store.subscribe(self.ctx.tracing.warn_on_change(config.tracing))
         if conformance_test_mode:
-            log.warning(test_picker.WARNING, test_picker.SELECTION_HEADER)
+            log.warning(conformance_mode.WARNING, conformance_mode.SELECTION_HEADER)
             self.telemetry.conformance_test_mode()
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
@@ -180,7 +180,7 @@ class EppApp:
             )
         self._shared_config = config.shared_state
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
-        # More than one worker: they serve the streams, this process decides (epp/workers.py).
+        # More than one worker: they serve the streams, this process decides (epp/workers/processes.py).
         self.worker_count = 1 if shared is not None else resolve_workers(workers or pool_config.epp.workers)
         self._worker_options = worker_options or {}
         self._workers_setting = pool_config.epp.workers  # read at start, like sharedState
@@ -210,7 +210,7 @@ class EppApp:
         self.port = 0
         self.metrics_port = 0
 
-    def _apply(self, config: EppConfig) -> None:
+    def _apply(self, config: GatewayConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
         self.ctx.header_policy = HeaderPolicy.from_config(config, self._objective_priorities(config))
         self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
@@ -232,7 +232,7 @@ class EppApp:
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
 
-    def _on_config(self, config: EppConfig) -> None:
+    def _on_config(self, config: GatewayConfig) -> None:
         try:
             config.pool(self.pool_name)
         except KeyError:  # a valid file (the verdict, logged by the store, is everyone's)
@@ -249,7 +249,7 @@ class EppApp:
         self.ctx.scheduler = self.scheduler
         self._apply(config)
 
-    def _objective_priorities(self, config: EppConfig) -> dict[str, int]:
+    def _objective_priorities(self, config: GatewayConfig) -> dict[str, int]:
         """The followed InferenceObjectives that name this EPP's pool: name -> priority."""
         out = {}
         for name, accepted in self._objectives.items():
@@ -357,7 +357,7 @@ class EppApp:
         if self._health_port is not None:
             check_port_free(self._host, self._health_port, "--grpc-health-port")
         if self._kubernetes is not None:
-            from epp.discovery.kubernetes import InferencePoolDiscovery
+            from epp.datalayer.discovery.kubernetes import InferencePoolDiscovery
 
             pool = self.store.current().pool(self.pool_name)
             self._discovery = InferencePoolDiscovery(
@@ -401,7 +401,7 @@ class EppApp:
             lambda: EppProcessor(self.ctx),
             lambda: {
                 "max_body_bytes": self.store.current().bbr.max_body_bytes,
-                "parse": self.ctx.parse_hints().to_wire(),  # the workers parse (epp/parse.py)
+                "parse": self.ctx.parse_hints().to_wire(),  # the workers parse (epp/requestcontrol/parse.py)
             },
             self.store.subscribe,
             host=self._host,
@@ -433,7 +433,7 @@ class EppApp:
         return extra
 
     def _adapters_resident(self) -> dict[str, list[str]]:
-        """Per pod: the modelled GPU adapter set (epp/scheduling/lora.py), most recent first,
+        """Per pod: the modelled GPU adapter set (epp/datalayer/adapter_residency.py), most recent first,
         for the capacity its last scrape reported (empty while unknown)."""
         out = {}
         for ep in self.pool.endpoints():

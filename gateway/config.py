@@ -35,7 +35,7 @@ from extproc.errors import ANTHROPIC_PATHS
 from gateway.profiles import Profile, resolve_profiles
 from gateway.scheduling_params import Thresholds
 
-# Metric dialects (epp/engines.py DIALECTS; a test keeps the two in step).
+# Metric dialects (epp/datalayer/metric_dialects.py DIALECTS; a test keeps the two in step).
 Engine = Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp"]
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # the AWS gateway's BBR default (facts.md)
@@ -65,7 +65,7 @@ class ModelConfig(_Model):
     rewrites: list[Rewrite] = Field(default_factory=list)
     # The model's tokenizer folder on the EPP's disk (Hugging Face layout: tokenizer.json,
     # tokenizer_config.json with chat_template): the EPP computes the tokens the engine sees
-    # and scores pods by the precise KV index (epp/tokenize.py). A folder that does not load
+    # and scores pods by the precise KV index (epp/datalayer/tokenizer.py). A folder that does not load
     # is logged and the model falls back to approximate prefix scoring (/debug/pool says so).
     tokenizer: str | None = Field(default=None, min_length=1, max_length=4096)
 
@@ -100,7 +100,7 @@ class EndpointConfig(_Model):
     kv_replay_port: Port | None = Field(default=None, alias="kvReplayPort")
     # KV capacity in tokens, over the pool's (TGI reports tokens held, not a fraction).
     kv_capacity_tokens: KvCapacity | None = Field(default=None, alias="kvCapacityTokens")
-    # vLLM's --data-parallel-size behind this address: the EPP pins a rank (epp/ranks.py).
+    # vLLM's --data-parallel-size behind this address: the EPP pins a rank (epp/requestcontrol/dp_ranks.py).
     data_parallel_size: int = Field(default=1, ge=1, le=64, alias="dataParallelSize")
     # The pod's labels, as Kubernetes discovery reads them (e.g. llm-d.ai/role: prefill).
     labels: dict[str, str] = Field(default_factory=dict)
@@ -152,7 +152,7 @@ class EppAddress(_Model):
     `port`, `port + 1`, ... (one Envoy endpoint each); with a DNS name, the name must resolve
     to every replica (a headless Service) and Envoy balances over what it resolves.
 
-    `workers`: the ext_proc worker processes of each EPP (epp/workers.py): N > 1 spreads the
+    `workers`: the ext_proc worker processes of each EPP (epp/workers/processes.py): N > 1 spreads the
     gRPC stream work over N processes that all listen on `port` and ask the EPP's one
     scheduling process for each decision; "auto" = the CPUs the EPP may use (affinity and
     cgroup quota); 1 = one process, no workers. Read at start (`python -m epp --workers`
@@ -197,7 +197,7 @@ def is_ip(host: str) -> bool:
 
 
 class SharedStateConfig(_Model):
-    """State the EPP replicas of a pool share through Redis (epp/shared_state.py): each
+    """State the EPP replicas of a pool share through Redis (epp/datalayer/shared_state.py): each
     replica publishes its per-pod in-flight counts under a key that expires after `ttlMs` (a
     dead replica's share disappears then) and reads the others' in the same round trip: within
     `publishIntervalMs` of a change of its own counts, else every `idleIntervalMs`. Off (None)
@@ -267,12 +267,12 @@ class PoolConfig(_Model):
     # pool's first model (the HTTPRoute, not the model list, decides what reaches the pool).
     accept_any_model: bool = Field(default=False, alias="acceptAnyModel")
     disaggregation: DisaggregationConfig | None = None  # prefill/decode split; None: aggregated
-    # Hold requests while no pod is ready (epp/scale_from_zero.py); None: 503 at once.
+    # Hold requests while no pod is ready (epp/requestcontrol/scale_from_zero.py); None: 503 at once.
     scale_from_zero: ScaleFromZeroConfig | None = Field(default=None, alias="scaleFromZero")
 
 
 class ScrapeConfig(_Model):
-    """Per-pod cadence (epp/scrape.py `Cadence`): every `intervalMs` while the pod is busy or
+    """Per-pod cadence (epp/datalayer/scrape.py `Cadence`): every `intervalMs` while the pod is busy or
     its metrics change, backing off to `maxIntervalMs` (the staleness bound) while it is idle
     and unchanged; each interval is spread by +-`jitter` so pods are not scraped in lock-step."""
 
@@ -282,7 +282,7 @@ class ScrapeConfig(_Model):
     jitter: float = Field(default=0.1, ge=0.0, le=0.5)
     timeout_ms: int = Field(default=500, ge=10, alias="timeoutMs")
     # Observed-speed EWMAs lose half their weight per half-life; after 4 without a new
-    # observation the pod's speed is unknown again (epp/pool.py).
+    # observation the pod's speed is unknown again (epp/datalayer/pool.py).
     speed_half_life_ms: int = Field(default=10_000, ge=100, le=86_400_000, alias="speedHalfLifeMs")
     # On: with sharedState, each replica waits its interval times the pool's live replica count,
     # so the pods see about one scrape per interval from all of a pool's EPPs together (N
@@ -307,7 +307,7 @@ class AdmissionConfig(_Model):
 
 
 class FlowBand(_Model):
-    """Bounds of one priority band's EPP queue (epp/flow_control.py)."""
+    """Bounds of one priority band's EPP queue (epp/requestcontrol/flow_control.py)."""
 
     max_queue: int = Field(default=256, ge=0, le=100_000, alias="maxQueue")  # 0: never queue, refuse
     max_wait_ms: int = Field(default=5_000, ge=1, le=MAX_FLOW_WAIT_MS, alias="maxWaitMs")
@@ -318,7 +318,7 @@ class FlowControlConfig(_Model):
 
     Bands by the objective's priority: > 0 critical, 0 standard, < 0 sheddable. The tenant (fair
     share within a band) comes from `tenantClaim` (a verified JWT claim) or, for trusted requests
-    only, `tenantHeader` (epp/trust.py).
+    only, `tenantHeader` (epp/requestcontrol/header_policy.py).
     """
 
     enabled: bool = False
@@ -402,7 +402,7 @@ class HeaderTrust(_Model):
 
     Untrusted requests get `x-gateway-decision` only with `decisionHeader: true`, and may pick
     only a model's `objectives` with `x-gateway-inference-objective`, never above the model's own
-    priority. Trusted requests may do both freely. The EPP enforces it (epp/trust.py).
+    priority. Trusted requests may do both freely. The EPP enforces it (epp/requestcontrol/header_policy.py).
     """
 
     # Every client may ask for the per-pod scores (reveals pod addresses: local development only).

@@ -230,7 +230,7 @@ def _replica_outlier_detection() -> OutlierDetection:
 
 # Streams Envoy puts on one connection to an ext_proc service before it opens another. Each
 # request holds its EPP stream until the response ends, so the connections grow with the load;
-# an EPP with workers (epp/workers.py) shares its port over SO_REUSEPORT and the kernel spreads
+# an EPP with workers (epp/workers/processes.py) shares its port over SO_REUSEPORT and the kernel spreads
 # connections, not streams, over the workers. Measured through Envoy (--concurrency 1), 40
 # concurrent requests over 2 workers: no limit 40/0 (one connection), 8 -> 32/8, 4 -> 28/12.
 EXT_PROC_STREAMS_PER_CONNECTION = 4
@@ -792,7 +792,7 @@ def _jwt_filter(config: GatewayConfig) -> list[HttpFilter]:
     if claim is not None:  # the EPP trusts the request when this equals the configured value
         provider.claim_to_headers.append(JwtClaimToHeader(header_name=CLAIM_HEADER, claim_name=claim.name))
     tenant_claim = config.flow_control.tenant_claim
-    if tenant_claim is not None:  # the EPP's fair-share tenant (epp/flow_control.py)
+    if tenant_claim is not None:  # the EPP's fair-share tenant (epp/requestcontrol/flow_control.py)
         provider.claim_to_headers.append(
             JwtClaimToHeader(header_name=TENANT_CLAIM_HEADER, claim_name=tenant_claim)
         )

@@ -7,7 +7,7 @@ resourceVersion after disconnects with exponential backoff, and follows bookmark
 else (a bug in a callback, an object of an unexpected shape) escapes the watch loop to
 `gateway.supervise.run_supervised`, which logs the traceback, counts it and restarts the
 loop with a fresh list after a backoff: the thread never dies silently. Used by
-InferencePool discovery (epp/discovery/kubernetes.py) and the InferenceGatewayConfig source
+InferencePool discovery (epp/datalayer/discovery/kubernetes.py) and the InferenceGatewayConfig source
 (gateway/config_resource.py).
 """
 

@@ -6,7 +6,7 @@ moved serve the same schema as `inference.networking.x-k8s.io/v1alpha2`):
 
 - InferenceObjective `spec: {priority?: int32, poolRef: {group?, kind?, name}}`: a request whose
   `x-gateway-inference-objective` header names the resource gets its priority (unset = 0;
-  negative = sheddable). The EPP applies it (epp/trust.py).
+  negative = sheddable). The EPP applies it (epp/requestcontrol/header_policy.py).
 - InferenceModelRewrite `spec: {poolRef, rules: [{matches?: [{model: {type?: Exact, value}}],
   targets: [{modelRewrite, weight?}]}]}`: a request for a matched model is sent, by weight, to
   one of the targets. BBR applies it (gateway/model_rewrites.py).

@@ -28,7 +28,7 @@ cached prefix tokens, queues) and compare the serving shapes.
 - `dp-rank-aware` / `dp-rank-blind`: pods of 2 data-parallel ranks each; the router picks the
   rank with the lowest predicted TTFT and pins it (`X-data-parallel-rank`), or picks the pod
   that way and leaves the rank to vLLM's own balancing (4 x waiting + running);
-  `dp-epp-ranks`: the pod picked that way, the rank by the EPP's rule (epp/ranks.py: its own
+  `dp-epp-ranks`: the pod picked that way, the rank by the EPP's rule (epp/requestcontrol/dp_ranks.py: its own
   routing history per rank, in-flight counts), not the engines' state.
 """
 
@@ -55,11 +55,11 @@ from bench.vtime.epp import DEFAULT_SCRAPE_AGE_S, run_now
 from bench.vtime.pods import address_for
 from devstack.launch import gateway_config_for, pool_name_for
 from epp.app import EppApp
-from epp.pool import Endpoint, Metrics
-from epp.processor import EppProcessor
-from epp.ranks import RankRouter
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.scrape import SpeedTracker
+from epp.datalayer.pool import Endpoint, Metrics
+from epp.datalayer.scrape import SpeedTracker
+from epp.requestcontrol.dp_ranks import RankRouter
+from epp.requestcontrol.processor import EppProcessor
+from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from extproc.headers import DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import DisaggregationConfig
@@ -330,7 +330,7 @@ class EppRouter:
 
         serve(self.sim, decode, prefill, ids, out, rec, answered, lambda seq: processor.on_close(True))
 
-    # ---- scrapes: the live loop's steps (epp/scrape.py `Scraper._loop`) as events -------------
+    # ---- scrapes: the live loop's steps (epp/datalayer/scrape.py `Scraper._loop`) as events -------------
     def _schedule(self, state: _Scrapes, at: float, *, idle: bool) -> None:
         state.pending += 1
         state.idle = idle

@@ -5,8 +5,8 @@ is the score-based implementation; every filter, scorer and picker is listed onc
 `registry.py`, their parameters in `params.py`, profiles (weights per scorer) in `profiles.py`.
 """
 
+from epp.datalayer.prefix_index import PrefixIndex, prompt_hashes
 from epp.scheduling.base import Decision, Scheduler
-from epp.scheduling.prefix import PrefixIndex, prompt_hashes
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import BUILTIN_PROFILES, Profile, ProfileError, profile, profiles_from_dict
 from gateway.scheduling_params import Thresholds

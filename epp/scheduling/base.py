@@ -6,8 +6,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from epp.pool import PoolSnapshot
-from epp.request import InferenceRequest
+from epp.datalayer.pool import PoolSnapshot
+from epp.scheduling.request import InferenceRequest
 
 
 class ScoreTable(Mapping[str, Mapping[str, float]]):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from epp.pool import EndpointState
-from epp.request import InferenceRequest
-from epp.scheduling.lora import AdapterResidency, slot_runs
+from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.pool import EndpointState
+from epp.scheduling.adapter_slots import slot_runs
+from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated
 from gateway.scheduling_params import SaturationParams
 

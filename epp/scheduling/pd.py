@@ -13,16 +13,16 @@ pods other than the decode pod, when splitting is worth it:
   requests (a queued prefill pod would add more to the time to first token than it saves).
 
 Otherwise the request stays aggregated on the decode pod. The decision names the prefill pod
-in `Decision.prefill`; the processor sends it in the prefiller header (epp/processor.py).
+in `Decision.prefill`; the processor sends it in the prefiller header (epp/requestcontrol/processor.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from epp.pool import PoolSnapshot
-from epp.request import InferenceRequest
+from epp.datalayer.pool import PoolSnapshot
 from epp.scheduling.base import Decision, Scheduler
+from epp.scheduling.request import InferenceRequest
 from gateway.config import DisaggregationConfig
 
 PREFILL, DECODE, BOTH = "prefill", "decode", "both"

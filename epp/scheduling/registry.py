@@ -4,8 +4,8 @@ An entry holds the kebab-case name used in configuration, the function, the pyda
 of its parameters (gateway/scheduling_params.py; `None` when it takes none) and, through the
 function's docstring, its formula. Profiles are validated against its names
 (gateway/profiles.py lists them for the shared schema; checked below), the CRD's scorer-name rule is generated from it
-(epp/crd.py), and docs/scheduling.md's plugin table is generated from it
-(`python -m epp.scheduling.plugin_table --doc docs/scheduling.md`; a test fails on drift).
+(tools/crd.py), and docs/scheduling.md's plugin table is generated from it
+(`python -m tools.plugin_table --doc docs/scheduling.md`; a test fails on drift).
 Adding a scorer is one function in scorers.py, one `ScorerEntry` here and its name in
 gateway/profiles.py.
 """

@@ -4,7 +4,7 @@ Higher is better. Each scorer's formula is in its docstring. Pods whose metrics 
 scraped (`metrics is None`), or whose field is unknown (`None`: missing or rejected by the
 parser), get the worst score for that field, never an idle-looking one: a pod the EPP knows
 nothing about must not attract a herd. Inputs are finite and non-negative by construction
-(epp/pool.py sanitises the records), so no scorer checks for NaN or infinities itself.
+(epp/datalayer/pool.py sanitises the records), so no scorer checks for NaN or infinities itself.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from epp.engines import NO_KV_GAUGE
-from epp.kv_index import KVIndex
-from epp.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.scheduling.lora import AdapterResidency, Slot, slot_cost, slot_scarcity
-from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
+from epp.datalayer.adapter_residency import AdapterResidency, Slot
+from epp.datalayer.kv_index import KVIndex
+from epp.datalayer.metric_dialects import NO_KV_GAUGE
+from epp.datalayer.pool import KV_ADMIT_WATERMARK, EndpointState, Metrics
+from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
+from epp.scheduling.adapter_slots import slot_cost, slot_scarcity
+from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
 
 # Decode time per token `predicted-ttft` assumes while no candidate's is observed (50 tokens/s).
@@ -43,10 +44,10 @@ class ScoringContext:
     prefix_index: PrefixIndex | None = None
     addresses: Sequence[str] | None = None  # of the candidates, in order, when the caller has them
     residency: AdapterResidency | None = None  # each pod's modelled GPU adapter slots
-    kv_index: KVIndex | None = None  # the pods' own KV events (epp/kv_index.py)
+    kv_index: KVIndex | None = None  # the pods' own KV events (epp/datalayer/kv_index.py)
     block_chars: int = DEFAULT_BLOCK_CHARS  # characters per block of `prefix_hashes`
     # Filled by `predicted-ttft`: per candidate, the seconds this request's own prefill takes
-    # there (at least one engine step), which the pick commits to the pod's ledger (epp/ledger.py).
+    # there (at least one engine step), which the pick commits to the pod's ledger (epp/datalayer/ledger.py).
     prefill_s: list[float] = field(default_factory=list)
     # Filled by `predicted-ttft`: per candidate, the predicted seconds to this request's first
     # token there (None: unknown), which a request's latency objective is held against.
@@ -110,7 +111,7 @@ def lora_affinity(
     GIE's scorer, with residency: vLLM keeps idle adapters in their GPU slots until a newer one
     evicts them, and its metrics name only the adapters of running and waiting requests, so
     a pod that served the adapter a moment ago would look no better than one that must load
-    it. The residency model (epp/scheduling/lora.py) is fed by the EPP's routing, the scrapes'
+    it. The residency model (epp/datalayer/adapter_residency.py) is fed by the EPP's routing, the scrapes'
     running adapters and the pods' KV events (BlockStored LoRA names / ids).
     """
     adapter = request.adapter
@@ -164,9 +165,9 @@ def precise_prefix_cache(
     """matched leading KV blocks / max(prompt blocks, prefixMinBlocks), from the pod's own KV
     events; a pod without a complete event stream, or a model without a tokenizer: prefix-cache.
 
-    The request's token ids (the model's tokenizer and chat template, epp/tokenize.py) are
+    The request's token ids (the model's tokenizer and chat template, epp/datalayer/tokenizer.py) are
     cut into the pod's KV block size and chained as the precise index keys the pod's
-    BlockStored events (epp/kv_index.py: per model and LoRA adapter); the score counts the
+    BlockStored events (epp/datalayer/kv_index.py: per model and LoRA adapter); the score counts the
     leading blocks the pod reported holding and not removed since. Per pod it falls back to
     the approximate `prefix-cache` score (what this EPP routed there) while the pod's event
     stream is missing or not yet complete (no events port, a gap being resynced), or when the
@@ -307,7 +308,7 @@ def predicted_ttft(
     tokens (P less C_i, the tokens of its leading blocks the pod holds: precise KV events,
     else the approximate prefix index; at least the one token vLLM always recomputes), over
     the pod's prefill pace pace_i (tokens/s learned from `vllm:request_prefill_time_seconds`
-    and the prompt-token histograms, epp/pace.py; else the candidates' median, else
+    and the prompt-token histograms, epp/datalayer/prefill_pace.py; else the candidates' median, else
     `prefillTokensPerS`), its difference from the candidates' median raised to `paceContrast`
     (1 by default: a pace learned from a pod's recent prompt mix is noisy, identical GPUs read
     up to 1.4x apart, but damping it also damps real GPU differences); pods that report the same
@@ -325,12 +326,12 @@ def predicted_ttft(
     requests, tpot_i x expected output: vLLM schedules no request of another adapter until one
     of them has no request running.
     With `adapterPlacement` (the default) on a pod that reports its slots, the adapter terms
-    are its slot cost instead (epp/scheduling/lora.py `slot_cost`, from the adapters this EPP
+    are its slot cost instead (epp/datalayer/adapter_residency.py `slot_cost`, from the adapters this EPP
     has in flight on each pod and the page's running ones): 0 on the pod that runs most of
     its requests, a share of `adapterSlotMs` on another that runs it, load + `adapterSlotMs`
     for a free slot (0 where it sits idle in one), and on a pod whose slots other adapters
     hold, also the wait until the soonest of them drains; `adapterSlotMs` scaled by how scarce
-    the free slots are for the adapters holding none (lora.py `slot_scarcity`).
+    the free slots are for the adapters holding none (adapter_slots.py `slot_scarcity`).
     Proportional, so a pod predicted twice as slow scores 0.5 and the score blends with
     others. A pod whose metrics or waiting count are unknown scores 0, as in every scorer here.
     """

@@ -14,14 +14,14 @@ import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from epp.kv_index import KVIndex
-from epp.pool import EndpointState, PoolSnapshot
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.kv_index import KVIndex
+from epp.datalayer.pool import EndpointState, PoolSnapshot
+from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.base import Decision, ScoreTable
 from epp.scheduling.filters import adapter_slots, fresh, healthy, serving, unsaturated
-from epp.scheduling.lora import AdapterResidency
-from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.registry import PICKERS, SCORERS
+from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
 from epp.scheduling.slo import slo_order
 from gateway.profiles import BUILTIN_PROFILES, Profile

@@ -1,5 +1,5 @@
 """Adapter placement (issue #28): each LoRA adapter stays on the few pods that run it, priced by
-the GPU slots its requests hold (epp/scheduling/lora.py `AdapterResidency.slots`, `slot_cost`;
+the GPU slots its requests hold (epp/datalayer/adapter_residency.py `AdapterResidency.slots`, `slot_cost`;
 the `predicted-ttft` scorer adds that cost; the `adapter_slots` filter)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import dataclasses
 
 import pytest
 
-from epp.pool import EndpointState
+from epp.datalayer.adapter_residency import AdapterResidency, Slot
+from epp.datalayer.pool import EndpointState
+from epp.scheduling.adapter_slots import slot_cost, slot_runs, slot_scarcity
 from epp.scheduling.filters import adapter_slots, unsaturated
-from epp.scheduling.lora import AdapterResidency, Slot, slot_cost, slot_runs, slot_scarcity
 from epp.scheduling.scorers import ScoringContext, predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import DEFAULT, profile

@@ -4,7 +4,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.micro.metric_pages import AWKWARD_MODEL, PAGES, PageSpec, tgi_page, vllm_page
-from epp.engines import DIALECTS, MetricsParseError, Rejection, find_samples, parse_labels, parse_metrics
+from epp.datalayer.metric_dialects import (
+    DIALECTS,
+    MetricsParseError,
+    Rejection,
+    find_samples,
+    parse_labels,
+    parse_metrics,
+)
 
 KV_NAMES = {
     "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
@@ -14,7 +21,7 @@ KV_NAMES = {
 
 
 def reference(page: bytes, dialect: str) -> dict:
-    """What prometheus_client's own parser says, aggregated as documented in epp.engines."""
+    """What prometheus_client's own parser says, aggregated as documented in epp.datalayer.metric_dialects."""
     fams = {f.name: f for f in text_string_to_metric_families(page.decode())}
 
     def values(*names):

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epp.admin import pool_json
-from epp.engines import DIALECTS, MetricsParseError, Rejection, parse_metrics
-from epp.pool import (
+from epp.datalayer.metric_dialects import DIALECTS, MetricsParseError, Rejection, parse_metrics
+from epp.datalayer.pool import (
     MAX_COUNT,
     MAX_SPEED_S,
     Endpoint,
@@ -29,13 +29,13 @@ from epp.pool import (
     count_problem,
     fraction_problem,
 )
-from epp.request import InferenceRequest
+from epp.datalayer.scrape import SpeedTracker, _ratio_totals, histogram
 from epp.scheduling import BUILTIN_PROFILES, Profile, WeightedScheduler, profile
 from epp.scheduling.picker import TIE_EPSILON
 from epp.scheduling.registry import SCORER_NAMES, SCORERS
+from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated
 from epp.scheduling.scorers import ScoringContext
-from epp.scrape import SpeedTracker, _ratio_totals, histogram
 
 from .factories import req, snap
 

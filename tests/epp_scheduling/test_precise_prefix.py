@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from epp.kv_index import KVIndex
-from epp.scheduling.prefix import PrefixIndex
+from epp.datalayer.kv_index import KVIndex
+from epp.datalayer.prefix_index import PrefixIndex
 from epp.scheduling.registry import SCORERS
 from epp.scheduling.scorers import ScoringContext, precise_prefix_cache, predicted_ttft, prefix_cache
 from epp.scheduling.weighted import WeightedScheduler

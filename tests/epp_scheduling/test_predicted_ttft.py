@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from epp.pool import Endpoint, EndpointState, Metrics
-from epp.scheduling.lora import AdapterResidency
-from epp.scheduling.prefix import PrefixIndex, prompt_hashes
+from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.pool import Endpoint, EndpointState, Metrics
+from epp.datalayer.prefix_index import PrefixIndex, prompt_hashes
 from epp.scheduling.scorers import DEFAULT_TPOT_S, ScoringContext, predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import PREDICTED, profile

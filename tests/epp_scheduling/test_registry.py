@@ -6,20 +6,18 @@ import inspect
 import re
 from pathlib import Path
 
-from epp.crd import spec_schema
 from epp.scheduling import affinity, scorers
-from epp.scheduling.plugin_table import with_plugin_table
 from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
 from gateway.profiles import Profile
+from tools.crd import spec_schema
+from tools.plugin_table import with_plugin_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_committed_plugin_table_is_the_generated_one() -> None:
     doc = (ROOT / "docs/scheduling.md").read_text()
-    assert with_plugin_table(doc) == doc, (
-        "run `python -m epp.scheduling.plugin_table --doc docs/scheduling.md`"
-    )
+    assert with_plugin_table(doc) == doc, "run `python -m tools.plugin_table --doc docs/scheduling.md`"
 
 
 def test_names_are_kebab_case_and_every_entry_has_a_formula() -> None:

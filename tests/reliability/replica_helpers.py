@@ -1,4 +1,4 @@
-"""Helpers for tests of a pool's EPP replicas behind the real Envoy (epp/shared_state.py):
+"""Helpers for tests of a pool's EPP replicas behind the real Envoy (epp/datalayer/shared_state.py):
 each replica read through its admin port, answers held open mid-stream, Envoy's view of a
 dead replica, and a bounded load loop that records every outcome."""
 

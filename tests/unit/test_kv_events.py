@@ -13,7 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from epp.kv_events import (
+from epp.datalayer.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -25,8 +25,8 @@ from epp.kv_events import (
     decode_batch,
     stored_adapters,
 )
-from epp.kv_index import KVIndex, block_keys
-from epp.pool import Endpoint
+from epp.datalayer.kv_index import KVIndex, block_keys
+from epp.datalayer.pool import Endpoint
 from gateway.config import KvEventsConfig
 from modelsim.kv_events import all_blocks_cleared, block_removed, block_stored, encode_batch
 from tests.unit import kv_wire_structs as wire

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from epp.parse import ParseHints, parse_body
-from epp.processor import EppProcessor
-from epp.request import RequestError, messages_prompt_text, read_fields
+from epp.requestcontrol.parse import ParseHints, parse_body
+from epp.requestcontrol.processor import EppProcessor
+from epp.scheduling.request import RequestError, messages_prompt_text, read_fields
 from extproc import messages
 from extproc.errors import ErrorResponse, bad_request, is_anthropic_path
 from extproc.headers import DESTINATION_HEADER
