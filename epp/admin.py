@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
-from epp.datalayer.pool import PoolSnapshot
+from epp.datalayer.endpoint_records import PoolSnapshot
 from epp.requestcontrol.telemetry import Telemetry
 from gateway.admin_http import start_admin_http
 

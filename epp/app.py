@@ -17,9 +17,11 @@ from typing import Any
 from epp.admin import start_admin_server
 from epp.datalayer.adapter_residency import event_time
 from epp.datalayer.discovery.static import static_endpoints
-from epp.datalayer.kv_events import EventBatch, KVEventMetrics, KVEventSubscribers, stored_adapters
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.kv_event_batches import EventBatch, stored_adapters
+from epp.datalayer.kv_events import KVEventMetrics, KVEventSubscribers
 from epp.datalayer.kv_index import KVIndex
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.pool import Pool
 from epp.datalayer.scrape import Scraper
 from epp.datalayer.shared_state import SharedState
 from epp.datalayer.tokenizer import PoolTokenizers
@@ -41,7 +43,7 @@ from extproc.server import (
     start_health_server,
 )
 from extproc.stream import ExtProcServicer
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, PoolConfig
 from gateway.config_store import ConfigStore, FileWatcher
 from gateway.llmd_api import (
     GROUP,
@@ -113,6 +115,23 @@ class EppApp:
         `workers`: ext_proc worker processes (epp/workers/processes.py; None: the pool's `epp.workers`),
         `worker_options` their --log-level / --event-loop / --drain-seconds."""
         self._shared = shared
+        config, pool_config = self._load_config(config_path, pool_name)
+        self._build_state(config, pool_config)
+        self._build_context(config, conformance_test_mode)
+        self._build_feeds(config)
+        self._build_serving(pool_config, workers, worker_options, kubernetes, health_port)
+        self._apply(config)
+        self.store.subscribe(self._on_config)
+        self._tls = tls
+        self._host, self._port, self._metrics_port = host, port, metrics_port
+        self._tasks: list[asyncio.Task[None]] = []
+        self.grpc: GrpcService | None = None
+        self.port = 0
+        self.metrics_port = 0
+
+    def _load_config(self, config_path: str | Path, pool_name: str) -> tuple[GatewayConfig, PoolConfig]:
+        """The config store (the process's, when it serves several pools) and this pool's section."""
+        shared = self._shared
         self.store = shared.store if shared else ConfigStore.from_file(config_path, GatewayConfig)
         self._watcher = FileWatcher(self.store, config_path) if shared is None else None
         config = self.store.current()
@@ -121,7 +140,11 @@ class EppApp:
             raise StartupError(
                 f"pool {pool_name!r} is not in {config_path} (pools: {names}): pass --pool with one"
             )
-        pool_config = config.pool(pool_name)
+        return config, config.pool(pool_name)
+
+    def _build_state(self, config: GatewayConfig, pool_config: PoolConfig) -> None:
+        """The pool, its metrics, the indexes and the scheduler, the flow-control queue."""
+        pool_name = pool_config.name
         self.pool_name = pool_name
         self.pool = Pool()
         self.telemetry = Telemetry(pool_name)
@@ -135,6 +158,10 @@ class EppApp:
         self.flow = FlowController(self.telemetry.registry, config.flow_control)
         self.empty_pool = EmptyPoolHold(self.telemetry.registry, pool_name)
         self.pool.capacity_hook = self._capacity_changed
+
+    def _build_context(self, config: GatewayConfig, conformance_test_mode: bool) -> None:
+        """What every stream's processor reads (`EppContext`), tracing included."""
+        pool_name, shared = self.pool_name, self._shared
         self.ctx = EppContext(
             pool_name,
             self.pool,
@@ -153,6 +180,11 @@ class EppApp:
         if conformance_test_mode:
             log.warning(conformance_mode.WARNING, conformance_mode.SELECTION_HEADER)
             self.telemetry.conformance_test_mode()
+
+    def _build_feeds(self, config: GatewayConfig) -> None:
+        """What feeds the pool's state: the scraper, the KV-event subscribers, the tokenizers, the
+        state shared with the pool's other replicas."""
+        pool_name = self.pool_name
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
         # Adapter residency also learns from the scrapes' running adapters and the events' LoRA ids.
@@ -179,6 +211,17 @@ class EppApp:
                 residency=self.scheduler.residency,  # kept across reloads too
             )
         self._shared_config = config.shared_state
+
+    def _build_serving(
+        self,
+        pool_config: PoolConfig,
+        workers: int | str | None,
+        worker_options: dict[str, str] | None,
+        kubernetes: KubernetesPool | None,
+        health_port: int | None,
+    ) -> None:
+        """The ext_proc servicer, its workers, discovery's source and the followed objectives."""
+        pool_name, shared = self.pool_name, self._shared
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
         # More than one worker: they serve the streams, this process decides (epp/workers/processes.py).
         self.worker_count = 1 if shared is not None else resolve_workers(workers or pool_config.epp.workers)
@@ -201,14 +244,6 @@ class EppApp:
         self._objectives_namespace = ""
         self._objectives_pool: str | None = None  # the InferencePool they must name; None: mapped
         self._objective_watcher: Any = None
-        self._apply(config)
-        self.store.subscribe(self._on_config)
-        self._tls = tls
-        self._host, self._port, self._metrics_port = host, port, metrics_port
-        self._tasks: list[asyncio.Task[None]] = []
-        self.grpc: GrpcService | None = None
-        self.port = 0
-        self.metrics_port = 0
 
     def _apply(self, config: GatewayConfig) -> None:
         """Derive everything per-request code reads from a validated config."""

@@ -19,7 +19,8 @@ import json
 import time
 from collections.abc import Sequence
 
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.parse import WorkerParser
 from epp.requestcontrol.processor import EppProcessor

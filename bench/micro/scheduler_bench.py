@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from bench.micro.parse_metrics_bench import per_call_us
-from epp.datalayer.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
 from epp.scheduling import BUILTIN_PROFILES, WeightedScheduler, prompt_hashes
 from epp.scheduling.request import InferenceRequest
 

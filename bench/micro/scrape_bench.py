@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from bench.micro.metrics_stub import responses, stub_fleet
+from epp.datalayer.endpoint_records import Endpoint
 from epp.datalayer.metric_dialects import parse_metrics
-from epp.datalayer.pool import Endpoint, Pool
+from epp.datalayer.pool import Pool
 from epp.datalayer.scrape import SPEED_SERIES, Scraper, SpeedTracker
 
 T = TypeVar("T")

@@ -36,9 +36,11 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from devstack.redis_server import start_redis
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.datalayer.prefix_index import PrefixIndex
-from epp.datalayer.shared_state import SharedState, encode_scrape
+from epp.datalayer.shared_state import SharedState
+from epp.datalayer.shared_state_wire import encode_scrape
 from gateway.config import SharedStateConfig
 from gateway.service_cli import add_event_loop_argument, event_loop_factory
 

@@ -26,7 +26,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.processor import EppProcessor
 from epp.requestcontrol.telemetry import Telemetry

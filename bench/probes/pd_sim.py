@@ -55,7 +55,7 @@ from bench.vtime.epp import DEFAULT_SCRAPE_AGE_S, run_now
 from bench.vtime.pods import address_for
 from devstack.launch import gateway_config_for, pool_name_for
 from epp.app import EppApp
-from epp.datalayer.pool import Endpoint, Metrics
+from epp.datalayer.endpoint_records import Endpoint, Metrics
 from epp.datalayer.scrape import SpeedTracker
 from epp.requestcontrol.dp_ranks import RankRouter
 from epp.requestcontrol.processor import EppProcessor

@@ -42,7 +42,7 @@ from bench.vtime.pods import SimPod
 from bench.vtime.shared_store import DEFAULT_RTT_MS, VirtualSharedStore
 from devstack.launch import gateway_config_for
 from epp.app import EppApp
-from epp.datalayer.pool import Endpoint, Metrics
+from epp.datalayer.endpoint_records import Endpoint, Metrics
 from epp.datalayer.scrape import SpeedTracker
 from epp.requestcontrol.parse import WorkerParser
 from epp.requestcontrol.processor import EppProcessor

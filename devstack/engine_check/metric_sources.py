@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devstack.engine_check.report import Check
+from epp.datalayer.endpoint_records import Metrics
 from epp.datalayer.metric_dialects import DIALECTS, parse_metrics
-from epp.datalayer.pool import Metrics
 
 
 @dataclass(frozen=True)

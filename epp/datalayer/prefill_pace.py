@@ -39,8 +39,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from epp.datalayer.metric_dialects import Sample
-from epp.datalayer.pool import MAX_COUNT, count_problem
+from epp.datalayer.endpoint_records import MAX_COUNT, count_problem
+from epp.datalayer.metric_lines import Sample
 
 PREFILL_READ_INTERVAL_S = 1.0
 

@@ -42,9 +42,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from epp.datalayer.metric_dialects import MetricsParseError, Rejection, Sample, collect_samples, parse_metrics
+from epp.datalayer.endpoint_records import Endpoint, Metrics, count_problem
+from epp.datalayer.metric_dialects import Rejection, parse_metrics
+from epp.datalayer.metric_lines import MetricsParseError, Sample, collect_samples
 from epp.datalayer.metrics_http import HttpError, MetricsHttpClient, split_http_url
-from epp.datalayer.pool import Endpoint, Metrics, Pool, count_problem
+from epp.datalayer.pool import Pool
 from epp.datalayer.prefill_pace import PrefillTracker, prefill_metric_names, prefill_totals
 from gateway.supervise import Backoff, spawn
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from epp.datalayer.pool import PoolSnapshot
+from epp.datalayer.endpoint_records import PoolSnapshot
 
 SELECTION_HEADER = "test-epp-endpoint-selection"
 SERVED_RESULT_HEADER = "x-conformance-test-served-endpoint"

@@ -16,8 +16,8 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+from epp.datalayer.endpoint_records import Endpoint, PoolSnapshot
 from epp.datalayer.ledger import Commitment
-from epp.datalayer.pool import Endpoint, PoolSnapshot
 from epp.requestcontrol import conformance_mode
 from epp.requestcontrol.admission import admit
 from epp.requestcontrol.context import EppContext

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from epp.datalayer.pool import PoolSnapshot
+from epp.datalayer.endpoint_records import PoolSnapshot
 from epp.datalayer.prefix_index import PrefixIndex
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import pool_saturation

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epp.datalayer.adapter_residency import Slot
-from epp.datalayer.pool import EndpointState
+from epp.datalayer.endpoint_records import EndpointState
 
 
 def slot_runs(adapter: str, slots: list[Slot], max_lora: int) -> bool:

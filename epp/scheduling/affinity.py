@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from epp.datalayer.pool import EndpointState, PoolSnapshot
+from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated
 

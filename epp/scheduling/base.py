@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from epp.datalayer.pool import PoolSnapshot
+from epp.datalayer.endpoint_records import PoolSnapshot
 from epp.scheduling.request import InferenceRequest
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from epp.datalayer.adapter_residency import AdapterResidency
-from epp.datalayer.pool import EndpointState
+from epp.datalayer.endpoint_records import EndpointState
 from epp.scheduling.adapter_slots import slot_runs
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from epp.datalayer.pool import PoolSnapshot
+from epp.datalayer.endpoint_records import PoolSnapshot
 from epp.scheduling.base import Decision, Scheduler
 from epp.scheduling.request import InferenceRequest
 from gateway.config import DisaggregationConfig

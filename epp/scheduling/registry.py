@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from epp.scheduling import affinity, filters, picker, scorers
+from epp.scheduling import affinity, filters, picker, scorers, ttft_prediction
 from epp.scheduling.scorers import Scorer
 from gateway import profiles
 from gateway.scheduling_params import FreshParams, PredictionParams, PrefixParams, SaturationParams
@@ -80,7 +80,7 @@ SCORERS: Mapping[str, ScorerEntry] = _table(
     ScorerEntry("observed-speed", scorers.observed_speed),
     ScorerEntry("queue-speed", scorers.queue_speed),
     ScorerEntry(
-        "predicted-ttft", scorers.predicted_ttft, PredictionParams, uses_prefix=True, uses_tokens=True
+        "predicted-ttft", ttft_prediction.predicted_ttft, PredictionParams, uses_prefix=True, uses_tokens=True
     ),
     ScorerEntry("session-affinity", affinity.session_affinity),
 )

@@ -15,8 +15,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.datalayer.kv_index import KVIndex
-from epp.datalayer.pool import EndpointState, PoolSnapshot
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.base import Decision, ScoreTable
 from epp.scheduling.filters import adapter_slots, fresh, healthy, serving, unsaturated
@@ -24,6 +24,7 @@ from epp.scheduling.registry import PICKERS, SCORERS
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
 from epp.scheduling.slo import slo_order
+from epp.scheduling.ttft_prediction import predict_ttft
 from gateway.profiles import BUILTIN_PROFILES, Profile
 
 # Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
@@ -118,15 +119,15 @@ class WeightedScheduler:
 
         order = PICKERS[profile.picker].fn(totals, self.rng)
         slo_met: bool | None = None
-        if request.slo_ttft_s is not None and order:
-            if not ctx.predicted_s:  # the profile does not weigh predicted-ttft: predict anyway
-                SCORERS["predicted-ttft"].score(request, candidates, ctx)
-            order, slo_met = slo_order(order, ctx.predicted_s, request.slo_ttft_s)
+        if request.slo_ttft_s is not None and order:  # predicted whether the profile weighs it or not
+            predicted = [None if t is None else t.total_s for t in predict_ttft(request, candidates, ctx)]
+            order, slo_met = slo_order(order, predicted, request.slo_ttft_s)
         prefill_s = 0.0
         if order:  # the pod most likely routed to: bound its prefix LRU by its KV cache
             self._bound_prefix_lru(candidates[order[0]], block_chars)
-            if ctx.prefill_s:
-                prefill_s = ctx.prefill_s[order[0]]
+            if ctx.ttft:  # predicted: the pick commits its prefill work to the pod's ledger
+                terms = predict_ttft(request, candidates, ctx)[order[0]]
+                prefill_s = 0.0 if terms is None else terms.prefill_work_s
         return Decision(
             ranked=tuple([addresses[i] for i in order]),
             scores=ScoreTable(addresses, columns, totals, order[0] if order else 0),

@@ -14,7 +14,8 @@ from bench.vtime.loop import TIMER, Events
 from bench.vtime.shared_store import StoreScript, VirtualSharedStore
 from devstack.redis_server import RedisServer
 from epp.datalayer.adapter_residency import AdapterResidency
-from epp.datalayer.pool import Endpoint, Pool
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.pool import Pool
 from epp.datalayer.prefix_index import PrefixIndex
 from epp.datalayer.shared_state import SharedState
 from gateway.config import SharedStateConfig

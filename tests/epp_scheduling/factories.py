@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from epp.datalayer.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
 from epp.scheduling.request import InferenceRequest
 
 _ids = itertools.count()

@@ -9,10 +9,11 @@ import dataclasses
 import pytest
 
 from epp.datalayer.adapter_residency import AdapterResidency, Slot
-from epp.datalayer.pool import EndpointState
+from epp.datalayer.endpoint_records import EndpointState
 from epp.scheduling.adapter_slots import slot_cost, slot_runs, slot_scarcity
 from epp.scheduling.filters import adapter_slots, unsaturated
-from epp.scheduling.scorers import ScoringContext, predicted_ttft
+from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.ttft_prediction import predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import DEFAULT, profile
 from gateway.scheduling_params import DEFAULT_THRESHOLDS

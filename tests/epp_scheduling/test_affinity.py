@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epp.datalayer.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
 from epp.scheduling.affinity import (
     pin_to_producer,
     pod_tag,

@@ -4,14 +4,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.micro.metric_pages import AWKWARD_MODEL, PAGES, PageSpec, tgi_page, vllm_page
-from epp.datalayer.metric_dialects import (
-    DIALECTS,
-    MetricsParseError,
-    Rejection,
-    find_samples,
-    parse_labels,
-    parse_metrics,
-)
+from epp.datalayer.metric_dialects import DIALECTS, Rejection, parse_metrics
+from epp.datalayer.metric_lines import MetricsParseError, find_samples, parse_labels
 
 KV_NAMES = {
     "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),

@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.micro.metric_pages import PageSpec, vllm_page
-from epp.datalayer.metric_dialects import MetricsParseError, Rejection, Sample, collect_samples, parse_metrics
+from epp.datalayer.metric_dialects import Rejection, parse_metrics
+from epp.datalayer.metric_lines import MetricsParseError, Sample, collect_samples
 
 
 def line_by_line(page: str, names: tuple[str, ...]) -> dict[str, list[Sample]]:

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from epp.datalayer.adapter_residency import AdapterResidency, LoraIds, event_time
-from epp.datalayer.pool import Endpoint, Pool
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.pool import Pool
 from epp.datalayer.scrape import Scraper
 from epp.scheduling import WeightedScheduler, profile
 from modelsim.fleet import FleetSpec, run_fleet

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from epp.datalayer.pool import EndpointState
+from epp.datalayer.endpoint_records import EndpointState
 from epp.scheduling import WeightedScheduler
 from epp.scheduling.pd import pick_disaggregated, uncached_tokens
 from gateway.config import DisaggregationConfig
@@ -80,7 +80,8 @@ def test_no_decode_pod_is_no_endpoint() -> None:
 async def test_the_prefill_pod_holds_a_slot_until_the_decode_pod_answers() -> None:
     import json
 
-    from epp.datalayer.pool import Endpoint, Metrics, Pool
+    from epp.datalayer.endpoint_records import Endpoint, Metrics
+    from epp.datalayer.pool import Pool
     from epp.requestcontrol.context import EppContext
     from epp.requestcontrol.processor import EppProcessor
     from epp.requestcontrol.telemetry import Telemetry

@@ -6,7 +6,7 @@ import inspect
 import re
 from pathlib import Path
 
-from epp.scheduling import affinity, scorers
+from epp.scheduling import affinity, scorers, ttft_prediction
 from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
 from gateway.profiles import Profile
 from tools.crd import spec_schema
@@ -31,8 +31,12 @@ def test_every_scorer_function_is_registered() -> None:
     """A scorer written but never registered would be unreachable from any config."""
     public = {
         name
-        for name, fn in vars(scorers).items()
-        if inspect.isfunction(fn) and fn.__module__ == scorers.__name__ and not name.startswith("_")
+        for module in (scorers, ttft_prediction)
+        for name, fn in vars(module).items()
+        if inspect.isfunction(fn)
+        and fn.__module__ == module.__name__
+        and not name.startswith("_")
+        and inspect.signature(fn).return_annotation == "list[float]"  # a Scorer, not a helper
     }
     registered = {entry.fn.__name__ for entry in SCORERS.values()}
     assert public <= registered

@@ -4,7 +4,8 @@ from collections import Counter
 
 import pytest
 
-from epp.datalayer.pool import Endpoint, Pool
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.pool import Pool
 from epp.scheduling import BUILTIN_PROFILES, Profile, Scheduler, WeightedScheduler, profile
 
 from .factories import req, snap, state

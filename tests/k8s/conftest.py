@@ -9,7 +9,7 @@ import kubernetes
 import pytest
 
 from epp.datalayer.discovery.kubernetes import InferencePoolDiscovery
-from epp.datalayer.pool import Endpoint
+from epp.datalayer.endpoint_records import Endpoint
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from epp import reference_flags
-from epp.datalayer.pool import Endpoint, Pool, PoolSnapshot
+from epp.datalayer.endpoint_records import Endpoint, PoolSnapshot
+from epp.datalayer.pool import Pool
 from epp.requestcontrol import conformance_mode
 from gateway.config import load_config
 from gateway.service_cli import service_parser

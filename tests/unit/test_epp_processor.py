@@ -7,7 +7,8 @@ import json
 import pytest
 
 from epp.app import build_scheduler
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.datalayer.tokenizer import PoolTokenizers
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.header_policy import HeaderPolicy

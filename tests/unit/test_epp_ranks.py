@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.dp_ranks import BALANCE_ABS, RANK_HEADER, RankRouter
 from epp.requestcontrol.processor import EppProcessor

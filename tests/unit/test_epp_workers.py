@@ -14,7 +14,8 @@ import grpc
 import pytest
 
 from epp.datalayer import prefix_index as prefix_module
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.header_policy import HeaderPolicy
 from epp.requestcontrol.parse import WorkerParser

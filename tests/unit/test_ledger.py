@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+from epp.datalayer.endpoint_records import Endpoint, Metrics
 from epp.datalayer.ledger import PodLedger
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.pool import Pool
 from epp.scheduling.request import parse_request
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import BUILTIN_PROFILES

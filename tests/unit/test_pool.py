@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from epp.datalayer.pool import Endpoint, Metrics, Pool, kv_room
+from epp.datalayer.endpoint_records import Endpoint, Metrics, kv_room
+from epp.datalayer.pool import Pool
 from epp.scheduling.saturation import is_saturated
 from gateway.scheduling_params import SaturationParams
 

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.datalayer.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
 from epp.requestcontrol.telemetry import Telemetry
 
 

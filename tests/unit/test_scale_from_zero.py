@@ -7,7 +7,8 @@ import json
 
 from prometheus_client import CollectorRegistry
 
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.processor import EppProcessor
 from epp.requestcontrol.scale_from_zero import EmptyPoolHold

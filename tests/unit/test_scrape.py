@@ -10,8 +10,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from epp.datalayer import scrape as scrape_module
+from epp.datalayer.endpoint_records import Endpoint, Metrics
 from epp.datalayer.metric_dialects import Rejection
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.pool import Pool
 from epp.datalayer.scrape import Cadence, RejectionReporter, Scraper, SpeedTracker, _busy, _Totals
 from epp.requestcontrol.telemetry import Telemetry
 from gateway.supervise import TASK_FAILURES, Backoff

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from devstack.redis_server import RedisServer, start_redis
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.datalayer.prefix_index import PrefixIndex
 from epp.datalayer.shared_state import SharedState
 from gateway.config import ConfigError, SharedStateConfig, parse_config

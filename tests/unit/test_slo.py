@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from epp.datalayer.pool import Endpoint, Metrics, Pool
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.header_policy import HeaderPolicy
 from epp.requestcontrol.processor import EppProcessor

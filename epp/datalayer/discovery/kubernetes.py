@@ -31,7 +31,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from epp.datalayer.pool import Endpoint
+from epp.datalayer.endpoint_records import Endpoint
 from extproc.server import StartupError
 from gateway.kube_watch import Obj, Reflector, default_api_client
 from gateway.supervise import report_failure

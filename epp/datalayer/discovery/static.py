@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epp.datalayer.pool import Endpoint
+from epp.datalayer.endpoint_records import Endpoint
 from gateway.config import GatewayConfig
 
 
