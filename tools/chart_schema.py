@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from epp.scheduling.registry import SCORER_NAMES
+from gateway import plugin_catalogue
 from gateway.config import GatewayConfig
 
 SCHEMA_PATH = Path("deploy/helm/inference-gateway/values.schema.json")
@@ -27,7 +27,9 @@ def config_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     schema.pop("title", None)
     # A validator, not a type, rejects unknown scorer names: say it in the schema too, so a
     # misspelt weight fails at `helm install`, not at the EPP's reload.
-    defs["Profile"]["properties"]["weights"]["propertyNames"] = {"enum": sorted(SCORER_NAMES)}
+    defs["Profile"]["properties"]["weights"]["propertyNames"] = {
+        "enum": sorted(plugin_catalogue.names("scorer"))
+    }
     return schema, defs
 
 

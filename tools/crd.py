@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from epp.scheduling.registry import SCORER_NAMES
+from gateway import plugin_catalogue
 from gateway.config import GatewayConfig
 
 GROUP = "gateway.inference.dev"
@@ -73,11 +73,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
 def _weight_names_rule() -> dict[str, str]:
     """Unknown scorer names: a structural schema would prune them silently, so a CEL rule
     rejects them at admission (the EPP's own parser rejects them too)."""
-    names = sorted(SCORER_NAMES)
-    listed = ", ".join(f"'{n}'" for n in names)
+    scorers = plugin_catalogue.names("scorer")
+    listed = ", ".join(f"'{n}'" for n in sorted(scorers))
     return {
         "rule": f"self.all(k, k in [{listed}])",
-        "message": f"unknown scorer; known: {', '.join(SCORER_NAMES)}",
+        "message": f"unknown scorer; known: {', '.join(scorers)}",
     }
 
 

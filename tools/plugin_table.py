@@ -1,4 +1,4 @@
-"""docs/scheduling.md's plugin table, generated from the registry (epp/scheduling/registry.py).
+"""docs/scheduling.md's plugin table, generated from the plugin catalogue (gateway/plugin_catalogue.py).
 
 `python -m tools.plugin_table --doc docs/scheduling.md` rewrites the table between
 the markers; without `--doc` it prints it. A test fails when the committed doc drifts.

@@ -1,8 +1,9 @@
 """Scheduling: pure functions from (request, pool snapshot) to ranked endpoints.
 
 The seam the EPP servicer calls is `Scheduler.pick` (see `base.py`); `WeightedScheduler`
-is the score-based implementation; every filter, scorer and picker is listed once in
-`registry.py`, their parameters in `params.py`, profiles (weights per scorer) in `profiles.py`.
+is the score-based implementation; every filter, scorer and picker is one row of the plugin
+catalogue (gateway/plugin_catalogue.py, bound to its function by `registry.py`), their
+parameters in gateway/scheduling_params.py, profiles (weights per scorer) in gateway/profiles.py.
 """
 
 from epp.datalayer.prefix_index import PrefixIndex, prompt_hashes
