@@ -2,24 +2,24 @@
 
 headers+body in -> parse -> schedule -> admission (or, with flow control, a wait in the EPP's
 queue while the pool is saturated) -> destination header and `envoy.lb` metadata out; then
-response events for accounting. In-flight counts are returned in `on_close`, which the stream
-layer calls exactly once whatever happens.
+response events. What the pick records lives in its `Booking` (epp/requestcontrol/booking.py),
+released in `on_close`, which the stream layer calls exactly once whatever happens; the
+processor keeps the request's protocol state.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from dataclasses import replace
 from typing import Any
 
 from epp.datalayer.endpoint_records import Endpoint, PoolSnapshot
-from epp.datalayer.ledger import Commitment
 from epp.requestcontrol import conformance_mode
 from epp.requestcontrol.admission import admit
+from epp.requestcontrol.booking import Booking
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.dp_ranks import RANK_HEADER
 from epp.requestcontrol.flow_control import FlowController, Outcome, Result, ticket_for
@@ -54,14 +54,7 @@ class EppProcessor:
     def __init__(self, ctx: EppContext) -> None:
         self._ctx = ctx
         self.max_body_bytes = ctx.config().bbr.max_body_bytes
-        self._address: str | None = None
-        self._prefill_address: str | None = None  # a disaggregated request's prefill pod
-        self._prefill_commitment: Commitment | None = None
-        self._rank: tuple[str, int] | None = None  # the data-parallel rank pinned on the pod
-        self._request: InferenceRequest | None = None
-        self._commitment: Commitment | None = None  # its entry in the pod's ledger
-        self._routed_at = 0.0
-        self._counted_at = 0.0  # when it was counted as routed to its current pod
+        self._booking: Booking | None = None  # what the pick recorded, until released
         self._status: int | None = None
         self._explain: str | None = None  # returned on the response when the client asked
         # What the decision span describes (gateway/tracing.py; read only when tracing is on).
@@ -262,29 +255,22 @@ class EppProcessor:
             self._ctx.telemetry.request_error(request.model, "no_endpoint_available")
             return unavailable(f"no endpoint can serve model '{request.model}': {decision.reason}")
         address = decision.ranked[0]
-        self._address, self._request = address, request
         destination = ",".join(decision.ranked[: 1 + self._ctx.fallback_endpoints])
         scores = decision.scores.get(address, {})
         prefix = scores.get("precise-prefix-cache", scores.get("prefix-cache"))
         if prefix is not None:
             self._ctx.telemetry.prefix_lookup(prefix)
-        self._routed_at = self._counted_at = self._ctx.pool.clock()
-        self._commitment = self._ctx.pool.on_routed(
-            address, request.estimated_tokens, decision.prefill_s, now=self._routed_at
-        )
-        self._ctx.scheduler.on_routed(request, address)
+        booking = self._booking = Booking.book(self._ctx, request, decision)
         self._ctx.telemetry.routed(request)
         if self._ctx.header_policy.explain(headers):  # the client asked and may see the fleet
             self._explain = explain(decision, self._ctx.pool.endpoint(address))
         set_headers = {DESTINATION_HEADER: destination}
         endpoint = self._ctx.pool.endpoint(address)
         if endpoint is not None and endpoint.data_parallel_size > 1:
-            rank, hashes = self._ctx.ranks.pick(request, address, endpoint.data_parallel_size)
-            self._ctx.ranks.on_routed(address, rank, hashes)
-            self._rank = (address, rank)
-            set_headers[RANK_HEADER] = str(rank)
+            set_headers[RANK_HEADER] = str(booking.pin_rank(endpoint.data_parallel_size))
         if decision.prefill is not None:
-            set_headers.update(self._route_prefill(request, decision.prefill))
+            booking.book_prefill(decision.prefill)
+            set_headers.update(self._prefiller_header(decision.prefill))
         return RequestRoute(
             set_headers=set_headers,
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
@@ -292,31 +278,11 @@ class EppProcessor:
             body=self._tagged_body(headers, address),
         )
 
-    def _route_prefill(self, request: InferenceRequest, prefill: str) -> dict[str, str]:
-        """Hold an in-flight slot on the prefill pod too, until its prefill is over (see
-        `_release_prefill`), and name it to the decode pod's sidecar."""
-        self._prefill_address = prefill
-        self._prefill_commitment = self._ctx.pool.on_routed(
-            prefill, request.prompt_tokens, now=self._routed_at
-        )
-        self._ctx.scheduler.on_routed(request, prefill)  # its prefix is cached there now
+    def _prefiller_header(self, prefill: str) -> dict[str, str]:
+        """The prefill pod, named to the decode pod's sidecar."""
         header = self._ctx.config().pool(self._ctx.pool_name).disaggregation
         name = header.prefiller_header if header is not None else "x-prefiller-host-port"
         return {name: f"http://{prefill}" if name == "x-prefiller-url" else prefill}
-
-    def _release_prefill(self, request: InferenceRequest) -> None:
-        """The prefill pod's slot, once: at the decode pod's response headers (the sidecar calls
-        the decode engine only after the prefill answered), or at the close."""
-        if self._prefill_address is None:
-            return
-        self._ctx.pool.on_finished(
-            self._prefill_address,
-            request.prompt_tokens,
-            routed_at=self._routed_at,
-            commitment=self._prefill_commitment,
-        )
-        self._ctx.scheduler.on_finished(request, self._prefill_address)
-        self._prefill_address = self._prefill_commitment = None
 
     def _tagged_body(self, headers: dict[str, str], address: str) -> bytes | None:
         """/v1/responses without a `request_id`: name the producing pod in the response id."""
@@ -425,25 +391,15 @@ class EppProcessor:
         return self._explain is not None or self._ctx.conformance_test_mode
 
     def on_response_headers(self, headers: dict[str, str]) -> dict[str, str] | None:
-        if self._address is None:  # nothing booked (count_tokens): only the decision, if asked
+        booking = self._booking
+        if booking is None:  # nothing booked (count_tokens): only the decision, if asked
             return {DECISION_HEADER: self._explain} if self._explain else None
         status = headers.get(":status", "0")
         self._status = int(status) if status.isdigit() else 0
-        if self._request is not None:
-            self._release_prefill(self._request)
+        booking.release_prefill()
         served = headers.get(SERVED_HEADER)
-        if served and served != self._address and self._request is not None:
-            # A retry moved the request to another endpoint of the ranked list: account it there.
-            self._commitment = self._ctx.pool.move_inflight(
-                self._address,
-                served,
-                self._request.estimated_tokens,
-                routed_at=self._counted_at,
-                commitment=self._commitment,
-            )
-            self._ctx.scheduler.on_finished(self._request, self._address)
-            self._ctx.scheduler.on_routed(self._request, served)  # it runs (and caches) there
-            self._address, self._counted_at = served, -math.inf  # not routed since `served`'s scrape
+        if served:
+            booking.move(served)
         out = {DECISION_HEADER: self._explain} if self._explain else {}
         if self._ctx.conformance_test_mode:
             out[conformance_mode.SERVED_RESULT_HEADER] = (
@@ -455,19 +411,10 @@ class EppProcessor:
         return None
 
     def on_close(self, completed: bool) -> None:
-        if self._address is None or self._request is None:
+        booking, self._booking = self._booking, None  # exactly once, even if called again
+        if booking is None or not booking.release():
             return
-        address, request = self._address, self._request
-        self._address = None  # exactly once, even if called again
-        if self._rank is not None:
-            self._ctx.ranks.on_finished(*self._rank)
-            self._rank = None
-        self._release_prefill(request)
-        self._ctx.pool.on_finished(
-            address, request.estimated_tokens, routed_at=self._counted_at, commitment=self._commitment
-        )
-        self._ctx.scheduler.on_finished(request, address)
-        self._commitment = None
+        request = booking.request
         # Response bodies are not streamed to the EPP (a gRPC round trip per SSE chunk would
         # cost more than the scheduling itself); the route asks for response trailers, so Envoy
         # closes this stream only when the HTTP stream ends (last byte, reset or abort), which
@@ -475,7 +422,7 @@ class EppProcessor:
         # Without the response headers event (listener.eppResponseHeaders: auto) the status is
         # not seen here: the request counts as served (Envoy's own stats have the status).
         ok = self._status is None or self._status < 500
-        self._ctx.telemetry.finished(request, ok=ok, duration=self._ctx.pool.clock() - self._routed_at)
+        self._ctx.telemetry.finished(request, ok=ok, duration=self._ctx.pool.clock() - booking.routed_at)
 
 
 def explain(decision: Decision, chosen: Endpoint | None = None) -> str:

@@ -10,6 +10,7 @@ from epp.app import build_scheduler
 from epp.datalayer.endpoint_records import Endpoint, Metrics
 from epp.datalayer.pool import Pool
 from epp.datalayer.tokenizer import PoolTokenizers
+from epp.requestcontrol.booking import Booking
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.header_policy import HeaderPolicy
 from epp.requestcontrol.processor import EppProcessor
@@ -263,3 +264,20 @@ async def test_an_adapter_request_holds_its_slot_on_the_pod_until_its_stream_clo
     assert residency.in_flight(A) == {} and residency.in_flight(B) == {"sql": 1}
     retried.on_close(True)
     assert residency.in_flight(B) == {}
+
+
+async def test_a_booking_is_released_once_from_wherever_a_retry_moved_it() -> None:
+    """#43: what a pick records (pool, ledger, scheduler) lives in one `Booking`, released
+    exactly once, on the pod the request ended on."""
+    ctx = make_ctx()
+    data = json.loads(body())
+    request = parse_request(data, request_id="r", target_model="llama", adapter=None, headers={})
+    decision = ctx.scheduler.pick(request, ctx.pool.snapshot())
+    booking = Booking.book(ctx, request, decision)
+    assert booking.address == A and ctx.pool.inflight_total() == 1
+    booking.move(B)
+    assert booking.address == B and ctx.pool.inflight_total() == 1
+    assert booking.release() and not booking.release()
+    booking.move(A)  # after the release: nothing to move
+    assert ctx.pool.inflight_total() == 0
+    assert {e.address: e.inflight_requests for e in ctx.pool.snapshot().endpoints} == {A: 0, B: 0}
