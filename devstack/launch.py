@@ -33,8 +33,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.certs import CertSet, make_certs
 from gateway.config import parse_config
-from gateway.envoy_config import ExtProcTls, Topology, write_bootstrap
-from gateway.xds_resources import topology_to_json, xds_bootstrap
+from gateway.envoy.bootstrap import write_bootstrap
+from gateway.envoy.topology import ExtProcTls, Topology
+from gateway.envoy.xds_resources import topology_to_json, xds_bootstrap
 
 DEFAULT_FLEET: dict[str, Any] = {
     "time_scale": 1.0,

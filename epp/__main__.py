@@ -13,7 +13,7 @@ from epp import reference_flags
 from epp.app import EppApp
 from epp.workers.processes import add_workers_argument, worker_options
 from extproc.server import wait_for_shutdown_signal
-from gateway.llmd_api import add_api_group_argument, parse_watch_ref
+from gateway.kube.llmd_api import add_api_group_argument, parse_watch_ref
 from gateway.service_cli import add_event_loop_argument, follow_config_resource, run_service, service_parser
 
 log = logging.getLogger("epp")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from epp.admin import start_admin_server
+from epp.admin import adapters_resident, prefix_scoring, start_admin_server
 from epp.datalayer.adapter_residency import event_time
 from epp.datalayer.discovery.static import static_endpoints
 from epp.datalayer.endpoint_records import Endpoint, Metrics
@@ -43,9 +43,9 @@ from extproc.server import (
     start_health_server,
 )
 from extproc.stream import ExtProcServicer
-from gateway.config import GatewayConfig, PoolConfig
+from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
-from gateway.llmd_api import (
+from gateway.kube.llmd_api import (
     GROUP,
     INFERENCE_OBJECTIVES,
     Accepted,
@@ -54,6 +54,7 @@ from gateway.llmd_api import (
     config_pool_for,
     is_inference_pool,
 )
+from gateway.pool_config import PoolConfig
 from gateway.supervise import spawn
 from gateway.tracing import Tracing
 
@@ -313,7 +314,7 @@ class EppApp:
     ) -> None:
         """List + watch the InferenceObjectives of `namespace`; those whose poolRef names `pool`
         (default: the InferencePool of this EPP's configured pool) set request priorities."""
-        from gateway.llmd_watch import LlmdResourceWatcher  # loads the kubernetes client
+        from gateway.kube.llmd_watch import LlmdResourceWatcher  # loads the kubernetes client
 
         self._objectives_namespace, self._objectives_pool = namespace, pool
         self._objective_watcher = LlmdResourceWatcher(
@@ -456,9 +457,9 @@ class EppApp:
             "profiles": {name: p.to_dict() for name, p in config.scheduler_profiles().items()},
             "kv_events": self.kv_events.debug(),
             "tokenizers": self.tokenizers.debug(),
-            "prefix_scoring": self._prefix_scoring(),
+            "prefix_scoring": prefix_scoring(self.pool, self.tokenizers, self.kv_index),
             "flow_queue": len(self.flow.queue),
-            "adapters_resident": self._adapters_resident(),
+            "adapters_resident": adapters_resident(self.pool, self.scheduler.residency),
         }
         if self.workers_debug is not None:
             extra["workers"] = self.workers_debug()
@@ -466,31 +467,6 @@ class EppApp:
             extra["shared_state"] = self.shared_state.debug()
             extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
         return extra
-
-    def _adapters_resident(self) -> dict[str, list[str]]:
-        """Per pod: the modelled GPU adapter set (epp/datalayer/adapter_residency.py), most recent first,
-        for the capacity its last scrape reported (empty while unknown)."""
-        out = {}
-        for ep in self.pool.endpoints():
-            metrics = self.pool.metrics(ep.address)
-            max_lora = metrics.max_lora if metrics is not None else 0
-            out[ep.address] = self.scheduler.residency.adapters(ep.address, max_lora)
-        return out
-
-    def _prefix_scoring(self) -> dict[str, dict[str, str]]:
-        """Per pod and model: "precise" (precise-prefix-cache reads the pod's KV events) or
-        "approximate: <why>" (it falls back to the routing-history prefix index)."""
-        out: dict[str, dict[str, str]] = {}
-        for ep in self.pool.endpoints():
-            modes = {}
-            for model in sorted(ep.models):
-                if self.tokenizers.get(model) is None:
-                    why: str | None = "no tokenizer for the model"
-                else:
-                    why = self.kv_index.not_precise_reason(ep.address, model)
-                modes[model] = "precise" if why is None else f"approximate: {why}"
-            out[ep.address] = modes
-        return out
 
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:

@@ -46,7 +46,7 @@ from extproc.server import (
 from extproc.stream import ExtProcServicer, RequestRoute
 from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
-from gateway.llmd_api import add_api_group_argument
+from gateway.kube.llmd_api import add_api_group_argument
 from gateway.model_routing import ModelRouter, RoutedModel, encode_body
 from gateway.service_cli import add_event_loop_argument, follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
@@ -295,7 +295,7 @@ async def serve(args: argparse.Namespace) -> None:
     resource = await follow_config_resource(epp.store, args.config_resource)
     rewrites = None
     if args.inference_model_rewrites:
-        from gateway.model_rewrite_source import follow_model_rewrites  # loads the kubernetes client
+        from gateway.kube.model_rewrite_source import follow_model_rewrites  # loads the kubernetes client
 
         rewrites = await follow_model_rewrites(
             epp.router, epp.store.current, args.inference_model_rewrites, group=args.llm_d_api_group

@@ -62,7 +62,7 @@ from epp.requestcontrol.processor import EppProcessor
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from extproc.headers import DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
-from gateway.config import DisaggregationConfig
+from gateway.pool_config import DisaggregationConfig
 from modelsim.engine import Engine, Seq
 from modelsim.metrics import make_registry, render
 from modelsim.profiles import get_profile

@@ -30,7 +30,7 @@ from zmq.utils.monitor import parse_monitor_message
 from epp.datalayer.endpoint_records import Endpoint
 from epp.datalayer.kv_event_batches import EventBatch, KVEventError, apply_batch, decode_batch
 from epp.datalayer.kv_index import KVIndex
-from gateway.config import KvEventsConfig
+from gateway.pool_config import KvEventsConfig
 from gateway.supervise import spawn
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from dataclasses import replace
 from epp.datalayer.endpoint_records import PoolSnapshot
 from epp.scheduling.base import Decision, Scheduler
 from epp.scheduling.request import InferenceRequest
-from gateway.config import DisaggregationConfig
+from gateway.pool_config import DisaggregationConfig
 
 PREFILL, DECODE, BOTH = "prefill", "decode", "both"
 PREFIX_SCORES = ("precise-prefix-cache", "prefix-cache")

@@ -171,6 +171,6 @@ def test_the_config_names_exactly_the_parser_dialects() -> None:
     """gateway/config.py cannot import the EPP, so its `Engine` names are checked here."""
     import typing
 
-    from gateway.config import Engine
+    from gateway.pool_config import Engine
 
     assert set(typing.get_args(Engine)) == set(DIALECTS)

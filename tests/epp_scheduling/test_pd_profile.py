@@ -9,7 +9,7 @@ import random
 from epp.datalayer.endpoint_records import EndpointState
 from epp.scheduling import WeightedScheduler
 from epp.scheduling.pd import pick_disaggregated, uncached_tokens
-from gateway.config import DisaggregationConfig
+from gateway.pool_config import DisaggregationConfig
 
 from .factories import req, snap, state
 

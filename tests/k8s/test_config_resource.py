@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from gateway.config import ConfigError, parse_config
-from gateway.config_resource import ConfigResourceWatcher
 from gateway.config_store import ConfigStore
+from gateway.kube.config_resource import ConfigResourceWatcher
 from tests.fakes.kube_apiserver import GATEWAY_CONFIGS, FakeKubeApiServer
 
 SPEC = {
@@ -153,7 +153,7 @@ async def test_a_status_the_api_refuses_is_logged_and_changes_nothing(
     watcher = ConfigResourceWatcher(
         store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05, write_status=True
     )
-    with caplog.at_level(logging.WARNING, logger="gateway.config_resource"):
+    with caplog.at_level(logging.WARNING, logger="gateway.kube.config_resource"):
         await watcher.start()
         try:
             await until(lambda: any("status not written: API error 403" in r.message for r in caplog.records))

@@ -22,8 +22,8 @@ from envoy_data_plane.envoy.config.cluster.v3 import Cluster
 from envoy_data_plane.envoy.config.route.v3 import RouteConfiguration
 
 from gateway.config import parse_config
+from gateway.envoy.xds_resources import CLUSTER, ROUTE, snapshot, topology_from_json
 from gateway.profiles import BUILTIN_PROFILES
-from gateway.xds_resources import CLUSTER, ROUTE, snapshot, topology_from_json
 from tests.k8s.helm_render import render_chart
 from tests.k8s.test_deploy_pools import assert_serves_every_pool_over_xds
 from tests.k8s.test_manifests import BUILTIN_GROUPS, DEPLOY, THIRD_PARTY_SCHEMAS, _crd_schema, _key, render

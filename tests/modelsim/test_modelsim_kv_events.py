@@ -20,7 +20,7 @@ from epp.app import EppApp
 from epp.datalayer.endpoint_records import Endpoint
 from epp.datalayer.kv_events import KVEventMetrics, KVEventSubscribers
 from epp.datalayer.kv_index import KVIndex
-from gateway.config import KvEventsConfig
+from gateway.pool_config import KvEventsConfig
 from modelsim.fleet import Fleet, FleetSpec, SpecError, run_fleet
 from modelsim.kv_events import KVEventsConfig as SimKVEventsConfig
 from modelsim.kv_events import KVEventsConfigError

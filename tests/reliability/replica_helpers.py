@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from devstack.launch import LocalGateway
-from gateway.envoy_config import SINGLE_HOP_CLUSTER
+from gateway.envoy.topology import SINGLE_HOP_CLUSTER
 from tests.integration.conftest import chat
 from tests.reliability.gateway_helpers import metric_value
 from tests.waiting import until_awaited

@@ -25,7 +25,7 @@ from epp.datalayer.kv_event_batches import (
 )
 from epp.datalayer.kv_events import KVEventMetrics, KVEventSubscriber, KVEventSubscribers
 from epp.datalayer.kv_index import KVIndex, block_keys
-from gateway.config import KvEventsConfig
+from gateway.pool_config import KvEventsConfig
 from modelsim.kv_events import all_blocks_cleared, block_removed, block_stored, encode_batch
 from tests.unit import kv_wire_structs as wire
 from tests.waiting import until

@@ -110,7 +110,7 @@ def test_a_bad_module_is_reported() -> None:
         "epp.sim": "def f():\n    import modelsim.engine\n",
         "extproc.up": "from gateway.config import GatewayConfig\n",
         "gateway.dev": "from devstack.launch import start_local_gateway\n",
-        "globalrouter.ok": "from extproc.stream import ExtProcServicer\nfrom gateway.envoy_blocks import pack\n",
+        "globalrouter.ok": "from extproc.stream import ExtProcServicer\nfrom gateway.envoy.blocks import pack\n",
         "devstack.launch": "import modelsim.fleet\nfrom epp import app\n",  # not runtime: not checked
         "epp.datalayer.up": "from epp.scheduling.request import InferenceRequest\n",
         "epp.scheduling.wired": "from epp import app\n",

@@ -20,7 +20,7 @@ from epp.datalayer.pool import Pool
 from epp.datalayer.prefix_index import PrefixIndex
 from epp.datalayer.shared_state import SharedState
 from gateway.config import ConfigError, SharedStateConfig, parse_config
-from gateway.envoy_config import ext_proc_cluster
+from gateway.envoy.clusters import ext_proc_cluster
 
 POD_A, POD_B = "10.0.0.1:8000", "10.0.0.2:8000"
 

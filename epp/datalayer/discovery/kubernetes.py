@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from epp.datalayer.endpoint_records import Endpoint
 from extproc.server import StartupError
-from gateway.kube_watch import Obj, Reflector, default_api_client
+from gateway.kube.watch import Obj, Reflector, default_api_client
 from gateway.supervise import report_failure
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from gateway.config_store import ConfigStore
 if TYPE_CHECKING:
     import kubernetes
 
-    from gateway.kube_watch import Obj, Reflector
+    from gateway.kube.watch import Obj, Reflector
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class ConfigResourceWatcher:
     async def start(self) -> None:
         import kubernetes
 
-        from gateway.kube_watch import Reflector, default_api_client
+        from gateway.kube.watch import Reflector, default_api_client
 
         self._loop = asyncio.get_running_loop()
         if self._api_client is None:
@@ -183,7 +183,7 @@ class ConfigResourceWatcher:
         A failed write is logged: the configuration in force does not depend on it."""
         from kubernetes.client.exceptions import ApiException
 
-        from gateway.kube_watch import TRANSPORT_ERRORS
+        from gateway.kube.watch import TRANSPORT_ERRORS
 
         while self._status_pending is not None:
             status, self._status_pending = self._status_pending, None

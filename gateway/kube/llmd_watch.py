@@ -1,7 +1,7 @@
 """List + watch InferenceObjectives or InferenceModelRewrites of one namespace.
 
 The same `Reflector` machinery as InferencePool discovery and the InferenceGatewayConfig source
-(gateway/kube_watch.py: 410 Gone re-lists, resumes with backoff, a supervised thread). Each
+(gateway/kube/watch.py: 410 Gone re-lists, resumes with backoff, a supervised thread). Each
 change is vetted by `LastGood` on the watch thread and the valid set handed to `on_change` on
 the asyncio loop. Import this module only when a watch is asked for: it loads `kubernetes`.
 """
@@ -16,8 +16,8 @@ from typing import Any, Generic
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from gateway.kube_watch import Obj, Reflector, default_api_client
-from gateway.llmd_api import GROUP, VERSION, Accepted, LastGood, S
+from gateway.kube.llmd_api import GROUP, VERSION, Accepted, LastGood, S
+from gateway.kube.watch import Obj, Reflector, default_api_client
 from gateway.supervise import report_failure
 
 log = logging.getLogger(__name__)

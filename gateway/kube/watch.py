@@ -8,7 +8,7 @@ else (a bug in a callback, an object of an unexpected shape) escapes the watch l
 `gateway.supervise.run_supervised`, which logs the traceback, counts it and restarts the
 loop with a fresh list after a backoff: the thread never dies silently. Used by
 InferencePool discovery (epp/datalayer/discovery/kubernetes.py) and the InferenceGatewayConfig source
-(gateway/config_resource.py).
+(gateway/kube/config_resource.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Building blocks every Envoy renderer shares (the gateway's, gateway/envoy_config.py, the
+"""Building blocks every Envoy renderer shares (the gateway's, gateway/envoy/bootstrap.py, the
 global tier's, globalrouter/envoy_config.py, and the benchmarks' baseline, bench/harness/baseline_envoy.py):
 addresses, host:port parsing, gRPC clusters, ext_proc and router filters, the HTTPS listener,
 JSON direct responses, and the bootstrap envelope validated against the real protos.
@@ -10,7 +10,7 @@ Every block is one of envoy-data-plane's typed messages (`envoy_data_plane.envoy
 dataclasses generated from Envoy's protos): a misspelt field fails where it is written (the
 constructor raises, mypy reports it), `typed_config`s are packed messages with their own type
 URL, and the same objects are both the bootstrap (`plain`: proto-JSON, snake_case, defaults
-omitted) and the xDS resources (their wire bytes, gateway/xds_resources.py).
+omitted) and the xDS resources (their wire bytes, gateway/envoy/xds_resources.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What the xDS server (gateway/xds.py) sends Envoy: the very configuration the static bootstrap
-renderer makes (gateway/envoy_config.py), cut into xDS resources: the same envoy-data-plane
+renderer makes (gateway/envoy/bootstrap.py), cut into xDS resources: the same envoy-data-plane
 messages, sent as their wire bytes in the protobuf `Any`s grpcio's ADS service needs.
 
 Why the same renderer: one source of truth for both shapes, so a static bootstrap and a running
@@ -48,8 +48,10 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
 from google.protobuf import any_pb2
 
 from gateway.config import GatewayConfig
-from gateway.envoy_blocks import admin, pack, validated
-from gateway.envoy_config import ExtProcTls, Topology, ext_proc_cluster, render_resources
+from gateway.envoy.blocks import admin, pack, validated
+from gateway.envoy.bootstrap import render_resources
+from gateway.envoy.clusters import ext_proc_cluster
+from gateway.envoy.topology import ExtProcTls, Topology
 
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"

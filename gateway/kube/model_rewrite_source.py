@@ -12,7 +12,7 @@ from typing import Protocol
 import kubernetes
 
 from gateway.config import GatewayConfig
-from gateway.llmd_api import (
+from gateway.kube.llmd_api import (
     GROUP,
     INFERENCE_MODEL_REWRITES,
     Accepted,
@@ -20,7 +20,7 @@ from gateway.llmd_api import (
     LastGood,
     check_rewrite_targets,
 )
-from gateway.llmd_watch import LlmdResourceWatcher
+from gateway.kube.llmd_watch import LlmdResourceWatcher
 from gateway.model_rewrites import ModelRewrites
 
 
