@@ -90,7 +90,7 @@ class EndpointConfig(StrictModel):
 
 
 class DisaggregationConfig(StrictModel):
-    """Prefill/decode disaggregation (epp/scheduling/pd.py): every request gets a decode pod;
+    """Prefill/decode disaggregation (epp/scheduling/disaggregation.py): every request gets a decode pod;
     one whose prompt part not already cached on that pod is at least `minUncachedTokens` also
     gets a prefill pod, unless the best prefill pod's queue is over `maxPrefillQueue`. The
     prefill pod travels in `prefillerHeader` to the decode pod's sidecar (pdsidecar/)."""

@@ -17,9 +17,9 @@ cached prefix tokens, queues) and compare the serving shapes.
 - `epp-pd`: the same EPP and profile over 2 prefill + 2 decode pods labelled
   `llm-d.ai/role`, with `disaggregation: {}` (the defaults: `minUncachedTokens` 1,024,
   `maxPrefillQueue` 4), so every request goes through `pick_disaggregated`
-  (epp/scheduling/pd.py) as the live EPP routes it; then served as `pd` below.
+  (epp/scheduling/disaggregation.py) as the live EPP routes it; then served as `pd` below.
 - `pd`, `pd-q1`, `pd-3p1d`: 2 prefill + 2 decode pods (`pd-3p1d`: 3 + 1; `pd-q1`: a prefill
-  pod may queue 1 request, not 4); the P/D profile's rule (epp/scheduling/pd.py): the decode pod
+  pod may queue 1 request, not 4); the P/D profile's rule (epp/scheduling/disaggregation.py): the decode pod
   with the lowest predicted TTFT, a prefill pod when the prompt's part not cached there is at
   least `MIN_UNCACHED` tokens and the best prefill pod queues at most `MAX_PREFILL_QUEUE`. The
   prefill runs one token with its KV held; the KV moves in `profile.kv_transfer_s(prompt)`

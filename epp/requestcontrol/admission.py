@@ -9,7 +9,7 @@ placed to batch them.
 
 from __future__ import annotations
 
-from epp.scheduling.base import Decision
+from epp.scheduling.decision import Decision
 from epp.scheduling.request import InferenceRequest
 from extproc.errors import ErrorResponse, rate_limited
 from gateway.config import GatewayConfig

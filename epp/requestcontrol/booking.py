@@ -19,7 +19,7 @@ import math
 
 from epp.datalayer.ledger import Commitment
 from epp.requestcontrol.context import EppContext
-from epp.scheduling.base import Decision
+from epp.scheduling.decision import Decision
 from epp.scheduling.request import InferenceRequest
 
 

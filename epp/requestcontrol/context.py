@@ -13,7 +13,7 @@ from epp.requestcontrol.header_policy import HeaderPolicy
 from epp.requestcontrol.parse import ParseHints
 from epp.requestcontrol.scale_from_zero import EmptyPoolHold
 from epp.requestcontrol.telemetry import Telemetry
-from epp.scheduling.base import Scheduler
+from epp.scheduling.decision import Scheduler
 from gateway.config import GatewayConfig
 from gateway.tracing import Tracing
 

@@ -26,8 +26,8 @@ from epp.requestcontrol.flow_control import FlowController, Outcome, Result, tic
 from epp.requestcontrol.flow_queue import band_of
 from epp.requestcontrol.parse import ParsedBody, parse_body
 from epp.scheduling.affinity import pin_to_producer, response_id_for
-from epp.scheduling.base import Decision
-from epp.scheduling.pd import pick_disaggregated
+from epp.scheduling.decision import Decision
+from epp.scheduling.disaggregation import pick_disaggregated
 from epp.scheduling.request import InferenceRequest, RequestError, request_from_fields
 from extproc.errors import (
     COUNT_TOKENS_PATH,

@@ -18,7 +18,7 @@ from epp.datalayer.adapter_residency import AdapterResidency
 from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
-from epp.scheduling.base import Decision, ScoreTable
+from epp.scheduling.decision import Decision, ScoreTable
 from epp.scheduling.filters import adapter_slots, fresh, healthy, serving, unsaturated
 from epp.scheduling.registry import PICKERS, SCORERS
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest

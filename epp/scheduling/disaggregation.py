@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from epp.datalayer.endpoint_records import PoolSnapshot
-from epp.scheduling.base import Decision, Scheduler
+from epp.scheduling.decision import Decision, Scheduler
 from epp.scheduling.request import InferenceRequest
 from gateway.pool_config import DisaggregationConfig
 

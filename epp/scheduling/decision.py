@@ -71,7 +71,7 @@ class Decision:
     # The predicted seconds of the request's own prefill on ranked[0] (0: not predicted), which
     # the pick commits to that pod's ledger.
     prefill_s: float = 0.0
-    # Disaggregated serving (epp/scheduling/pd.py): the pod that prefills for ranked[0], the
+    # Disaggregated serving (epp/scheduling/disaggregation.py): the pod that prefills for ranked[0], the
     # decode pod; None: ranked[0] does both.
     prefill: str | None = None
     # A request with a latency objective (epp/scheduling/slo.py): whether ranked[0] is predicted
