@@ -11,7 +11,7 @@ import pytest
 from epp.datalayer.adapter_residency import AdapterResidency, Slot
 from epp.datalayer.endpoint_records import EndpointState
 from epp.scheduling.adapter_slots import slot_cost, slot_runs, slot_scarcity
-from epp.scheduling.filters import adapter_slots, unsaturated
+from epp.scheduling.filters import FilterContext, adapter_slots, unsaturated
 from epp.scheduling.scorers import ScoringContext
 from epp.scheduling.ttft_prediction import predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
@@ -187,9 +187,10 @@ def test_a_saturated_pod_that_runs_the_adapter_beats_pods_where_it_would_wait_fo
     route(s, "b", "other", 2)
     home = pod("home", waiting=6, running=5, running_adapters=("sql",))  # queue over 5: saturated
     other = pod("other", running=4, running_adapters=("a", "b"))
-    kept, saturated = unsaturated([home, other], DEFAULT_THRESHOLDS)
-    assert [p.address for p in kept] == ["other"] and not saturated
-    assert [p.address for p in adapter_slots("sql", kept, [home, other], s.residency)] == ["other", "home"]
+    filtered = FilterContext(DEFAULT_THRESHOLDS, s.residency)
+    kept = unsaturated(req(PROMPT, adapter="sql"), [home, other], filtered)
+    assert [p.address for p in kept] == ["other"] and not filtered.saturated
+    assert [p.address for p in adapter_slots(req(PROMPT, adapter="sql"), kept, filtered)] == ["other", "home"]
     assert s.pick(req(PROMPT, adapter="sql"), snap(home, other)).ranked[0] == "home"
     # Base-model requests are not affected.
     assert s.pick(req(PROMPT), snap(home, other)).ranked == ("other",)

@@ -11,6 +11,7 @@ import pytest
 
 from epp.datalayer.endpoint_records import EndpointState
 from epp.scheduling import WeightedScheduler, affinity, scorers, ttft_prediction
+from epp.scheduling.filters import FilterContext
 from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scorers import ScoringContext
@@ -96,3 +97,20 @@ def test_a_row_needs_a_new_kebab_case_name() -> None:
         plugin_catalogue.add(PluginRow("scorer", "queue", "x:y")),
     ):
         pass
+
+
+def not_busy(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: FilterContext
+) -> list[EndpointState]:
+    """Pods other than `busy`: a filter that exists only in this test."""
+    return [c for c in candidates if c.address != "busy"]
+
+
+def test_the_scheduler_runs_the_filters_of_the_catalogue_in_its_order() -> None:
+    pods = snap(state("busy", running=0), state("idle", running=6))
+    only = profile("only", {"running-requests": 1})
+    assert WeightedScheduler({"only": only}, default_profile="only").pick(req(), pods).ranked[0] == "busy"
+    with plugin_catalogue.add(PluginRow("filter", "not-busy", f"{__name__}:not_busy")):
+        scheduler = WeightedScheduler({"only": only}, default_profile="only")
+        assert scheduler.pick(req(), pods).ranked == ("idle",)
+        assert list(FILTERS)[-1] == "not-busy"
