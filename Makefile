@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 BENCH_STAMP := $(VENV)/.installed-bench-stamp
 
-.PHONY: venv constraints check-engines llama-server
+.PHONY: venv constraints check-engines llama-server generated
 
 # Every install is pinned by constraints.txt (the versions of a working venv), so the tests and
 # the image (deploy/Dockerfile) get the same packages; `make constraints` re-resolves it.
@@ -63,6 +63,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy  # the runtime packages, configured in pyproject.toml [tool.mypy]
+
+# The artefacts generated from the configuration models and the plugin catalogue (tools/): the
+# InferenceGatewayConfig CRD, the Helm chart's config schema, docs/scheduling.md's plugin table;
+# tests/unit/test_crd.py, tests/k8s/test_helm_chart.py and tests/epp_scheduling/test_registry.py
+# fail when one drifts.
+generated: $(STAMP)
+	$(BIN)/python -m tools.crd
+	$(BIN)/python -m tools.chart_schema
+	$(BIN)/python -m tools.plugin_table --doc docs/scheduling.md
 
 # The committed Envoy bootstraps (deploy/ and envoy/example-bootstrap.yaml) from the renderer;
 # tests/k8s/test_manifests.py fails when one drifts from it.

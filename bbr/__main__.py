@@ -15,7 +15,7 @@ from extproc.stream import ExtProcServicer
 from gateway.admin_http import start_admin_http
 from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
-from gateway.llmd_api import add_api_group_argument
+from gateway.kube.llmd_api import add_api_group_argument
 from gateway.service_cli import follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
 from gateway.tracing import Tracing
@@ -37,7 +37,7 @@ async def serve(args: argparse.Namespace) -> None:
     resource = await follow_config_resource(store, args.config_resource)
     rewrites = None
     if args.inference_model_rewrites:
-        from gateway.model_rewrite_source import follow_model_rewrites  # loads the kubernetes client
+        from gateway.kube.model_rewrite_source import follow_model_rewrites  # loads the kubernetes client
 
         rewrites = await follow_model_rewrites(
             router, store.current, args.inference_model_rewrites, group=args.llm_d_api_group

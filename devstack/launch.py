@@ -32,10 +32,10 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.certs import CertSet, make_certs
-from epp.config import parse_epp_config
 from gateway.config import parse_config
-from gateway.envoy_config import ExtProcTls, Topology, write_bootstrap
-from gateway.xds_resources import topology_to_json, xds_bootstrap
+from gateway.envoy.bootstrap import write_bootstrap
+from gateway.envoy.topology import ExtProcTls, Topology
+from gateway.envoy.xds_resources import topology_to_json, xds_bootstrap
 
 DEFAULT_FLEET: dict[str, Any] = {
     "time_scale": 1.0,
@@ -528,7 +528,7 @@ def start_gateway_once(
     per pool (two-hop) or single-hop EPP processes (each serving every pool), on consecutive
     ports, all in one Envoy cluster (they share their state by adding `sharedState` to
     `config_extra`). `epp_workers`: each EPP's ext_proc worker processes (`epp.workers`, a
-    count or "auto"; epp/workers.py). `envoy_source`: Envoy fed by
+    count or "auto"; epp/workers/processes.py). `envoy_source`: Envoy fed by
     the xDS server (`gateway.xds`, process "xds"), so it follows `gateway.yaml` as the
     services do, or "static": the rendered bootstrap, read once.
     """
@@ -551,7 +551,7 @@ def start_gateway_once(
         )
         if config_patch:
             config_patch(config)
-        parse_epp_config(config)  # fail here, readably, rather than in a child process
+        parse_config(config)  # fail here, readably, rather than in a child process
         config_path = workdir / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
 

@@ -31,7 +31,7 @@ from devstack.llamacpp.server import (
     with_model_tokenizer,
 )
 from devstack.pd import PD_FLEET, start_pd_gateway
-from epp.workers import workers_argument
+from epp.workers.processes import workers_argument
 from extproc.server import StartupError, check_port_free
 from gateway.config import ConfigError
 from gateway.profiles import BUILTIN_PROFILES

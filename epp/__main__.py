@@ -1,7 +1,7 @@
 """`python -m epp --config gateway.yaml --pool NAME --port 9002 --metrics-port 9090
 [--inference-objectives NAMESPACE[/INFERENCEPOOL]]`, or the reference EPP's contract:
 `python -m epp --pool-name NAME --pool-namespace NS` (gRPC ext_proc on 9002, gRPC health on
-9003, metrics on 9090; see epp/compat.py and docs/architecture.md, "Compatibility with the
+9003, metrics on 9090; see epp/reference_flags.py and docs/architecture.md, "Compatibility with the
 reference EPP")."""
 
 from __future__ import annotations
@@ -9,18 +9,18 @@ from __future__ import annotations
 import argparse
 import logging
 
-from epp import compat
+from epp import reference_flags
 from epp.app import EppApp
-from epp.workers import add_workers_argument, worker_options
+from epp.workers.processes import add_workers_argument, worker_options
 from extproc.server import wait_for_shutdown_signal
-from gateway.llmd_api import add_api_group_argument, parse_watch_ref
+from gateway.kube.llmd_api import add_api_group_argument, parse_watch_ref
 from gateway.service_cli import add_event_loop_argument, follow_config_resource, run_service, service_parser
 
 log = logging.getLogger("epp")
 
 
 async def serve(args: argparse.Namespace) -> None:
-    launch = compat.resolve(args)
+    launch = reference_flags.resolve(args)
     app = EppApp(
         launch.config_path,
         launch.pool,
@@ -69,8 +69,8 @@ def main() -> None:
     add_workers_argument(parser, "the pool's epp.workers")
     add_api_group_argument(parser)
     add_event_loop_argument(parser)
-    compat.add_arguments(parser)
-    args = compat.parse(parser)
+    reference_flags.add_arguments(parser)
+    args = reference_flags.parse(parser)
     if args.inference_objectives:
         try:
             args.inference_objectives = parse_watch_ref(args.inference_objectives, "--inference-objectives")

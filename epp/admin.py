@@ -10,9 +10,40 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
-from epp.pool import PoolSnapshot
-from epp.telemetry import Telemetry
+from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.endpoint_records import PoolSnapshot
+from epp.datalayer.kv_index import KVIndex
+from epp.datalayer.pool import Pool
+from epp.datalayer.tokenizer import PoolTokenizers
+from epp.requestcontrol.telemetry import Telemetry
 from gateway.admin_http import start_admin_http
+
+
+def adapters_resident(pool: Pool, residency: AdapterResidency) -> dict[str, list[str]]:
+    """Per pod: the modelled GPU adapter set (epp/datalayer/adapter_residency.py), most recent first,
+    for the capacity its last scrape reported (empty while unknown)."""
+    out = {}
+    for ep in pool.endpoints():
+        metrics = pool.metrics(ep.address)
+        max_lora = metrics.max_lora if metrics is not None else 0
+        out[ep.address] = residency.adapters(ep.address, max_lora)
+    return out
+
+
+def prefix_scoring(pool: Pool, tokenizers: PoolTokenizers, kv_index: KVIndex) -> dict[str, dict[str, str]]:
+    """Per pod and model: "precise" (precise-prefix-cache reads the pod's KV events) or
+    "approximate: <why>" (it falls back to the routing-history prefix index)."""
+    out: dict[str, dict[str, str]] = {}
+    for ep in pool.endpoints():
+        modes = {}
+        for model in sorted(ep.models):
+            if tokenizers.get(model) is None:
+                why: str | None = "no tokenizer for the model"
+            else:
+                why = kv_index.not_precise_reason(ep.address, model)
+            modes[model] = "precise" if why is None else f"approximate: {why}"
+        out[ep.address] = modes
+    return out
 
 
 def _finite(value: float) -> float | None:

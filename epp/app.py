@@ -14,25 +14,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from epp import test_picker
-from epp.admin import start_admin_server
-from epp.config import EppConfig
-from epp.context import EppContext
-from epp.discovery.static import static_endpoints
-from epp.flow_control import FlowController
-from epp.kv_events import EventBatch, KVEventMetrics, KVEventSubscribers, stored_adapters
-from epp.kv_index import KVIndex
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
-from epp.scale_from_zero import EmptyPoolHold
-from epp.scheduling.lora import event_time
+from epp.admin import adapters_resident, prefix_scoring, start_admin_server
+from epp.datalayer.adapter_residency import event_time
+from epp.datalayer.discovery.static import static_endpoints
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.kv_event_batches import EventBatch, stored_adapters
+from epp.datalayer.kv_events import KVEventMetrics, KVEventSubscribers
+from epp.datalayer.kv_index import KVIndex
+from epp.datalayer.pool import Pool
+from epp.datalayer.scrape import Scraper
+from epp.datalayer.shared_state import SharedState
+from epp.datalayer.tokenizer import PoolTokenizers
+from epp.requestcontrol import conformance_mode
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.flow_control import FlowController
+from epp.requestcontrol.header_policy import HeaderPolicy
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.scale_from_zero import EmptyPoolHold
+from epp.requestcontrol.telemetry import Telemetry
 from epp.scheduling.weighted import WeightedScheduler
-from epp.scrape import Scraper
-from epp.shared_state import SharedState
-from epp.telemetry import Telemetry
-from epp.tokenize import PoolTokenizers
-from epp.trust import HeaderPolicy
-from epp.workers import WorkerFront, resolve_workers, start_worker_front
+from epp.workers.processes import WorkerFront, resolve_workers, start_worker_front
 from extproc.server import (
     GrpcService,
     StartupError,
@@ -42,8 +43,9 @@ from extproc.server import (
     start_health_server,
 )
 from extproc.stream import ExtProcServicer
+from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
-from gateway.llmd_api import (
+from gateway.kube.llmd_api import (
     GROUP,
     INFERENCE_OBJECTIVES,
     Accepted,
@@ -52,6 +54,7 @@ from gateway.llmd_api import (
     config_pool_for,
     is_inference_pool,
 )
+from gateway.pool_config import PoolConfig
 from gateway.supervise import spawn
 from gateway.tracing import Tracing
 
@@ -72,12 +75,12 @@ class KubernetesPool:
 class SharedRuntime:
     """What the pools of one multi-pool EPP process share."""
 
-    store: ConfigStore[EppConfig]
+    store: ConfigStore[GatewayConfig]
     tracing: Tracing
 
 
 def build_scheduler(
-    config: EppConfig, previous: WeightedScheduler | None = None, kv_index: KVIndex | None = None
+    config: GatewayConfig, previous: WeightedScheduler | None = None, kv_index: KVIndex | None = None
 ) -> WeightedScheduler:
     return WeightedScheduler(
         config.scheduler_profiles(),
@@ -107,13 +110,30 @@ class EppApp:
     ) -> None:
         """`health_port`: also serve the gRPC health service alone there (the reference EPP's
         9003); `kubernetes`: discover the pool from this InferencePool whatever the config
-        says (`--pool-name`); `conformance_test_mode`: see epp/test_picker.py; `shared`: one
+        says (`--pool-name`); `conformance_test_mode`: see epp/requestcontrol/conformance_mode.py; `shared`: one
         pool of a process serving several (epp/single_hop.py), which owns the config store,
         tracing and the gRPC server, so this app starts no ext_proc server of its own;
-        `workers`: ext_proc worker processes (epp/workers.py; None: the pool's `epp.workers`),
+        `workers`: ext_proc worker processes (epp/workers/processes.py; None: the pool's `epp.workers`),
         `worker_options` their --log-level / --event-loop / --drain-seconds."""
         self._shared = shared
-        self.store = shared.store if shared else ConfigStore.from_file(config_path, EppConfig)
+        config, pool_config = self._load_config(config_path, pool_name)
+        self._build_state(config, pool_config)
+        self._build_context(config, conformance_test_mode)
+        self._build_feeds(config)
+        self._build_serving(pool_config, workers, worker_options, kubernetes, health_port)
+        self._apply(config)
+        self.store.subscribe(self._on_config)
+        self._tls = tls
+        self._host, self._port, self._metrics_port = host, port, metrics_port
+        self._tasks: list[asyncio.Task[None]] = []
+        self.grpc: GrpcService | None = None
+        self.port = 0
+        self.metrics_port = 0
+
+    def _load_config(self, config_path: str | Path, pool_name: str) -> tuple[GatewayConfig, PoolConfig]:
+        """The config store (the process's, when it serves several pools) and this pool's section."""
+        shared = self._shared
+        self.store = shared.store if shared else ConfigStore.from_file(config_path, GatewayConfig)
         self._watcher = FileWatcher(self.store, config_path) if shared is None else None
         config = self.store.current()
         if pool_name not in {p.name for p in config.pools}:
@@ -121,7 +141,11 @@ class EppApp:
             raise StartupError(
                 f"pool {pool_name!r} is not in {config_path} (pools: {names}): pass --pool with one"
             )
-        pool_config = config.pool(pool_name)
+        return config, config.pool(pool_name)
+
+    def _build_state(self, config: GatewayConfig, pool_config: PoolConfig) -> None:
+        """The pool, its metrics, the indexes and the scheduler, the flow-control queue."""
+        pool_name = pool_config.name
         self.pool_name = pool_name
         self.pool = Pool()
         self.telemetry = Telemetry(pool_name)
@@ -135,6 +159,10 @@ class EppApp:
         self.flow = FlowController(self.telemetry.registry, config.flow_control)
         self.empty_pool = EmptyPoolHold(self.telemetry.registry, pool_name)
         self.pool.capacity_hook = self._capacity_changed
+
+    def _build_context(self, config: GatewayConfig, conformance_test_mode: bool) -> None:
+        """What every stream's processor reads (`EppContext`), tracing included."""
+        pool_name, shared = self.pool_name, self._shared
         self.ctx = EppContext(
             pool_name,
             self.pool,
@@ -151,8 +179,13 @@ class EppApp:
             self.ctx.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
             self.store.subscribe(self.ctx.tracing.warn_on_change(config.tracing))
         if conformance_test_mode:
-            log.warning(test_picker.WARNING, test_picker.SELECTION_HEADER)
+            log.warning(conformance_mode.WARNING, conformance_mode.SELECTION_HEADER)
             self.telemetry.conformance_test_mode()
+
+    def _build_feeds(self, config: GatewayConfig) -> None:
+        """What feeds the pool's state: the scraper, the KV-event subscribers, the tokenizers, the
+        state shared with the pool's other replicas."""
+        pool_name = self.pool_name
         self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
         kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
         # Adapter residency also learns from the scrapes' running adapters and the events' LoRA ids.
@@ -179,8 +212,19 @@ class EppApp:
                 residency=self.scheduler.residency,  # kept across reloads too
             )
         self._shared_config = config.shared_state
+
+    def _build_serving(
+        self,
+        pool_config: PoolConfig,
+        workers: int | str | None,
+        worker_options: dict[str, str] | None,
+        kubernetes: KubernetesPool | None,
+        health_port: int | None,
+    ) -> None:
+        """The ext_proc servicer, its workers, discovery's source and the followed objectives."""
+        pool_name, shared = self.pool_name, self._shared
         self.servicer = ExtProcServicer(lambda: EppProcessor(self.ctx), name=f"epp-{pool_name}")
-        # More than one worker: they serve the streams, this process decides (epp/workers.py).
+        # More than one worker: they serve the streams, this process decides (epp/workers/processes.py).
         self.worker_count = 1 if shared is not None else resolve_workers(workers or pool_config.epp.workers)
         self._worker_options = worker_options or {}
         self._workers_setting = pool_config.epp.workers  # read at start, like sharedState
@@ -201,16 +245,8 @@ class EppApp:
         self._objectives_namespace = ""
         self._objectives_pool: str | None = None  # the InferencePool they must name; None: mapped
         self._objective_watcher: Any = None
-        self._apply(config)
-        self.store.subscribe(self._on_config)
-        self._tls = tls
-        self._host, self._port, self._metrics_port = host, port, metrics_port
-        self._tasks: list[asyncio.Task[None]] = []
-        self.grpc: GrpcService | None = None
-        self.port = 0
-        self.metrics_port = 0
 
-    def _apply(self, config: EppConfig) -> None:
+    def _apply(self, config: GatewayConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
         self.ctx.header_policy = HeaderPolicy.from_config(config, self._objective_priorities(config))
         self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
@@ -232,7 +268,7 @@ class EppApp:
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
 
-    def _on_config(self, config: EppConfig) -> None:
+    def _on_config(self, config: GatewayConfig) -> None:
         try:
             config.pool(self.pool_name)
         except KeyError:  # a valid file (the verdict, logged by the store, is everyone's)
@@ -249,7 +285,7 @@ class EppApp:
         self.ctx.scheduler = self.scheduler
         self._apply(config)
 
-    def _objective_priorities(self, config: EppConfig) -> dict[str, int]:
+    def _objective_priorities(self, config: GatewayConfig) -> dict[str, int]:
         """The followed InferenceObjectives that name this EPP's pool: name -> priority."""
         out = {}
         for name, accepted in self._objectives.items():
@@ -278,7 +314,7 @@ class EppApp:
     ) -> None:
         """List + watch the InferenceObjectives of `namespace`; those whose poolRef names `pool`
         (default: the InferencePool of this EPP's configured pool) set request priorities."""
-        from gateway.llmd_watch import LlmdResourceWatcher  # loads the kubernetes client
+        from gateway.kube.llmd_watch import LlmdResourceWatcher  # loads the kubernetes client
 
         self._objectives_namespace, self._objectives_pool = namespace, pool
         self._objective_watcher = LlmdResourceWatcher(
@@ -357,7 +393,7 @@ class EppApp:
         if self._health_port is not None:
             check_port_free(self._host, self._health_port, "--grpc-health-port")
         if self._kubernetes is not None:
-            from epp.discovery.kubernetes import InferencePoolDiscovery
+            from epp.datalayer.discovery.kubernetes import InferencePoolDiscovery
 
             pool = self.store.current().pool(self.pool_name)
             self._discovery = InferencePoolDiscovery(
@@ -401,7 +437,7 @@ class EppApp:
             lambda: EppProcessor(self.ctx),
             lambda: {
                 "max_body_bytes": self.store.current().bbr.max_body_bytes,
-                "parse": self.ctx.parse_hints().to_wire(),  # the workers parse (epp/parse.py)
+                "parse": self.ctx.parse_hints().to_wire(),  # the workers parse (epp/requestcontrol/parse.py)
             },
             self.store.subscribe,
             host=self._host,
@@ -421,9 +457,9 @@ class EppApp:
             "profiles": {name: p.to_dict() for name, p in config.scheduler_profiles().items()},
             "kv_events": self.kv_events.debug(),
             "tokenizers": self.tokenizers.debug(),
-            "prefix_scoring": self._prefix_scoring(),
+            "prefix_scoring": prefix_scoring(self.pool, self.tokenizers, self.kv_index),
             "flow_queue": len(self.flow.queue),
-            "adapters_resident": self._adapters_resident(),
+            "adapters_resident": adapters_resident(self.pool, self.scheduler.residency),
         }
         if self.workers_debug is not None:
             extra["workers"] = self.workers_debug()
@@ -431,31 +467,6 @@ class EppApp:
             extra["shared_state"] = self.shared_state.debug()
             extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
         return extra
-
-    def _adapters_resident(self) -> dict[str, list[str]]:
-        """Per pod: the modelled GPU adapter set (epp/scheduling/lora.py), most recent first,
-        for the capacity its last scrape reported (empty while unknown)."""
-        out = {}
-        for ep in self.pool.endpoints():
-            metrics = self.pool.metrics(ep.address)
-            max_lora = metrics.max_lora if metrics is not None else 0
-            out[ep.address] = self.scheduler.residency.adapters(ep.address, max_lora)
-        return out
-
-    def _prefix_scoring(self) -> dict[str, dict[str, str]]:
-        """Per pod and model: "precise" (precise-prefix-cache reads the pod's KV events) or
-        "approximate: <why>" (it falls back to the routing-history prefix index)."""
-        out: dict[str, dict[str, str]] = {}
-        for ep in self.pool.endpoints():
-            modes = {}
-            for model in sorted(ep.models):
-                if self.tokenizers.get(model) is None:
-                    why: str | None = "no tokenizer for the model"
-                else:
-                    why = self.kv_index.not_precise_reason(ep.address, model)
-                modes[model] = "precise" if why is None else f"approximate: {why}"
-            out[ep.address] = modes
-        return out
 
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:

@@ -25,10 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from epp.app import EppApp, SharedRuntime
-from epp.config import EppConfig
-from epp.parse import ParsedBody, ParseHints, parse_body
-from epp.processor import SPAN_NAME, EppProcessor
-from epp.workers import WorkerFront, add_workers_argument, resolve_workers, start_worker_front, worker_options
+from epp.requestcontrol.parse import ParsedBody, ParseHints, parse_body
+from epp.requestcontrol.processor import SPAN_NAME, EppProcessor
+from epp.workers.processes import (
+    WorkerFront,
+    add_workers_argument,
+    resolve_workers,
+    start_worker_front,
+    worker_options,
+)
 from extproc.errors import ErrorResponse, unavailable
 from extproc.headers import ROUTING_HEADERS
 from extproc.server import (
@@ -39,8 +44,9 @@ from extproc.server import (
     wait_for_shutdown_signal,
 )
 from extproc.stream import ExtProcServicer, RequestRoute
+from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
-from gateway.llmd_api import add_api_group_argument
+from gateway.kube.llmd_api import add_api_group_argument
 from gateway.model_routing import ModelRouter, RoutedModel, encode_body
 from gateway.service_cli import add_event_loop_argument, follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
@@ -68,7 +74,7 @@ class SingleHopProcessor:
         return await self.on_parsed(headers, ParsedBody.from_wire(prepared, body))
 
     async def on_parsed(self, headers: dict[str, str], parsed: ParsedBody) -> RequestRoute | ErrorResponse:
-        """The decision for a parsed request (parsed here, or by an ext_proc worker, epp/parse.py)."""
+        """The decision for a parsed request (parsed here, or by an ext_proc worker, epp/requestcontrol/parse.py)."""
         if not parsed.raw:
             # Nothing to route on (GET on a served path): Envoy re-routes and answers its JSON 404.
             return RequestRoute(clear_route_cache=True)
@@ -157,9 +163,9 @@ class SingleHopEpp:
         workers: int | str | None = None,
         worker_options: dict[str, str] | None = None,
     ) -> None:
-        """`workers`: ext_proc worker processes (epp/workers.py; None: the most any pool's
+        """`workers`: ext_proc worker processes (epp/workers/processes.py; None: the most any pool's
         `epp.workers` asks for)."""
-        self.store = ConfigStore.from_file(config_path, EppConfig)
+        self.store = ConfigStore.from_file(config_path, GatewayConfig)
         config = self.store.current()
         self.tracing = Tracing.from_config(config.tracing, "inference-gateway-epp")  # read once
         self.store.subscribe(self.tracing.warn_on_change(config.tracing))
@@ -177,7 +183,7 @@ class SingleHopEpp:
             for pool in config.pools
         }
         self.router = ModelRouter()
-        self._hints: tuple[EppConfig, frozenset[str], ParseHints] | None = None
+        self._hints: tuple[GatewayConfig, frozenset[str], ParseHints] | None = None
         self.servicer = ExtProcServicer(lambda: SingleHopProcessor(self), name="epp-single-hop")
         self.store.subscribe(self._on_config)
         self._watcher = FileWatcher(self.store, config_path)
@@ -191,7 +197,7 @@ class SingleHopEpp:
         self._worker_options = worker_options
         self.workers: WorkerFront | None = None
 
-    def _on_config(self, config: EppConfig) -> None:
+    def _on_config(self, config: GatewayConfig) -> None:
         for name in sorted({p.name for p in config.pools} - set(self.apps) - self._starting):
             self._starting.add(name)
             self._tasks.append(asyncio.get_running_loop().create_task(self._add_pool(name)))
@@ -212,7 +218,7 @@ class SingleHopEpp:
         log.info("pool %s added by a reload: served (metrics port %d)", name, app.metrics_port)
 
     def parse_hints(self) -> ParseHints:
-        """What a parse reads (epp/parse.py): the routes of the pools served now."""
+        """What a parse reads (epp/requestcontrol/parse.py): the routes of the pools served now."""
         config, pools = self.store.current(), frozenset(self.apps)
         if self._hints is None or self._hints[0] is not config or self._hints[1] != pools:
             index = next((getattr(a.scheduler, "prefix_index", None) for a in self.apps.values()), None)
@@ -289,7 +295,7 @@ async def serve(args: argparse.Namespace) -> None:
     resource = await follow_config_resource(epp.store, args.config_resource)
     rewrites = None
     if args.inference_model_rewrites:
-        from gateway.model_rewrite_source import follow_model_rewrites  # loads the kubernetes client
+        from gateway.kube.model_rewrite_source import follow_model_rewrites  # loads the kubernetes client
 
         rewrites = await follow_model_rewrites(
             epp.router, epp.store.current, args.inference_model_rewrites, group=args.llm_d_api_group

@@ -83,7 +83,7 @@ def error_payload(
     status: int, message: str, code: str, *, anthropic: bool, error_type: str | None = None
 ) -> dict[str, Any]:
     """One error as a JSON object in either API's shape (the services' refusals and Envoy's own
-    replies, gateway/envoy_config.py, both write it here). OpenAI's carries `code` and
+    replies, gateway/envoy/bootstrap.py, both write it here). OpenAI's carries `code` and
     `error_type` (default: by status); Anthropic's has a type by status and no code."""
     if anthropic:
         return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}

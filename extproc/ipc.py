@@ -7,7 +7,7 @@ is the message kind. The deciding process runs the service's own `Processor` per
 (extproc/remote.py `ProcessorHost`), so the decision code is the single process's, unchanged.
 
 Worker -> decider: HELLO(pid), REQUEST(sid, headers, body, prepared: the service's
-request-local step done in the worker, e.g. the EPP's parsed body (epp/parse.py), or None),
+request-local step done in the worker, e.g. the EPP's parsed body (epp/requestcontrol/parse.py), or None),
 RESPONSE_HEADERS(sid, headers,
 wants_reply), CLOSE(sid, completed). Decider -> worker: SETTINGS({max_body_bytes, ...: what the service's step reads}), ROUTE(sid,
 ..., answers_headers: whether the worker must wait for HEADERS_REPLY),

@@ -110,7 +110,7 @@ async def start_grpc_service(
 ) -> GrpcService:
     """ext_proc + health on one port; `extra_services` are (add_to_server, servicer, health
     name) triples for a service that shares the port (the global router's heartbeat API).
-    `reuse_port`: the EPP's workers (epp/workers.py), which share one port on purpose; their
+    `reuse_port`: the EPP's workers (epp/workers/processes.py), which share one port on purpose; their
     scheduling process checked that it was free before starting them."""
     credentials = tls.credentials() if tls else None  # a missing file fails before any bind
     if not reuse_port:

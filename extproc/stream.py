@@ -18,7 +18,7 @@ forwards only what the processor returns.
 `Processor.on_close` runs exactly once per stream, whatever happens (normal end, client
 abort, Envoy reset, protocol error): that is where in-flight accounting is returned. The EPP's
 routes ask for response trailers so that Envoy keeps the stream until the HTTP response ends
-(see `gateway.envoy_config.pool_processing_mode`); an HTTP/1.1 answer without trailers sends no
+(see `gateway.envoy.routes.pool_processing_mode`); an HTTP/1.1 answer without trailers sends no
 further message, so Envoy closing the stream is the only end-of-response signal.
 """
 

@@ -11,19 +11,16 @@ readable message per problem (`pools.0.models.1.name: field required`).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, Literal, TypeVar, overload
+from typing import Any, Literal, TypeVar, overload
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -32,172 +29,19 @@ from pydantic import (
 )
 
 from extproc.errors import ANTHROPIC_PATHS
+from gateway.pool_config import MAX_FLOW_WAIT_MS, PoolConfig, StrictModel
 from gateway.profiles import Profile, resolve_profiles
 from gateway.scheduling_params import Thresholds
 
-# Metric dialects (epp/engines.py DIALECTS; a test keeps the two in step).
-Engine = Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp"]
-
-DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # the AWS gateway's BBR default (facts.md)
 # Idle pods are scraped at least this often (4 x the 50 ms default interval; below the
 # default 1 s stale threshold with room for a late scrape).
 DEFAULT_MAX_INTERVAL_MS = 200
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # the AWS gateway's BBR default (facts.md)
 
 
-class Rewrite(_Model):
-    """One arm of a weighted traffic split: send `weight` parts of the traffic to `model`."""
-
-    model: str = Field(min_length=1)
-    weight: int = Field(ge=0)
-
-
-class ModelConfig(_Model):
-    name: str = Field(min_length=1)
-    adapters: list[str] = Field(default_factory=list)
-    profile: str | None = None  # scheduling profile used when the request names none
-    # Profiles any client may pick with `x-gateway-inference-objective` (never above `profile`'s
-    # priority); only trusted requests (listener.trust) may name any other.
-    objectives: list[str] = Field(default_factory=list)
-    rewrites: list[Rewrite] = Field(default_factory=list)
-    # The model's tokenizer folder on the EPP's disk (Hugging Face layout: tokenizer.json,
-    # tokenizer_config.json with chat_template): the EPP computes the tokens the engine sees
-    # and scores pods by the precise KV index (epp/tokenize.py). A folder that does not load
-    # is logged and the model falls back to approximate prefix scoring (/debug/pool says so).
-    tokenizer: str | None = Field(default=None, min_length=1, max_length=4096)
-
-
-def validate_ip_port(v: str) -> str:
-    """`ip:port` (IPv6 in brackets): Envoy connects to endpoints by address, never by name."""
-    host, sep, port = v.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("must be ip:port")
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError as exc:
-        raise ValueError("host must be an IP address") from exc
-    return v
-
-
-Port = Annotated[int, Field(ge=1, lt=65536)]
-KvCapacity = Annotated[int, Field(ge=1, le=1_000_000_000)]
-
-
-class EndpointConfig(_Model):
-    """A statically configured model-server pod."""
-
-    address: str
-    # Its name, shown beside the address in the decision header and /debug/pool.
-    name: str | None = Field(default=None, min_length=1, max_length=253)
-    models: list[str] | None = None  # defaults to every model of the pool
-    adapters: list[str] | None = None  # defaults to every adapter of those models
-    engine: Engine | None = None  # defaults to the pool's engine
-    # This pod's vLLM KV-event PUB / replay ports, over the pool's kvEvents ports.
-    kv_events_port: Port | None = Field(default=None, alias="kvEventsPort")
-    kv_replay_port: Port | None = Field(default=None, alias="kvReplayPort")
-    # KV capacity in tokens, over the pool's (TGI reports tokens held, not a fraction).
-    kv_capacity_tokens: KvCapacity | None = Field(default=None, alias="kvCapacityTokens")
-    # vLLM's --data-parallel-size behind this address: the EPP pins a rank (epp/ranks.py).
-    data_parallel_size: int = Field(default=1, ge=1, le=64, alias="dataParallelSize")
-    # The pod's labels, as Kubernetes discovery reads them (e.g. llm-d.ai/role: prefill).
-    labels: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("address")
-    @classmethod
-    def _host_port(cls, v: str) -> str:
-        return validate_ip_port(v)
-
-
-class DisaggregationConfig(_Model):
-    """Prefill/decode disaggregation (epp/scheduling/pd.py): every request gets a decode pod;
-    one whose prompt part not already cached on that pod is at least `minUncachedTokens` also
-    gets a prefill pod, unless the best prefill pod's queue is over `maxPrefillQueue`. The
-    prefill pod travels in `prefillerHeader` to the decode pod's sidecar (pdsidecar/)."""
-
-    role_label: str = Field(default="llm-d.ai/role", alias="roleLabel", min_length=1)
-    min_uncached_tokens: int = Field(default=1024, ge=1, alias="minUncachedTokens")
-    max_prefill_queue: float = Field(default=4.0, ge=0.0, alias="maxPrefillQueue")
-    prefiller_header: Literal["x-prefiller-host-port", "x-prefiller-url"] = Field(
-        default="x-prefiller-host-port", alias="prefillerHeader"
-    )
-
-
-class KubernetesDiscovery(_Model):
-    namespace: str = "default"
-    pool_name: str = Field(alias="poolName", min_length=1)
-
-
-class KvEventsConfig(_Model):
-    """Subscribe to every pod's vLLM KV-cache events (`--kv-events-config`, zmq publisher):
-    `port` is the PUB port (vLLM's `endpoint`), `replayPort` its `replay_endpoint` port."""
-
-    port: Port | None = None  # None: only pods that name their own port (annotation, endpoint)
-    replay_port: Port | None = Field(default=None, alias="replayPort")
-    # Bound of the precise index: (pod, block) entries kept, least recently stored dropped.
-    max_blocks: int = Field(default=1_000_000, ge=1, le=100_000_000, alias="maxBlocks")
-
-
-MAX_EPP_REPLICAS = 32
-
-
-MAX_EPP_WORKERS = 256
-
-
-class EppAddress(_Model):
-    """Where Envoy reaches the pool's EPP. `replicas` > 1: several active-active EPP processes
-    (share their in-flight counts with `sharedState`). With an IP `host` they listen on
-    `port`, `port + 1`, ... (one Envoy endpoint each); with a DNS name, the name must resolve
-    to every replica (a headless Service) and Envoy balances over what it resolves.
-
-    `workers`: the ext_proc worker processes of each EPP (epp/workers.py): N > 1 spreads the
-    gRPC stream work over N processes that all listen on `port` and ask the EPP's one
-    scheduling process for each decision; "auto" = the CPUs the EPP may use (affinity and
-    cgroup quota); 1 = one process, no workers. Read at start (`python -m epp --workers`
-    overrides it)."""
-
-    host: str = "127.0.0.1"
-    port: int = Field(default=9002, ge=0, lt=65536)
-    replicas: int = Field(default=1, ge=1, le=MAX_EPP_REPLICAS)
-    workers: int | Literal["auto"] = Field(default=1)
-
-    @field_validator("workers")
-    @classmethod
-    def _workers_range(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and not 1 <= value <= MAX_EPP_WORKERS:
-            raise ValueError(f'workers must be 1 to {MAX_EPP_WORKERS} or "auto", not {value}')
-        return value
-
-    @model_validator(mode="after")
-    def _replica_ports(self) -> EppAddress:
-        if self.replicas > 1 and self.port + self.replicas - 1 >= 65536:
-            raise ValueError(f"port {self.port} + {self.replicas} replicas runs past 65535")
-        return self
-
-    def addresses(self) -> list[tuple[str, int]]:
-        return replica_addresses(self.host, self.port, self.replicas)
-
-
-def replica_addresses(host: str, port: int, replicas: int) -> list[tuple[str, int]]:
-    """The (host, port) of each EPP replica as Envoy's cluster lists them: consecutive ports on
-    an IP; a DNS name once (it resolves to every replica)."""
-    if replicas == 1 or not is_ip(host):
-        return [(host, port)]
-    return [(host, port + i) for i in range(replicas)]
-
-
-def is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
-
-
-class SharedStateConfig(_Model):
-    """State the EPP replicas of a pool share through Redis (epp/shared_state.py): each
+class SharedStateConfig(StrictModel):
+    """State the EPP replicas of a pool share through Redis (epp/datalayer/shared_state.py): each
     replica publishes its per-pod in-flight counts under a key that expires after `ttlMs` (a
     dead replica's share disappears then) and reads the others' in the same round trip: within
     `publishIntervalMs` of a change of its own counts, else every `idleIntervalMs`. Off (None)
@@ -232,47 +76,8 @@ class SharedStateConfig(_Model):
         return self
 
 
-# Envoy's ext_proc message timeout (gateway/envoy_config.py, 10 s) bounds how long the EPP may
-# hold a request before answering it: a longer wait would end in Envoy's 503, not our 429.
-MAX_FLOW_WAIT_MS = 9_000
-
-
-class ScaleFromZeroConfig(_Model):
-    """A pool scaled to zero (or whose pods are all starting) holds new requests up to
-    `maxWaitMs` for its first ready pod, then answers 503 with Retry-After. Bounded by Envoy's
-    ext_proc message timeout like flow control's waits (`MAX_FLOW_WAIT_MS`)."""
-
-    max_wait_ms: int = Field(default=5_000, ge=1, le=MAX_FLOW_WAIT_MS, alias="maxWaitMs")
-
-
-class PoolConfig(_Model):
-    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    models: list[ModelConfig] = Field(min_length=1)
-    engine: Engine = "vllm"
-    target_port: int = Field(default=8000, alias="targetPort", ge=1, lt=65536)
-    endpoints: list[EndpointConfig] = Field(default_factory=list)
-    kubernetes: KubernetesDiscovery | None = None
-    failure_mode: Literal["FailClose", "FailOpen"] = Field(default="FailClose", alias="failureMode")
-    epp: EppAddress = Field(default_factory=EppAddress)
-    # Extra endpoints, ranked after the chosen one, that Envoy retries on in that order (static
-    # pools; 0: a retry takes Envoy's least-request pick among the others). > 0 also sends the
-    # EPP the response headers, to move the accounting with the retry (docs/scheduling.md,
-    # "Retries"). Kubernetes pools (ORIGINAL_DST, one address): must be 0.
-    fallback_endpoints: int = Field(default=0, ge=0, le=8, alias="fallbackEndpoints")
-    kv_events: KvEventsConfig | None = Field(default=None, alias="kvEvents")
-    # KV-cache capacity of each pod in tokens (e.g. TGI's --max-total-tokens): TGI publishes the
-    # tokens its batch holds, not a fraction, so without it a TGI pod's KV usage is unknown.
-    kv_capacity_tokens: KvCapacity | None = Field(default=None, alias="kvCapacityTokens")
-    # The reference EPP's behaviour: any `model` the route sends here is scheduled on this
-    # pool's first model (the HTTPRoute, not the model list, decides what reaches the pool).
-    accept_any_model: bool = Field(default=False, alias="acceptAnyModel")
-    disaggregation: DisaggregationConfig | None = None  # prefill/decode split; None: aggregated
-    # Hold requests while no pod is ready (epp/scale_from_zero.py); None: 503 at once.
-    scale_from_zero: ScaleFromZeroConfig | None = Field(default=None, alias="scaleFromZero")
-
-
-class ScrapeConfig(_Model):
-    """Per-pod cadence (epp/scrape.py `Cadence`): every `intervalMs` while the pod is busy or
+class ScrapeConfig(StrictModel):
+    """Per-pod cadence (epp/datalayer/scrape.py `Cadence`): every `intervalMs` while the pod is busy or
     its metrics change, backing off to `maxIntervalMs` (the staleness bound) while it is idle
     and unchanged; each interval is spread by +-`jitter` so pods are not scraped in lock-step."""
 
@@ -282,7 +87,7 @@ class ScrapeConfig(_Model):
     jitter: float = Field(default=0.1, ge=0.0, le=0.5)
     timeout_ms: int = Field(default=500, ge=10, alias="timeoutMs")
     # Observed-speed EWMAs lose half their weight per half-life; after 4 without a new
-    # observation the pod's speed is unknown again (epp/pool.py).
+    # observation the pod's speed is unknown again (epp/datalayer/pool.py).
     speed_half_life_ms: int = Field(default=10_000, ge=100, le=86_400_000, alias="speedHalfLifeMs")
     # On: with sharedState, each replica waits its interval times the pool's live replica count,
     # so the pods see about one scrape per interval from all of a pool's EPPs together (N
@@ -302,23 +107,23 @@ class ScrapeConfig(_Model):
         return max(self.interval_ms, DEFAULT_MAX_INTERVAL_MS)
 
 
-class AdmissionConfig(_Model):
+class AdmissionConfig(StrictModel):
     retry_after_s: int = Field(default=1, ge=1, alias="retryAfterSeconds")
 
 
-class FlowBand(_Model):
-    """Bounds of one priority band's EPP queue (epp/flow_control.py)."""
+class FlowBand(StrictModel):
+    """Bounds of one priority band's EPP queue (epp/requestcontrol/flow_control.py)."""
 
     max_queue: int = Field(default=256, ge=0, le=100_000, alias="maxQueue")  # 0: never queue, refuse
     max_wait_ms: int = Field(default=5_000, ge=1, le=MAX_FLOW_WAIT_MS, alias="maxWaitMs")
 
 
-class FlowControlConfig(_Model):
+class FlowControlConfig(StrictModel):
     """Hold requests in the EPP while every candidate pod is saturated (off: shed/forward as before).
 
     Bands by the objective's priority: > 0 critical, 0 standard, < 0 sheddable. The tenant (fair
     share within a band) comes from `tenantClaim` (a verified JWT claim) or, for trusted requests
-    only, `tenantHeader` (epp/trust.py).
+    only, `tenantHeader` (epp/requestcontrol/header_policy.py).
     """
 
     enabled: bool = False
@@ -332,18 +137,18 @@ class FlowControlConfig(_Model):
     )
 
 
-class SessionAffinityConfig(_Model):
+class SessionAffinityConfig(StrictModel):
     """The request header whose value keys the `session-affinity` scorer."""
 
     header: str = Field(default="x-session-id", min_length=1)
 
 
-class BbrConfig(_Model):
+class BbrConfig(StrictModel):
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0, alias="maxRequestBodyBytes")
     default_model: str | None = Field(default=None, alias="defaultModel")
 
 
-class TracingConfig(_Model):
+class TracingConfig(StrictModel):
     """OpenTelemetry spans for BBR and EPP decisions (gateway/tracing.py), exported over
     OTLP/gRPC. Off unless `enabled` (or OTEL_TRACES_EXPORTER=otlp); a field left unset falls
     back to the standard OTEL_* variable the SDK reads; read once at process start."""
@@ -357,7 +162,7 @@ class TracingConfig(_Model):
     service_name: str | None = Field(default=None, min_length=1, alias="serviceName")
 
 
-class JwtAuth(_Model):
+class JwtAuth(StrictModel):
     """Require a JWT (Authorization: Bearer) signed by a key of this JWKS on every request."""
 
     issuer: str = Field(min_length=1)
@@ -390,19 +195,19 @@ API_PATHS = (
 MODELS_PATH = "/v1/models"  # answered by Envoy from the configuration, never by a pod
 
 
-class TrustedClaim(_Model):
+class TrustedClaim(StrictModel):
     """A claim of the verified JWT (`listener.jwt`) whose value makes the request trusted."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:/-]+$")
     value: str = Field(min_length=1)
 
 
-class HeaderTrust(_Model):
+class HeaderTrust(StrictModel):
     """Who may use the request headers that reveal the fleet or change a request's priority.
 
     Untrusted requests get `x-gateway-decision` only with `decisionHeader: true`, and may pick
     only a model's `objectives` with `x-gateway-inference-objective`, never above the model's own
-    priority. Trusted requests may do both freely. The EPP enforces it (epp/trust.py).
+    priority. Trusted requests may do both freely. The EPP enforces it (epp/requestcontrol/header_policy.py).
     """
 
     # Every client may ask for the per-pod scores (reveals pod addresses: local development only).
@@ -412,7 +217,7 @@ class HeaderTrust(_Model):
     jwt_claim: TrustedClaim | None = Field(default=None, alias="jwtClaim")
 
 
-class ListenerConfig(_Model):
+class ListenerConfig(StrictModel):
     """What Envoy accepts from clients before any ext_proc service sees the request."""
 
     # 8 KiB: below what the model servers accept themselves (aiohttp, modelsim: 8,190 bytes per
@@ -426,7 +231,7 @@ class ListenerConfig(_Model):
     allow_all_paths: bool = Field(default=False, alias="allowAllPaths")
     jwt: JwtAuth | None = None
     trust: HeaderTrust = Field(default_factory=HeaderTrust)
-    # How Envoy hands request bodies to BBR and the EPP (gateway/envoy_config.py
+    # How Envoy hands request bodies to BBR and the EPP (gateway/envoy/routes.py
     # `pool_processing_mode`). `streamed` (FULL_DUPLEX_STREAMED): any size up to
     # bbr.maxRequestBodyBytes, and the services send every chunk back. `buffered`: Envoy
     # collects the body and sends it once, nothing comes back (cheaper, see docs/benchmarks/costs.md
@@ -473,7 +278,7 @@ class ListenerConfig(_Model):
         return self
 
 
-class GatewayConfig(_Model):
+class GatewayConfig(StrictModel):
     pools: list[PoolConfig] = Field(min_length=1)
     listener: ListenerConfig = Field(default_factory=ListenerConfig)
     # The EPP's scheduling section: profiles over the built-ins (gateway/profiles.py), and

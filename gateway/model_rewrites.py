@@ -3,7 +3,7 @@
 Precedence, as the llm-d API specifies it: a rule that names the model exactly beats a generic
 rule (empty `matches`); among equals the oldest resource (creationTimestamp, then name) wins,
 and within one resource the first rule in list order. A rule belongs to the pool its resource's
-`poolRef` names (gateway.llmd_api.config_pool_for): it applies to requests BBR routes to that
+`poolRef` names (gateway.kube.llmd_api.config_pool_for): it applies to requests BBR routes to that
 pool, and an exact rule may also name a model the configuration does not route at all (an alias
 renamed to a served model). Resources for pools the gateway does not front are ignored.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.config import GatewayConfig, ModelRoute
-from gateway.llmd_api import Accepted, InferenceModelRewriteSpec, PoolRef, config_pool_for
+from gateway.kube.llmd_api import Accepted, InferenceModelRewriteSpec, PoolRef, config_pool_for
 
 
 @dataclass(frozen=True, slots=True)

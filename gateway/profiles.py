@@ -1,8 +1,7 @@
 """Scheduling profiles: named weight sets plus a picker and thresholds, validated once.
 
 A profile is all a configuration needs to define a policy. It is a pydantic model whose
-scorer and picker names are the plugin registry's (epp/scheduling/registry.py checks at import
-that it implements exactly `SCORER_NAMES` and `PICKER_NAMES`), so the config file, the
+scorer and picker names are the plugin catalogue's (gateway/plugin_catalogue.py), so the config file, the
 ConfigMap, the CRD and code all go through this one validation. It is part of the shared
 schema (gateway/config.py) so that BBR, which never loads the scheduler, rejects exactly the
 files the EPPs reject. Names are kebab-case only (`kv-cache`, `weighted-random`).
@@ -17,24 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from gateway import plugin_catalogue
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
 
-# The scheduler's plugins by config name, in its registry's order (epp/scheduling/registry.py
-# fails at import if the two differ).
-SCORER_NAMES: tuple[str, ...] = (
-    "queue",
-    "kv-cache",
-    "prefix-cache",
-    "precise-prefix-cache",
-    "lora-affinity",
-    "running-requests",
-    "inflight",
-    "observed-speed",
-    "queue-speed",
-    "predicted-ttft",
-    "session-affinity",
-)
-PICKER_NAMES: tuple[str, ...] = ("max", "weighted-random")
+# The scheduler's plugins by config name (gateway/plugin_catalogue.py), as shipped: the picker
+# names are an enum of the JSON schema (hence of the CRD); scorer names are checked against the
+# catalogue as it is when a profile is validated.
+SCORER_NAMES: tuple[str, ...] = plugin_catalogue.names("scorer")
+PICKER_NAMES: tuple[str, ...] = plugin_catalogue.names("picker")
 
 # Totals are sums of weight x [0, 1]; bounding weights keeps them (and the picker's tie
 # quantisation, total / 1e-9) finite.
@@ -71,8 +60,9 @@ class Profile(BaseModel):
     @classmethod
     def _known_scorers(cls, weights: dict[str, float]) -> dict[str, float]:
         for name in weights:
-            if name not in SCORER_NAMES:
-                raise ValueError(f"unknown scorer {name!r} (known: {', '.join(SCORER_NAMES)})")
+            known = plugin_catalogue.names("scorer")
+            if name not in known:
+                raise ValueError(f"unknown scorer {name!r} (known: {', '.join(known)})")
         if not any(w > 0 for w in weights.values()):
             raise ValueError("at least one weight must be > 0")
         return weights

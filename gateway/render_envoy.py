@@ -1,6 +1,6 @@
 """`python -m gateway.render_envoy`: write an Envoy bootstrap for a deployment.
 
-The same renderer as `make run` and the tests (gateway/envoy_config.py), fed with a config
+The same renderer as `make run` and the tests (gateway/envoy/bootstrap.py), fed with a config
 file and where the services live, so the Kubernetes bootstraps in deploy/ are generated, not
 hand-written: `python -m gateway.render_envoy --deploy` rewrites them all, and a test fails
 when a committed one differs from what the renderer makes of its configuration.
@@ -24,9 +24,10 @@ import yaml
 
 from gateway import deploy_pools
 from gateway.config import GatewayConfig, load_config
-from gateway.envoy_blocks import host_port_argument
-from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap
-from gateway.xds_resources import topology_to_json, xds_bootstrap
+from gateway.envoy.blocks import host_port_argument
+from gateway.envoy.bootstrap import render_bootstrap
+from gateway.envoy.topology import ExtProcTls, Topology
+from gateway.envoy.xds_resources import topology_to_json, xds_bootstrap
 
 NAMESPACE = deploy_pools.NAMESPACE
 _REPO = Path(__file__).resolve().parents[1]

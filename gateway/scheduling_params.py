@@ -75,7 +75,7 @@ class PredictionParams(_Params):
     # (family-skewed-fleet at 0.5: the H100's share fell from 55-59 % to 44 %), hence 1.
     pace_contrast: float = Field(default=1.0, ge=0, le=1, alias="paceContrast")
     # Adapter placement (LoRA requests on pods that report their slots): price a pod's GPU
-    # slots as they are held by the adapters in flight there (epp/scheduling/lora.py
+    # slots as they are held by the adapters in flight there (epp/datalayer/adapter_residency.py
     # `slot_cost`), so each adapter stays on the few pods that run it and spills when their
     # queue outweighs `adapterSlotMs`; false: the earlier per-request load and slot-wait terms.
     adapter_placement: bool = Field(default=True, alias="adapterPlacement", strict=True)

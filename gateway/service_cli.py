@@ -15,8 +15,8 @@ from gateway.config import ConfigError
 from gateway.heaptrace import add_tracemalloc_arguments, start_from_arguments
 
 if TYPE_CHECKING:
-    from gateway.config_resource import ConfigResourceWatcher
     from gateway.config_store import ConfigStore
+    from gateway.kube.config_resource import ConfigResourceWatcher
 
 # Libraries that log every scrape or connection at INFO: the EPP scrapes 20 times a second.
 _QUIET_LOGGERS = ("httpx", "httpcore", "kubernetes", "urllib3")
@@ -117,6 +117,6 @@ async def follow_config_resource(
     then: a service that reads a file alone never loads it."""
     if not ref:
         return None
-    from gateway.config_resource import start_resource_watcher
+    from gateway.kube.config_resource import start_resource_watcher
 
     return await start_resource_watcher(store, ref, write_status=write_status)

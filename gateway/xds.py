@@ -4,7 +4,7 @@ Envoy its configuration over xDS (ADS, state of the world), following the gatewa
 Why: a static bootstrap is rendered once, so a model, adapter or pool added to the config was
 known to BBR and the EPPs within a second but unknown to Envoy's routes until a restart. Here
 the same hot-reload path as the services (ConfigStore, file or InferenceGatewayConfig) renders
-the resources again (gateway/xds_resources.py) and pushes the types whose content changed, in
+the resources again (gateway/envoy/xds_resources.py) and pushes the types whose content changed, in
 ADS order (clusters, listeners, routes). Envoy applies each push without a restart and without
 touching requests in flight. A config the renderer cannot serve is refused by the config store
 itself (`ConfigStore.add_check`: the same verdict as a schema error), so the last good
@@ -32,10 +32,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from extproc.server import GrpcService, TlsFiles, tls_from_arguments, wait_for_shutdown_signal
 from gateway.config import ConfigError, GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
-from gateway.envoy_config import Topology
+from gateway.envoy.topology import Topology
+from gateway.envoy.xds_resources import TYPE_ORDER, Resources, snapshot, topology_from_json
 from gateway.service_cli import follow_config_resource, run_service, service_parser
 from gateway.supervise import spawn
-from gateway.xds_resources import TYPE_ORDER, Resources, snapshot, topology_from_json
 
 log = logging.getLogger("xds")
 
@@ -189,7 +189,7 @@ def main() -> None:
         "--topology",
         type=_topology_file,
         required=True,
-        help="where the listener, BBR and certificates are (JSON, gateway.xds_resources.topology_to_json)",
+        help="where the listener, BBR and certificates are (JSON, gateway.envoy.xds_resources.topology_to_json)",
     )
     parser.add_argument(
         "--resource-wait-seconds",

@@ -13,7 +13,7 @@ other member with the `previous_priorities` retry policy, so a request to a dead
 on a live one instead of failing. The route stamps `x-global-upstream` (the address reached)
 on the response, which tells the observer that the pick failed and ejects the member.
 
-Built like gateway/envoy_config.py: envoy-data-plane's typed messages, validated by
+Built like gateway/envoy/bootstrap.py: envoy-data-plane's typed messages, validated by
 `json_format.ParseDict` into the real Bootstrap.
 
     python -m globalrouter.envoy_config --config router.yaml --listen-port 8443 --admin-port 9901 \
@@ -87,7 +87,7 @@ from envoy_data_plane.envoy.type.matcher.v3 import StringMatcher
 from envoy_data_plane.envoy.type.v3 import HttpStatus, StatusCode
 from envoy_data_plane.google.protobuf import Struct
 
-from gateway.envoy_blocks import (
+from gateway.envoy.blocks import (
     TLS_SOCKET,
     BodyMode,
     bootstrap,

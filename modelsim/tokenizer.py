@@ -15,7 +15,7 @@ of one shipped in modelsim/tokenizer_files/ (``sim-llama3-12k``, built by
 (transformers' sandboxed Jinja environment, ``add_generation_prompt=True``, text parts joined
 by newlines) and the whole text is tokenized in one call without adding special tokens;
 completions prompts are tokenized with them (BOS). No cache: this is the engine's side, the
-reference the EPP's cached tokenisation (epp/tokenize.py) must equal.
+reference the EPP's cached tokenisation (epp/datalayer/tokenizer.py) must equal.
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ def parse_ref(ref: str) -> tuple[str, str]:
 
 
 def follow_pods(allow: AllowList, ref: str) -> Any:
-    """Start the watch (a `gateway.kube_watch.Reflector` thread) and return it; `stop()` ends it."""
+    """Start the watch (a `gateway.kube.watch.Reflector` thread) and return it; `stop()` ends it."""
     import kubernetes
 
-    from gateway.kube_watch import Reflector, default_api_client
+    from gateway.kube.watch import Reflector, default_api_client
 
     namespace, selector = parse_ref(ref)
     core = kubernetes.client.CoreV1Api(default_api_client())

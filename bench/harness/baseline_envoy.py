@@ -1,8 +1,8 @@
 """The benchmarks' baseline Envoy: the same binary and HTTPS listener as the gateway, with a
 plain load balancer over the pods (the Kubernetes Service a gateway is compared against).
 
-Benchmark-only, so it lives here and not in gateway/envoy_config.py (the product's
-topologies); it is built from the same gateway/envoy_blocks.py pieces.
+Benchmark-only, so it lives here and not in gateway/envoy/bootstrap.py (the product's
+topologies); it is built from the same gateway/envoy/blocks.py pieces.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from envoy_data_plane.envoy.extensions.filters.network.http_connection_manager.v
     HttpFilter,
 )
 
-from gateway.envoy_blocks import (
+from gateway.envoy.blocks import (
     bootstrap,
     ext_processor,
     http_filter,
@@ -37,7 +37,8 @@ from gateway.envoy_blocks import (
     seconds,
     static_load_assignment,
 )
-from gateway.envoy_config import ext_proc_cluster, pool_processing_mode
+from gateway.envoy.clusters import ext_proc_cluster
+from gateway.envoy.routes import pool_processing_mode
 
 BASELINE_LB_POLICIES = ("ROUND_ROBIN", "LEAST_REQUEST", "RANDOM")
 

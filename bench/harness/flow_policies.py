@@ -30,7 +30,7 @@ SATURATED_QUEUE = 2
 # 0.9 held the pods' batches below what vLLM admits; 0.95 did no better on seed 101.
 SATURATED_KV = 1.0
 # Since issue #26: KV use as committed work (every in-flight request's prompt + expected output
-# against the pod's capacity, epp/pool.py `EndpointState.kv_level`), so with SATURATED_KV 1.0 a pod
+# against the pod's capacity, epp/datalayer/endpoint_records.py `EndpointState.kv_level`), so with SATURATED_KV 1.0 a pod
 # reads saturated once what it holds would fill its cache, before vLLM preempts; before, the
 # scraped free KV (the released requests then queued inside vLLM: docs/benchmarks/flow-control.md).
 KV_MEASURE = "committed"

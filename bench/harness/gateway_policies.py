@@ -57,7 +57,7 @@ from bench.harness.targets import PolicyTarget, TargetContext, register_policy
 from devstack.certs import CertSet, make_certs
 from devstack.launch import LocalGateway, Proc, envoy_binary, free_port, start_local_gateway
 from devstack.redis_server import RedisServer, start_redis
-from epp.config import parse_epp_config
+from gateway.config import parse_config
 from gateway.profiles import BUILTIN_PROFILE_DATA
 from modelsim.build_tokenizer import OUT as SHIPPED_TOKENIZER_DIR
 from modelsim.fleet import FleetSpec
@@ -92,7 +92,7 @@ SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first req
 # What "the shipped default as a user gets it" means, beyond the profile's weights: bumped when
 # the request path or the EPP's picture of the pods changes what a default run measures, so the
 # report marks older `epp-default` rows as runs of an earlier default (bench/reports/report.py).
-# 2: the ledger of committed work per pod (epp/ledger.py), single-hop as the standalone shape,
+# 2: the ledger of committed work per pod (epp/datalayer/ledger.py), single-hop as the standalone shape,
 # response trailers alone (listener.eppResponseHeaders: auto).
 DEFAULT_REVISION = 2
 
@@ -288,7 +288,7 @@ def effective_epp_config(config_path: Path) -> dict[str, Any]:
     config file: the default profile resolved over the built-ins (so `epp-default` records the
     published weights too), thresholds, scrape and admission settings, and the precise prefix
     index's inputs: each model's tokenizer (repository-relative) and the pods with KV events."""
-    config = parse_epp_config(yaml.safe_load(config_path.read_text()))
+    config = parse_config(yaml.safe_load(config_path.read_text()))
     profile = config.scheduler_profiles()[config.default_profile]
     endpoints = [ep for pool in config.pools for ep in pool.endpoints]
     return json.loads(

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from bench.harness.loadgen import PROBE_HEADER
-from epp.processor import METADATA_NAMESPACE
+from epp.requestcontrol.processor import METADATA_NAMESPACE
 from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, unavailable
 from extproc.headers import DESTINATION_HEADER, MODEL_HEADER

@@ -5,7 +5,7 @@ docs/benchmarks/slo.md).
   (`listener.trust.internal`, as behind an internal API gateway), so each request's
   `x-gateway-slo-ttft-ms` is honoured (epp/scheduling/slo.py).
 - Its twin without objectives is `epp-default` itself: the same profile, the header sent but
-  ignored (an untrusted caller's, epp/trust.py), so the comparison isolates the objective
+  ignored (an untrusted caller's, epp/requestcontrol/header_policy.py), so the comparison isolates the objective
   handling. Nothing else differs: the slo_mix workload sends no other gateway header.
 """
 

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from bench.micro.scheduler_bench import make_snapshot, request, warm_scheduler
-from epp.pool import Pool
+from epp.datalayer.pool import Pool
 
 
 def loop(decisions: int, pods: int, profile: str) -> None:

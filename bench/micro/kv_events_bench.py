@@ -5,7 +5,7 @@
 Batches are what a busy vLLM engine sends per step, encoded by modelsim's publisher encoder:
 one ``BlockStored`` of a new prompt's blocks (``--blocks`` x 16 tokens, chained on a shared
 prefix) and, once the engine is full, one ``BlockRemoved`` per evicted block. Each batch is
-decoded (`epp.kv_events.decode_batch`) and folded into a bounded `KVIndex` (`apply_batch`),
+decoded (`epp.datalayer.kv_event_batches.decode_batch`) and folded into a bounded `KVIndex` (`apply_batch`),
 round-robin over ``--pods`` pods; CPU time (``time.process_time``), best of 3 rounds.
 """
 
@@ -15,8 +15,8 @@ import argparse
 import random
 import time
 
-from epp.kv_events import apply_batch, decode_batch
-from epp.kv_index import KVIndex
+from epp.datalayer.kv_event_batches import apply_batch, decode_batch
+from epp.datalayer.kv_index import KVIndex
 from modelsim.kv_events import block_removed, block_stored, encode_batch
 
 BLOCK = 16

@@ -440,7 +440,7 @@ AGENTIC_SIZES = (64 * 1024, 400 * 1024)
 AGENTIC_TURN_TOKENS = 2000
 # The two prefix paths of the shipped default profile (precise-prefix-cache): without a tokenizer
 # it scores with the approximate index (character blocks); with the model's tokenizer the EPP
-# tokenizes each prompt (epp/tokenize.py) to look it up in the precise index.
+# tokenizes each prompt (epp/datalayer/tokenizer.py) to look it up in the precise index.
 PREFIX_PATHS = {"approximate": None, "precise": with_tokenizer}
 
 

@@ -1,4 +1,4 @@
-"""Microbenchmark: epp.engines.parse_metrics vs prometheus_client's parser on realistic pages.
+"""Microbenchmark: epp.datalayer.metric_dialects.parse_metrics vs prometheus_client's parser on realistic pages.
 
     python -m bench.micro.parse_metrics_bench [--repeat N]
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.micro.metric_pages import PageSpec, vllm_page
-from epp.engines import parse_metrics
+from epp.datalayer.metric_dialects import parse_metrics
 
 WANTED = {
     "vllm:num_requests_waiting",

@@ -1,4 +1,4 @@
-"""The scheduling process's CPU per request with and without the workers' parse (epp/parse.py).
+"""The scheduling process's CPU per request with and without the workers' parse (epp/requestcontrol/parse.py).
 
 In one process, on a 4-pod picture with the default profile: the REQUEST frame decoded as the
 scheduling process decodes it (extproc/ipc.py), then the decision, in two ways:
@@ -19,16 +19,17 @@ import json
 import time
 from collections.abc import Sequence
 
-from epp.config import parse_epp_config
-from epp.context import EppContext
-from epp.parse import WorkerParser
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.parse import WorkerParser
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.telemetry import Telemetry
 from epp.scheduling.weighted import WeightedScheduler
-from epp.telemetry import Telemetry
 from extproc import ipc
+from gateway.config import parse_config
 
-CONFIG = parse_epp_config({"pools": [{"name": "llama", "models": [{"name": "llama"}]}]})
+CONFIG = parse_config({"pools": [{"name": "llama", "models": [{"name": "llama"}]}]})
 PODS = [f"10.0.0.{i}:8000" for i in range(1, 5)]
 
 

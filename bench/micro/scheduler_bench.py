@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 
 from bench.micro.parse_metrics_bench import per_call_us
-from epp.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
-from epp.request import InferenceRequest
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
 from epp.scheduling import BUILTIN_PROFILES, WeightedScheduler, prompt_hashes
+from epp.scheduling.request import InferenceRequest
 
 
 def make_snapshot(pods: int, rng: random.Random) -> PoolSnapshot:

@@ -4,7 +4,7 @@
     python -m bench.micro.scrape_bench fleet --pods 100 --hz 20 [--seconds 5] [--repeat 3] [--idle]
 
 `clients` compares HTTP clients on one stub pod (sequential GETs of a 38 KB vLLM page):
-httpx, aiohttp and epp/metrics_http.py, then where `scrape_once`'s CPU goes: the parse alone,
+httpx, aiohttp and epp/datalayer/metrics_http.py, then where `scrape_once`'s CPU goes: the parse alone,
 `scrape_once` on a canned page (parse, speed histograms, pool update; no I/O) and the whole
 `scrape_once` (more than the GET plus the canned figure: the parse then runs on caches that
 went cold while the process waited). `fleet` runs the real `Scraper` over `--pods` stub pods
@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from bench.micro.metrics_stub import responses, stub_fleet
-from epp.engines import parse_metrics
-from epp.pool import Endpoint, Pool
-from epp.scrape import SPEED_SERIES, Scraper, SpeedTracker
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.metric_dialects import parse_metrics
+from epp.datalayer.pool import Pool
+from epp.datalayer.scrape import SPEED_SERIES, Scraper, SpeedTracker
 
 T = TypeVar("T")
 EVENT_LOOPS = ("uvloop", "asyncio")
@@ -131,7 +132,7 @@ async def _clients_round(port: int, requests: int, only: tuple[str, ...] = CLIEN
 
             out["aiohttp"] = await _per_call_cpu_us(aiohttp_get, requests)
     if "metrics_http" in only:
-        from epp.metrics_http import MetricsHttpClient  # absent before the hand-written client
+        from epp.datalayer.metrics_http import MetricsHttpClient  # absent before the hand-written client
 
         raw = MetricsHttpClient(timeout_s=5)
 

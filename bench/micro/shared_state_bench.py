@@ -1,4 +1,4 @@
-"""What one shared-state cycle (publish ours + read the peers', epp/shared_state.py) costs the
+"""What one shared-state cycle (publish ours + read the peers', epp/datalayer/shared_state.py) costs the
 EPP's event loop, against a real private redis-server on loopback.
 
 Per setup (pods in the pool x peer replicas whose hashes the call reads back): this replica
@@ -36,9 +36,11 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from devstack.redis_server import start_redis
-from epp.pool import Endpoint, Metrics, Pool
-from epp.scheduling.prefix import PrefixIndex
-from epp.shared_state import SharedState, encode_scrape
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.datalayer.prefix_index import PrefixIndex
+from epp.datalayer.shared_state import SharedState
+from epp.datalayer.shared_state_wire import encode_scrape
 from gateway.config import SharedStateConfig
 from gateway.service_cli import add_event_loop_argument, event_loop_factory
 

@@ -26,13 +26,13 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
-from epp.config import parse_epp_config
-from epp.context import EppContext
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.telemetry import Telemetry
 from epp.scheduling.weighted import WeightedScheduler
-from epp.telemetry import Telemetry
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, parse_config
 from gateway.tracing import Tracing
 
 
@@ -59,9 +59,7 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
 
 
 def _config() -> GatewayConfig:
-    return parse_epp_config(
-        {"pools": [{"name": "llama", "models": [{"name": "llama", "adapters": ["sql"]}]}]}
-    )
+    return parse_config({"pools": [{"name": "llama", "models": [{"name": "llama", "adapters": ["sql"]}]}]})
 
 
 def _context(config: GatewayConfig, pods: int, tracing: Tracing) -> EppContext:

@@ -1,4 +1,4 @@
-"""The multi-core EPP (epp/workers.py) against one EPP process: CPU per request and the highest
+"""The multi-core EPP (epp/workers/processes.py) against one EPP process: CPU per request and the highest
 request rate held with p99 added latency under 10 ms.
 
 The full single-hop gateway (Envoy + one EPP, streamed bodies) fronts one fast stub pod

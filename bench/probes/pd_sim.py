@@ -17,9 +17,9 @@ cached prefix tokens, queues) and compare the serving shapes.
 - `epp-pd`: the same EPP and profile over 2 prefill + 2 decode pods labelled
   `llm-d.ai/role`, with `disaggregation: {}` (the defaults: `minUncachedTokens` 1,024,
   `maxPrefillQueue` 4), so every request goes through `pick_disaggregated`
-  (epp/scheduling/pd.py) as the live EPP routes it; then served as `pd` below.
+  (epp/scheduling/disaggregation.py) as the live EPP routes it; then served as `pd` below.
 - `pd`, `pd-q1`, `pd-3p1d`: 2 prefill + 2 decode pods (`pd-3p1d`: 3 + 1; `pd-q1`: a prefill
-  pod may queue 1 request, not 4); the P/D profile's rule (epp/scheduling/pd.py): the decode pod
+  pod may queue 1 request, not 4); the P/D profile's rule (epp/scheduling/disaggregation.py): the decode pod
   with the lowest predicted TTFT, a prefill pod when the prompt's part not cached there is at
   least `MIN_UNCACHED` tokens and the best prefill pod queues at most `MAX_PREFILL_QUEUE`. The
   prefill runs one token with its KV held; the KV moves in `profile.kv_transfer_s(prompt)`
@@ -28,7 +28,7 @@ cached prefix tokens, queues) and compare the serving shapes.
 - `dp-rank-aware` / `dp-rank-blind`: pods of 2 data-parallel ranks each; the router picks the
   rank with the lowest predicted TTFT and pins it (`X-data-parallel-rank`), or picks the pod
   that way and leaves the rank to vLLM's own balancing (4 x waiting + running);
-  `dp-epp-ranks`: the pod picked that way, the rank by the EPP's rule (epp/ranks.py: its own
+  `dp-epp-ranks`: the pod picked that way, the rank by the EPP's rule (epp/requestcontrol/dp_ranks.py: its own
   routing history per rank, in-flight counts), not the engines' state.
 """
 
@@ -55,14 +55,14 @@ from bench.vtime.epp import DEFAULT_SCRAPE_AGE_S, run_now
 from bench.vtime.pods import address_for
 from devstack.launch import gateway_config_for, pool_name_for
 from epp.app import EppApp
-from epp.pool import Endpoint, Metrics
-from epp.processor import EppProcessor
-from epp.ranks import RankRouter
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.scrape import SpeedTracker
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.scrape import SpeedTracker
+from epp.requestcontrol.dp_ranks import RankRouter
+from epp.requestcontrol.processor import EppProcessor
+from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from extproc.headers import DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
-from gateway.config import DisaggregationConfig
+from gateway.pool_config import DisaggregationConfig
 from modelsim.engine import Engine, Seq
 from modelsim.metrics import make_registry, render
 from modelsim.profiles import get_profile
@@ -330,7 +330,7 @@ class EppRouter:
 
         serve(self.sim, decode, prefill, ids, out, rec, answered, lambda seq: processor.on_close(True))
 
-    # ---- scrapes: the live loop's steps (epp/scrape.py `Scraper._loop`) as events -------------
+    # ---- scrapes: the live loop's steps (epp/datalayer/scrape.py `Scraper._loop`) as events -------------
     def _schedule(self, state: _Scrapes, at: float, *, idle: bool) -> None:
         state.pending += 1
         state.idle = idle

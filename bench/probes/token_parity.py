@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness.scenario import load_scenario
-from epp.request import CHARS_PER_TOKEN, prompt_text
+from epp.scheduling.request import CHARS_PER_TOKEN, prompt_text
 from modelsim.build_tokenizer import OUT as SHIPPED_TOKENIZER_DIR
 from modelsim.tokenizer import ApproxTokenizer, HFTokenizer, PromptTokenizer
 

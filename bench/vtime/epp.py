@@ -42,15 +42,15 @@ from bench.vtime.pods import SimPod
 from bench.vtime.shared_store import DEFAULT_RTT_MS, VirtualSharedStore
 from devstack.launch import gateway_config_for
 from epp.app import EppApp
-from epp.config import parse_epp_config
-from epp.parse import WorkerParser
-from epp.pool import Endpoint, Metrics
-from epp.processor import EppProcessor
-from epp.scrape import SpeedTracker
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.scrape import SpeedTracker
+from epp.requestcontrol.parse import WorkerParser
+from epp.requestcontrol.processor import EppProcessor
 from extproc import ipc
 from extproc.errors import ErrorResponse
 from extproc.headers import DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
+from gateway.config import parse_config
 
 T = TypeVar("T")
 DEFAULT_SCRAPE_AGE_S = 0.002  # a page's age when recorded: HTTP round trip plus parse, wall seconds
@@ -148,7 +148,7 @@ class VirtualEpp:
         self._events = events
         self._by_address = {p.address: p for p in pods}
         config = gateway_config_for([p.describe() for p in pods], {}, self._config)
-        parsed = parse_epp_config(config)
+        parsed = parse_config(config)
         self._routes = {model: route.pool for model, route in parsed.routes().items()}
         if len(self._replicas) > 1:
             self.store = VirtualSharedStore(events, self._ts, self._rtt_ms)
@@ -298,7 +298,7 @@ class VirtualEpp:
         self, index: int, app: EppApp, headers: dict[str, str], body: bytes
     ) -> tuple[dict[str, str], bytes, Any]:
         """What the deciding process receives from a worker for this request: the worker's
-        parse (epp/parse.py `WorkerParser`, with the settings the app sends its workers) and
+        parse (epp/requestcontrol/parse.py `WorkerParser`, with the settings the app sends its workers) and
         the REQUEST frame encoded and decoded as the Unix socket carries it (extproc/ipc.py)."""
         settings = self._settings.get(id(app))
         if settings is None:

@@ -1,4 +1,4 @@
-"""The EPP's flow-control queue on the virtual clock: `epp.flow_control.FlowController` itself,
+"""The EPP's flow-control queue on the virtual clock: `epp.requestcontrol.flow_control.FlowController` itself,
 with only its asyncio plumbing replaced.
 
 Live, a decision that finds the pool saturated awaits `FlowController.wait`: its request is
@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from bench.vtime.loop import TIMER, Events
-from epp.flow_control import FlowController
+from epp.requestcontrol.flow_control import FlowController
 from gateway.config import FlowControlConfig
 
 _RESULTS_LOOP: asyncio.AbstractEventLoop | None = None

@@ -1,5 +1,5 @@
 """The shared store of EPP replicas in virtual time: what Redis and its script do for
-epp/shared_state.py, on the run's clock.
+epp/datalayer/shared_state.py, on the run's clock.
 
 Each replica's `SharedState` (the production object its `EppApp` built) decides when to send
 (`RoundTripCadence`, `SharedState.run`'s rule), builds its payload (`SharedState.outgoing`)
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.vtime.loop import TIMER, Events
-from epp.shared_state import Outgoing, RoundTripCadence, SharedState
+from epp.datalayer.shared_state import Outgoing, RoundTripCadence, SharedState
 
 DEFAULT_RTT_MS = 0.3  # one script call on a loopback Valkey (docs/benchmarks/costs.md)
 STREAM_READ_MAX = 1000  # the script's XRANGE COUNT

@@ -5,7 +5,7 @@ dependencies into their own environment (.venv-engines) and
 
 - runs vLLM's own `ZmqEventPublisher` and event classes (vllm/distributed/kv_events.py)
   against a live EPP's KV-event subscriber (kv_events.py here);
-- reads the metric names and label sets the dialects of epp/engines.py rely on from the
+- reads the metric names and label sets the dialects of epp/datalayer/metric_dialects.py rely on from the
   engines' own metric definitions (vLLM, SGLang: their installed source, as AST; TensorRT-LLM:
   its source as read, cited) and parses a page of exactly those series with the EPP's parser
   (metric_sources.py).

@@ -7,7 +7,7 @@ constructors) gives a metric, its name and `labelnames` evaluated from string co
 named placeholder that the engine's section resolves (vLLM's CacheConfig fields, SGLang's
 labels dict). No TensorRT-LLM wheel is installed: its definitions are the ones read from its
 source (cited in TRTLLM_SOURCE). Each engine's page is then written from those
-definitions and parsed by the EPP's own parser (epp/engines.py), which must read back the
+definitions and parsed by the EPP's own parser (epp/datalayer/metric_dialects.py), which must read back the
 values written.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devstack.engine_check.report import Check
-from epp.engines import DIALECTS, parse_metrics
-from epp.pool import Metrics
+from epp.datalayer.endpoint_records import Metrics
+from epp.datalayer.metric_dialects import DIALECTS, parse_metrics
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """Scheduling: pure functions from (request, pool snapshot) to ranked endpoints.
 
-The seam the EPP servicer calls is `Scheduler.pick` (see `base.py`); `WeightedScheduler`
-is the score-based implementation; every filter, scorer and picker is listed once in
-`registry.py`, their parameters in `params.py`, profiles (weights per scorer) in `profiles.py`.
+The seam the EPP servicer calls is `Scheduler.pick` (see `decision.py`); `WeightedScheduler`
+is the score-based implementation; every filter, scorer and picker is one row of the plugin
+catalogue (gateway/plugin_catalogue.py, bound to its function by `registry.py`), their
+parameters in gateway/scheduling_params.py, profiles (weights per scorer) in gateway/profiles.py.
 """
 
-from epp.scheduling.base import Decision, Scheduler
-from epp.scheduling.prefix import PrefixIndex, prompt_hashes
+from epp.datalayer.prefix_index import PrefixIndex, prompt_hashes
+from epp.scheduling.decision import Decision, Scheduler
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import BUILTIN_PROFILES, Profile, ProfileError, profile, profiles_from_dict
 from gateway.scheduling_params import Thresholds

@@ -26,8 +26,8 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from epp.pool import EndpointState, PoolSnapshot
-from epp.request import InferenceRequest
+from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
+from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated
 
 if TYPE_CHECKING:

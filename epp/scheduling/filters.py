@@ -1,5 +1,8 @@
 """Filters: which pods may take a request. Each returns the survivors in input order.
 
+Every filter is `fn(request, candidates, ctx: FilterContext) -> survivors`, one row of the plugin
+catalogue (gateway/plugin_catalogue.py); `WeightedScheduler` runs them in the catalogue's order.
+
 The stale and saturation filters never refuse on their own: when every candidate fails
 them the candidates are kept (a stale or saturated pod is still better than a 503), and the
 saturation filter reports it so admission can shed load instead.
@@ -7,22 +10,42 @@ saturation filter reports it so admission can shed load instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from epp.pool import EndpointState
-from epp.request import InferenceRequest
-from epp.scheduling.lora import AdapterResidency, slot_runs
+from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.endpoint_records import EndpointState
+from epp.scheduling.adapter_slots import slot_runs
+from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated
-from gateway.scheduling_params import SaturationParams
+from gateway.scheduling_params import Thresholds
 
 
-def serving(request: InferenceRequest, endpoints: Sequence[EndpointState]) -> list[EndpointState]:
+@dataclass(slots=True)
+class FilterContext:
+    """One decision's inputs to the filters, and what they report back."""
+
+    thresholds: Thresholds
+    residency: AdapterResidency | None = None
+    saturated: bool = False  # set by `unsaturated`: every candidate was over a threshold
+    # The candidates `unsaturated` was given (`adapter_slots` may take saturated ones back).
+    before_saturation: Sequence[EndpointState] = field(default_factory=tuple)
+
+
+Filter = Callable[[InferenceRequest, Sequence[EndpointState], FilterContext], list[EndpointState]]
+
+
+def serving(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: FilterContext
+) -> list[EndpointState]:
     """Pods that serve the request's base model and, for a LoRA request, its adapter."""
     model, adapter = request.target_model, request.adapter
-    return [s for s in endpoints if s.endpoint.serves(model, adapter)]
+    return [s for s in candidates if s.endpoint.serves(model, adapter)]
 
 
-def healthy(candidates: Sequence[EndpointState]) -> list[EndpointState]:
+def healthy(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: FilterContext
+) -> list[EndpointState]:
     """Pods whose scrapes are not failing repeatedly (the pool's `healthy` flag).
 
     When no pod is healthy they are all kept: every scrape failing at once is far more often
@@ -34,34 +57,37 @@ def healthy(candidates: Sequence[EndpointState]) -> list[EndpointState]:
     return kept if kept else list(candidates)
 
 
-def fresh(candidates: Sequence[EndpointState], stale_after: float) -> list[EndpointState]:
+def fresh(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: FilterContext
+) -> list[EndpointState]:
     """Pods with metrics younger than `staleAfterMs`; never-scraped pods are stale.
 
     Stale metrics of an idle-looking pod would otherwise attract every request (herding);
     when all candidates are stale they are all kept and the scorers treat unknowns as bad.
     """
+    stale_after = ctx.thresholds.stale_after
     kept = [s for s in candidates if s.metrics_age <= stale_after]
     return kept if kept else list(candidates)
 
 
 def unsaturated(
-    candidates: Sequence[EndpointState], thresholds: SaturationParams
-) -> tuple[list[EndpointState], bool]:
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: FilterContext
+) -> list[EndpointState]:
     """Pods under the queue and KV thresholds; when none is, all are kept and flagged saturated.
 
-    Returns (survivors, all_saturated); admission reads the flag to shed sheddable traffic.
+    The flag (`ctx.saturated`) is what admission reads to shed sheddable traffic.
     """
-    kept = [s for s in candidates if not is_saturated(s, thresholds)]
+    ctx.before_saturation = candidates
+    kept = [s for s in candidates if not is_saturated(s, ctx.thresholds)]
     if kept or not candidates:
-        return kept, False
-    return list(candidates), True
+        ctx.saturated = False
+        return kept
+    ctx.saturated = True
+    return list(candidates)
 
 
 def adapter_slots(
-    adapter: str,
-    kept: Sequence[EndpointState],
-    candidates: Sequence[EndpointState],
-    residency: AdapterResidency,
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: FilterContext
 ) -> list[EndpointState]:
     """For a LoRA request under adapter placement, after `unsaturated`: when none of the kept
     pods can run the adapter now (every one of their GPU slots held by other adapters), the
@@ -71,12 +97,15 @@ def adapter_slots(
     cannot get is a wait until one adapter there has no request left, seconds, and every
     request sent there meanwhile joins it. Without this, a busy adapter's pod dropped out as
     saturated and its requests went where they waited for a slot (issue #28)."""
-    runs = [s for s in kept if _runs(adapter, s, residency)]
-    if runs or len(kept) == len(candidates):
-        return list(kept)
-    ids = {id(s) for s in kept}
-    more = [s for s in candidates if id(s) not in ids and _runs(adapter, s, residency)]
-    return [*kept, *more] if more else list(kept)
+    adapter, residency, before = request.adapter, ctx.residency, ctx.before_saturation or candidates
+    if adapter is None or not ctx.thresholds.adapter_placement or residency is None:
+        return list(candidates)
+    runs = [s for s in candidates if _runs(adapter, s, residency)]
+    if runs or len(candidates) == len(before):
+        return list(candidates)
+    ids = {id(s) for s in candidates}
+    more = [s for s in before if id(s) not in ids and _runs(adapter, s, residency)]
+    return [*candidates, *more] if more else list(candidates)
 
 
 def _runs(adapter: str, state: EndpointState, residency: AdapterResidency) -> bool:

@@ -1,30 +1,24 @@
-"""The one table of scheduling plugins: every filter, scorer and picker, by its config name.
+"""The scheduler's side of the plugin catalogue (gateway/plugin_catalogue.py): each row's
+function, imported once, with its formula (the first paragraph of its docstring, which
+docs/scheduling.md's plugin table shows).
 
-An entry holds the kebab-case name used in configuration, the function, the pydantic model
-of its parameters (gateway/scheduling_params.py; `None` when it takes none) and, through the
-function's docstring, its formula. Profiles are validated against its names
-(gateway/profiles.py lists them for the shared schema; checked below), the CRD's scorer-name rule is generated from it
-(epp/crd.py), and docs/scheduling.md's plugin table is generated from it
-(`python -m epp.scheduling.plugin_table --doc docs/scheduling.md`; a test fails on drift).
-Adding a scorer is one function in scorers.py, one `ScorerEntry` here and its name in
-gateway/profiles.py.
+`FILTERS`, `SCORERS` and `PICKERS` are views of the catalogue by config name: a row added to it
+(`gateway.plugin_catalogue.add`) is a plugin here at once, and a profile may weigh it.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from pydantic import BaseModel
 
-from epp.scheduling import affinity, filters, picker, scorers
 from epp.scheduling.scorers import Scorer
-from gateway import profiles
-from gateway.scheduling_params import FreshParams, PredictionParams, PrefixParams, SaturationParams
+from gateway import plugin_catalogue
+from gateway.plugin_catalogue import Kind, PluginRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,47 +46,48 @@ class ScorerEntry(Plugin):
         return self.fn
 
 
-def _table(*entries: Plugin) -> Mapping[str, Any]:
-    for entry in entries:
-        if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", entry.name):
-            raise ValueError(f"plugin name {entry.name!r} is not kebab-case")
-    return MappingProxyType({e.name: e for e in entries})
+def _function(path: str) -> Callable[..., Any]:
+    module, _, attribute = path.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), attribute)
+    return fn
 
 
-# Applied in this order by WeightedScheduler; not configurable per profile, only their params.
-FILTERS: Mapping[str, Plugin] = _table(
-    Plugin("serving", filters.serving),
-    Plugin("healthy", filters.healthy),
-    Plugin("fresh", filters.fresh, FreshParams),
-    Plugin("unsaturated", filters.unsaturated, SaturationParams),
-)
+def _entry(row: PluginRow) -> Plugin:
+    fn = _function(row.function)
+    if row.kind == "scorer":
+        return ScorerEntry(row.name, fn, row.params, uses_prefix=row.uses_prefix, uses_tokens=row.uses_tokens)
+    return Plugin(row.name, fn, row.params)
 
-SCORERS: Mapping[str, ScorerEntry] = _table(
-    ScorerEntry("queue", scorers.queue),
-    ScorerEntry("kv-cache", scorers.kv_cache),
-    ScorerEntry("prefix-cache", scorers.prefix_cache, PrefixParams, uses_prefix=True),
-    ScorerEntry(
-        "precise-prefix-cache", scorers.precise_prefix_cache, PrefixParams, uses_prefix=True, uses_tokens=True
-    ),
-    ScorerEntry("lora-affinity", scorers.lora_affinity),
-    ScorerEntry("running-requests", scorers.running_requests),
-    ScorerEntry("inflight", scorers.inflight),
-    ScorerEntry("observed-speed", scorers.observed_speed),
-    ScorerEntry("queue-speed", scorers.queue_speed),
-    ScorerEntry(
-        "predicted-ttft", scorers.predicted_ttft, PredictionParams, uses_prefix=True, uses_tokens=True
-    ),
-    ScorerEntry("session-affinity", affinity.session_affinity),
-)
 
-PICKERS: Mapping[str, Plugin] = _table(
-    Plugin("max", picker.rank_max),
-    Plugin("weighted-random", picker.rank_weighted_random),
-)
+P = TypeVar("P", bound=Plugin)
+
+
+class _Plugins(Mapping[str, P], Generic[P]):
+    """The catalogue's rows of one kind, by name, bound to their functions (each row once)."""
+
+    def __init__(self, kind: Kind) -> None:
+        self._kind = kind
+        self._bound: dict[PluginRow, P] = {}
+
+    def __getitem__(self, name: str) -> P:
+        row = plugin_catalogue.row(self._kind, name)
+        entry = self._bound.get(row)
+        if entry is None:
+            entry = cast(P, _entry(row))
+            self._bound[row] = entry
+        return entry
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(plugin_catalogue.names(self._kind))
+
+    def __len__(self) -> int:
+        return len(plugin_catalogue.names(self._kind))
+
+
+# Filters in the order WeightedScheduler applies them; not configurable per profile, only their params.
+FILTERS: Mapping[str, Plugin] = _Plugins("filter")
+SCORERS: Mapping[str, ScorerEntry] = _Plugins("scorer")
+PICKERS: Mapping[str, Plugin] = _Plugins("picker")
 
 SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
 PICKER_NAMES: tuple[str, ...] = tuple(PICKERS)
-# The shared schema (gateway/profiles.py, which BBR validates with too) names these plugins
-# without loading them: an EPP with a plugin it does not list must not start.
-if (SCORER_NAMES, PICKER_NAMES) != (profiles.SCORER_NAMES, profiles.PICKER_NAMES):
-    raise RuntimeError("gateway/profiles.py SCORER_NAMES / PICKER_NAMES differ from the registry's plugins")

@@ -14,7 +14,7 @@ pod per scrape (measured: docs/scheduling.md, "Flow control").
 
 from __future__ import annotations
 
-from epp.pool import EndpointState, PoolSnapshot
+from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, SaturationParams, Thresholds
 
 

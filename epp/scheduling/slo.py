@@ -8,7 +8,7 @@ trusted caller, or the profile's `sloTtftMs`), each candidate's predicted time t
   meets it nothing changes; when it does not (a pod ranked first for its cached prefix but
   predicted late), the best-ranked pod that meets it takes the request;
 - then the others, lowest prediction first, so a request no pod can serve in time gets the
-  least-bad one; the caller decides by its band whether to send it there (epp/processor.py:
+  least-bad one; the caller decides by its band whether to send it there (epp/requestcontrol/processor.py:
   sheddable requests are refused with 429 instead).
 
 Packing by least headroom (the slowest pod that still meets the objective) was measured and

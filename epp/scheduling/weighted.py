@@ -1,7 +1,8 @@
 """`WeightedScheduler`: filter, score with a profile's weights, pick. Pure and synchronous.
 
-pick(): serving -> healthy -> fresh (stale filter) -> unsaturated (or all, flagged) ->
-each weighted scorer once over all candidates -> total = sum(weight x score) -> picker.
+pick(): the catalogue's filters in its order (serving -> healthy -> fresh (stale) -> unsaturated
+(or all, flagged) -> adapter-slots) -> each weighted scorer once over all candidates ->
+total = sum(weight x score) -> picker.
 The prompt is hashed at most once per request, with one block size chosen in `pick` from the
 candidates' reported KV block size; `on_routed` reuses those hashes, or that block size when
 the profile did not need them (a prefix weight of 0), so what is learned is what later picks
@@ -14,16 +15,17 @@ import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from epp.kv_index import KVIndex
-from epp.pool import EndpointState, PoolSnapshot
-from epp.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.scheduling.base import Decision, ScoreTable
-from epp.scheduling.filters import adapter_slots, fresh, healthy, serving, unsaturated
-from epp.scheduling.lora import AdapterResidency
-from epp.scheduling.prefix import DEFAULT_BLOCK_CHARS, PrefixIndex
-from epp.scheduling.registry import PICKERS, SCORERS
+from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
+from epp.datalayer.kv_index import KVIndex
+from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
+from epp.scheduling.decision import Decision, ScoreTable
+from epp.scheduling.filters import Filter, FilterContext
+from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
+from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
 from epp.scheduling.slo import slo_order
+from epp.scheduling.ttft_prediction import predict_ttft
 from gateway.profiles import BUILTIN_PROFILES, Profile
 
 # Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
@@ -56,6 +58,7 @@ class WeightedScheduler:
         self.rng = rng or random.Random()
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
         self.residency = residency if residency is not None else AdapterResidency()
+        self._filters: tuple[Filter, ...] = tuple(entry.fn for entry in FILTERS.values())
         self.kv_index = kv_index  # the pods' own KV events; None: precise-prefix-cache = prefix-cache
         # request_id -> (the prompt object picked, its block size in characters, its hashes
         # if the profile computed them); the identity check guards against two requests that
@@ -76,16 +79,15 @@ class WeightedScheduler:
     def pick(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
         profile = self.profile_for(request)
         th = profile.thresholds
-        candidates = serving(request, snapshot.endpoints)
-        if not candidates:
-            what = f"adapter {request.adapter!r} of " if request.adapter else ""
-            reason = f"no endpoint serves {what}model {request.target_model!r}"
-            return Decision((), profile=profile.name, reason=reason)
-        candidates = fresh(healthy(candidates), th.stale_after)
-        kept, all_saturated = unsaturated(candidates, th)
-        if request.adapter is not None and th.adapter_placement:
-            kept = adapter_slots(request.adapter, kept, candidates, self.residency)
-        candidates = kept
+        filtered = FilterContext(th, self.residency)
+        candidates: Sequence[EndpointState] = snapshot.endpoints
+        for keep in self._filters:  # the catalogue's filters, in its order
+            candidates = keep(request, candidates, filtered)
+            if not candidates:  # only `serving` refuses: the others keep all rather than none
+                what = f"adapter {request.adapter!r} of " if request.adapter else ""
+                reason = f"no endpoint serves {what}model {request.target_model!r}"
+                return Decision((), profile=profile.name, reason=reason)
+        all_saturated = filtered.saturated
 
         block_chars = block_chars_for(candidates, self.prefix_index.block_chars)
         hashes: tuple[int, ...] | None = None
@@ -118,15 +120,15 @@ class WeightedScheduler:
 
         order = PICKERS[profile.picker].fn(totals, self.rng)
         slo_met: bool | None = None
-        if request.slo_ttft_s is not None and order:
-            if not ctx.predicted_s:  # the profile does not weigh predicted-ttft: predict anyway
-                SCORERS["predicted-ttft"].score(request, candidates, ctx)
-            order, slo_met = slo_order(order, ctx.predicted_s, request.slo_ttft_s)
+        if request.slo_ttft_s is not None and order:  # predicted whether the profile weighs it or not
+            predicted = [None if t is None else t.total_s for t in predict_ttft(request, candidates, ctx)]
+            order, slo_met = slo_order(order, predicted, request.slo_ttft_s)
         prefill_s = 0.0
         if order:  # the pod most likely routed to: bound its prefix LRU by its KV cache
             self._bound_prefix_lru(candidates[order[0]], block_chars)
-            if ctx.prefill_s:
-                prefill_s = ctx.prefill_s[order[0]]
+            if ctx.ttft:  # predicted: the pick commits its prefill work to the pod's ledger
+                terms = predict_ttft(request, candidates, ctx)[order[0]]
+                prefill_s = 0.0 if terms is None else terms.prefill_work_s
         return Decision(
             ranked=tuple([addresses[i] for i in order]),
             scores=ScoreTable(addresses, columns, totals, order[0] if order else 0),

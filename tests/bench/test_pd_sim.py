@@ -9,7 +9,7 @@ import random
 from bench.probes.engine_check import VirtualClock
 from bench.probes.pd_sim import PROFILE, EppRouter, Scenario, Sim, Unit, prompt_ids, prompt_text, run
 from bench.vtime.pods import address_for
-from epp.request import CHARS_PER_TOKEN
+from epp.scheduling.request import CHARS_PER_TOKEN
 from modelsim.engine import Engine
 from modelsim.profiles import get_profile
 

@@ -13,10 +13,11 @@ from bench.vtime.epp import VirtualEpp
 from bench.vtime.loop import TIMER, Events
 from bench.vtime.shared_store import StoreScript, VirtualSharedStore
 from devstack.redis_server import RedisServer
-from epp.pool import Endpoint, Pool
-from epp.scheduling.lora import AdapterResidency
-from epp.scheduling.prefix import PrefixIndex
-from epp.shared_state import SharedState
+from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.pool import Pool
+from epp.datalayer.prefix_index import PrefixIndex
+from epp.datalayer.shared_state import SharedState
 from gateway.config import SharedStateConfig
 from tests.bench.test_vtime import SCENARIO
 

@@ -14,7 +14,7 @@ import pytest
 from bench.harness.scenario import load_scenario
 from bench.vtime import workers_table
 from bench.vtime.cli import replica_label, run_one
-from epp.parse import WorkerParser
+from epp.requestcontrol.parse import WorkerParser
 
 
 def _outcome(scenario: str, workers: int, replicas: int = 1) -> list[tuple[Any, ...]]:

@@ -1,9 +1,9 @@
 """Envoy bootstraps shaped like the ones Envoy Gateway and kgateway generate for an
 HTTPRoute whose backend is an InferencePool, so our EPP can be run behind each.
 
-Test-only: the product renders its own bootstrap (gateway/envoy_config.py); these exist to
+Test-only: the product renders its own bootstrap (gateway/envoy/bootstrap.py); these exist to
 show that our EPP also works behind the ext_proc configuration other gateways generate. Built
-from gateway/envoy_blocks.py and validated against the real protos like ours.
+from gateway/envoy/blocks.py and validated against the real protos like ours.
 
 Sources read (through the code search tools; nothing copied, the shapes are re-expressed):
 
@@ -114,7 +114,7 @@ from envoy_data_plane.envoy.extensions.upstreams.http.v3 import (
 from envoy_data_plane.google.protobuf import Any as AnyMessage
 from envoy_data_plane.google.protobuf import Struct
 
-from gateway.envoy_blocks import (
+from gateway.envoy.blocks import (
     TLS_SOCKET,
     BodyMode,
     bootstrap,

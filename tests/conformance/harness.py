@@ -32,7 +32,8 @@ import yaml
 from devstack.certs import CertSet, make_certs
 from devstack.launch import Proc, _spawn, envoy_binary, free_port, grpc_serving, start_fleet, wait_until
 from gateway.config import parse_config
-from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap
+from gateway.envoy.bootstrap import render_bootstrap
+from gateway.envoy.topology import ExtProcTls, Topology
 from tests.conformance.gateway_shapes import SHAPES, Gateway, InferencePoolBackend, Rule, render
 from tests.fakes.kube_apiserver import (
     INFERENCE_POOLS,

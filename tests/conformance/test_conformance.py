@@ -5,7 +5,7 @@ configuration: our own rendering and the Envoy-Gateway- and kgateway-shaped ones
 (tests/conformance/gateway_shapes.py). docs/conformance.md tabulates them.
 
 As upstream, the EPP runs a test picker that honours `test-epp-endpoint-selection` (ours only
-in its explicit conformance test mode, epp/test_picker.py). Differences from upstream, all for
+in its explicit conformance test mode, epp/requestcontrol/conformance_mode.py). Differences from upstream, all for
 speed or because there is no cluster here: 30 requests per case instead of 100 (100 instead of
 200 for the weighted split); requests are inference POSTs to the simulated model servers (the
 upstream echo server answers GETs too); pods of a static pool share 127.0.0.1 and differ by
@@ -25,7 +25,7 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from epp.test_picker import SELECTION_HEADER, SERVED_RESULT_HEADER
+from epp.requestcontrol.conformance_mode import SELECTION_HEADER, SERVED_RESULT_HEADER
 from tests.conformance import harness
 from tests.conformance.gateway_shapes import Gateway, InferencePoolBackend, Rule, render
 from tests.conformance.harness import CONFIGS, Conformance, completion, eventually

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from epp.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
-from epp.request import InferenceRequest
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
+from epp.scheduling.request import InferenceRequest
 
 _ids = itertools.count()
 

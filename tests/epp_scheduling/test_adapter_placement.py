@@ -1,5 +1,5 @@
 """Adapter placement (issue #28): each LoRA adapter stays on the few pods that run it, priced by
-the GPU slots its requests hold (epp/scheduling/lora.py `AdapterResidency.slots`, `slot_cost`;
+the GPU slots its requests hold (epp/datalayer/adapter_residency.py `AdapterResidency.slots`, `slot_cost`;
 the `predicted-ttft` scorer adds that cost; the `adapter_slots` filter)."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ import dataclasses
 
 import pytest
 
-from epp.pool import EndpointState
-from epp.scheduling.filters import adapter_slots, unsaturated
-from epp.scheduling.lora import AdapterResidency, Slot, slot_cost, slot_runs, slot_scarcity
-from epp.scheduling.scorers import ScoringContext, predicted_ttft
+from epp.datalayer.adapter_residency import AdapterResidency, Slot
+from epp.datalayer.endpoint_records import EndpointState
+from epp.scheduling.adapter_slots import slot_cost, slot_runs, slot_scarcity
+from epp.scheduling.filters import FilterContext, adapter_slots, unsaturated
+from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.ttft_prediction import predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import DEFAULT, profile
 from gateway.scheduling_params import DEFAULT_THRESHOLDS
@@ -185,9 +187,10 @@ def test_a_saturated_pod_that_runs_the_adapter_beats_pods_where_it_would_wait_fo
     route(s, "b", "other", 2)
     home = pod("home", waiting=6, running=5, running_adapters=("sql",))  # queue over 5: saturated
     other = pod("other", running=4, running_adapters=("a", "b"))
-    kept, saturated = unsaturated([home, other], DEFAULT_THRESHOLDS)
-    assert [p.address for p in kept] == ["other"] and not saturated
-    assert [p.address for p in adapter_slots("sql", kept, [home, other], s.residency)] == ["other", "home"]
+    filtered = FilterContext(DEFAULT_THRESHOLDS, s.residency)
+    kept = unsaturated(req(PROMPT, adapter="sql"), [home, other], filtered)
+    assert [p.address for p in kept] == ["other"] and not filtered.saturated
+    assert [p.address for p in adapter_slots(req(PROMPT, adapter="sql"), kept, filtered)] == ["other", "home"]
     assert s.pick(req(PROMPT, adapter="sql"), snap(home, other)).ranked[0] == "home"
     # Base-model requests are not affected.
     assert s.pick(req(PROMPT), snap(home, other)).ranked == ("other",)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from epp.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
-from epp.request import InferenceRequest, parse_request
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
 from epp.scheduling.affinity import (
     pin_to_producer,
     pod_tag,
@@ -12,6 +11,7 @@ from epp.scheduling.affinity import (
     response_id_for,
     session_affinity,
 )
+from epp.scheduling.request import InferenceRequest, parse_request
 from epp.scheduling.scorers import ScoringContext
 
 PODS = [f"10.0.0.{i}:8000" for i in range(1, 6)]

@@ -4,7 +4,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.micro.metric_pages import AWKWARD_MODEL, PAGES, PageSpec, tgi_page, vllm_page
-from epp.engines import DIALECTS, MetricsParseError, Rejection, find_samples, parse_labels, parse_metrics
+from epp.datalayer.metric_dialects import DIALECTS, Rejection, parse_metrics
+from epp.datalayer.metric_lines import MetricsParseError, find_samples, parse_labels
 
 KV_NAMES = {
     "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
@@ -14,7 +15,7 @@ KV_NAMES = {
 
 
 def reference(page: bytes, dialect: str) -> dict:
-    """What prometheus_client's own parser says, aggregated as documented in epp.engines."""
+    """What prometheus_client's own parser says, aggregated as documented in epp.datalayer.metric_dialects."""
     fams = {f.name: f for f in text_string_to_metric_families(page.decode())}
 
     def values(*names):
@@ -170,6 +171,6 @@ def test_the_config_names_exactly_the_parser_dialects() -> None:
     """gateway/config.py cannot import the EPP, so its `Engine` names are checked here."""
     import typing
 
-    from gateway.config import Engine
+    from gateway.pool_config import Engine
 
     assert set(typing.get_args(Engine)) == set(DIALECTS)

@@ -17,25 +17,26 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from epp.admin import pool_json
-from epp.engines import DIALECTS, MetricsParseError, Rejection, parse_metrics
-from epp.pool import (
+from epp.datalayer.endpoint_records import (
     MAX_COUNT,
     MAX_SPEED_S,
     Endpoint,
     EndpointState,
     Metrics,
-    Pool,
     PoolSnapshot,
     count_problem,
     fraction_problem,
 )
-from epp.request import InferenceRequest
+from epp.datalayer.metric_dialects import DIALECTS, Rejection, parse_metrics
+from epp.datalayer.metric_lines import MetricsParseError
+from epp.datalayer.pool import Pool
+from epp.datalayer.scrape import SpeedTracker, _ratio_totals, histogram
 from epp.scheduling import BUILTIN_PROFILES, Profile, WeightedScheduler, profile
 from epp.scheduling.picker import TIE_EPSILON
 from epp.scheduling.registry import SCORER_NAMES, SCORERS
+from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated
 from epp.scheduling.scorers import ScoringContext
-from epp.scrape import SpeedTracker, _ratio_totals, histogram
 
 from .factories import req, snap
 

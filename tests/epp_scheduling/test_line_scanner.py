@@ -1,4 +1,4 @@
-"""Edges of the wanted-line scanner in epp/engines.py (trie pattern, fast value path, cached
+"""Edges of the wanted-line scanner in epp/datalayer/metric_dialects.py (trie pattern, fast value path, cached
 info labels), checked against a plain line-by-line reading of the same page."""
 
 import pytest
@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.micro.metric_pages import PageSpec, vllm_page
-from epp.engines import MetricsParseError, Rejection, Sample, collect_samples, parse_metrics
+from epp.datalayer.metric_dialects import Rejection, parse_metrics
+from epp.datalayer.metric_lines import MetricsParseError, Sample, collect_samples
 
 
 def line_by_line(page: str, names: tuple[str, ...]) -> dict[str, list[Sample]]:

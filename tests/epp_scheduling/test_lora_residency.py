@@ -8,10 +8,11 @@ import random
 import httpx
 import pytest
 
-from epp.pool import Endpoint, Pool
+from epp.datalayer.adapter_residency import AdapterResidency, LoraIds, event_time
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.pool import Pool
+from epp.datalayer.scrape import Scraper
 from epp.scheduling import WeightedScheduler, profile
-from epp.scheduling.lora import AdapterResidency, LoraIds, event_time
-from epp.scrape import Scraper
 from modelsim.fleet import FleetSpec, run_fleet
 
 from .factories import req, snap, state

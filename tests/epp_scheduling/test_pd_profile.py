@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from epp.pool import EndpointState
+from epp.datalayer.endpoint_records import EndpointState
 from epp.scheduling import WeightedScheduler
-from epp.scheduling.pd import pick_disaggregated, uncached_tokens
-from gateway.config import DisaggregationConfig
+from epp.scheduling.disaggregation import pick_disaggregated, uncached_tokens
+from gateway.pool_config import DisaggregationConfig
 
 from .factories import req, snap, state
 
@@ -80,14 +80,15 @@ def test_no_decode_pod_is_no_endpoint() -> None:
 async def test_the_prefill_pod_holds_a_slot_until_the_decode_pod_answers() -> None:
     import json
 
-    from epp.config import parse_epp_config
-    from epp.context import EppContext
-    from epp.pool import Endpoint, Metrics, Pool
-    from epp.processor import EppProcessor
-    from epp.telemetry import Telemetry
+    from epp.datalayer.endpoint_records import Endpoint, Metrics
+    from epp.datalayer.pool import Pool
+    from epp.requestcontrol.context import EppContext
+    from epp.requestcontrol.processor import EppProcessor
+    from epp.requestcontrol.telemetry import Telemetry
     from extproc.stream import RequestRoute
+    from gateway.config import parse_config
 
-    config = parse_epp_config(
+    config = parse_config(
         {"pools": [{"name": "m", "models": [{"name": "m"}], "disaggregation": {"minUncachedTokens": 100}}]}
     )
     pool = Pool(

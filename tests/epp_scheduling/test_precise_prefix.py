@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from epp.kv_index import KVIndex
-from epp.scheduling.prefix import PrefixIndex
+from epp.datalayer.kv_index import KVIndex
+from epp.datalayer.prefix_index import PrefixIndex
 from epp.scheduling.registry import SCORERS
-from epp.scheduling.scorers import ScoringContext, precise_prefix_cache, predicted_ttft, prefix_cache
+from epp.scheduling.scorers import ScoringContext, precise_prefix_cache, prefix_cache
+from epp.scheduling.ttft_prediction import predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import profile
 from modelsim.kv_events import block_stored

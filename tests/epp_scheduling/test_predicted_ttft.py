@@ -7,10 +7,11 @@ import dataclasses
 
 import pytest
 
-from epp.pool import Endpoint, EndpointState, Metrics
-from epp.scheduling.lora import AdapterResidency
-from epp.scheduling.prefix import PrefixIndex, prompt_hashes
-from epp.scheduling.scorers import DEFAULT_TPOT_S, ScoringContext, predicted_ttft
+from epp.datalayer.adapter_residency import AdapterResidency
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics
+from epp.datalayer.prefix_index import PrefixIndex, prompt_hashes
+from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.ttft_prediction import DEFAULT_TPOT_S, predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import PREDICTED, profile
 

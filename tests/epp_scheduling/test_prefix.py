@@ -3,7 +3,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from epp.scheduling.prefix import APPROX_BYTES_PER_ENTRY, PrefixIndex, prompt_hashes
+from epp.datalayer.prefix_index import APPROX_BYTES_PER_ENTRY, PrefixIndex, prompt_hashes
 
 
 def test_chained_hashes_follow_the_documented_formula():

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from epp.engines import DIALECTS, MetricsParseError, parse_metrics
+from epp.datalayer.metric_dialects import DIALECTS, parse_metrics
+from epp.datalayer.metric_lines import MetricsParseError
 from epp.scheduling import BUILTIN_PROFILES, WeightedScheduler
 from epp.scheduling.registry import SCORERS
 from epp.scheduling.scorers import ScoringContext

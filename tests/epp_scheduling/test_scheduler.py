@@ -4,7 +4,8 @@ from collections import Counter
 
 import pytest
 
-from epp.pool import Endpoint, Pool
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.pool import Pool
 from epp.scheduling import BUILTIN_PROFILES, Profile, Scheduler, WeightedScheduler, profile
 
 from .factories import req, snap, state
@@ -168,7 +169,7 @@ def test_unknown_default_profile_rejected():
 
 
 def test_prompt_hashed_once_per_pick_not_per_pod(monkeypatch):
-    import epp.scheduling.prefix as prefix_mod
+    import epp.datalayer.prefix_index as prefix_mod
 
     calls = Counter()
     real = prefix_mod.prompt_hashes
@@ -232,9 +233,9 @@ def test_slow_pod_gets_less_traffic_in_simulated_loop():
 
 
 def test_from_epp_config():
-    from epp.config import parse_epp_config
+    from gateway.config import parse_config
 
-    config = parse_epp_config(
+    config = parse_config(
         {
             "pools": [{"name": "p", "models": [{"name": "m"}]}],
             "thresholds": {"queue": 3, "staleAfterMs": 400},

@@ -1,6 +1,6 @@
 import pytest
 
-from epp.scheduling.prefix import PrefixIndex, prompt_hashes
+from epp.datalayer.prefix_index import PrefixIndex, prompt_hashes
 from epp.scheduling.registry import SCORERS
 from epp.scheduling.scorers import (
     ScoringContext,

@@ -13,8 +13,9 @@ from google.protobuf import json_format
 from devstack.certs import make_certs
 from devstack.launch import envoy_binary
 from gateway.config import parse_config
-from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap, write_bootstrap
-from gateway.xds_resources import xds_bootstrap
+from gateway.envoy.bootstrap import render_bootstrap, write_bootstrap
+from gateway.envoy.topology import ExtProcTls, Topology
+from gateway.envoy.xds_resources import xds_bootstrap
 
 CONFIG = {
     "pools": [
@@ -80,7 +81,7 @@ def test_destination_comes_from_metadata_never_the_header(tmp_path: Path) -> Non
 
 
 def test_misspelt_field_is_rejected_at_render_time() -> None:
-    from gateway.envoy_blocks import validate_bootstrap
+    from gateway.envoy.blocks import validate_bootstrap
 
     with pytest.raises(json_format.ParseError):
         validate_bootstrap({"static_resources": {"clusterz": []}})

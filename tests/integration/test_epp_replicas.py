@@ -1,5 +1,5 @@
 """Two active-active EPP replicas of one pool behind the real Envoy, sharing in-flight counts
-through a real redis-server (epp/shared_state.py), in both shapes: two-hop (BBR, then the
+through a real redis-server (epp/datalayer/shared_state.py), in both shapes: two-hop (BBR, then the
 pool's replicas) and single-hop (replicas that each route and pick for every pool).
 
 Envoy balances the ext_proc streams over both replicas; each replica publishes its own

@@ -1,4 +1,4 @@
-"""A multi-core EPP behind the real Envoy (epp/workers.py): two ext_proc worker processes share
+"""A multi-core EPP behind the real Envoy (epp/workers/processes.py): two ext_proc worker processes share
 the EPP's port (SO_REUSEPORT) and ask the one scheduling process for every decision.
 
 Envoy opens a connection per few concurrent streams (`EXT_PROC_STREAMS_PER_CONNECTION`) and the
@@ -104,7 +104,7 @@ async def test_streams_land_on_both_workers_and_are_counted_once(gw: LocalGatewa
 
 
 async def test_bad_requests_get_openai_errors_from_the_workers_parse(gw: LocalGateway, admin: Admin) -> None:
-    """The workers parse the body (epp/parse.py): malformed JSON, a bad field and an unknown
+    """The workers parse the body (epp/requestcontrol/parse.py): malformed JSON, a bad field and an unknown
     model still get the OpenAI-style errors, and nothing stays counted."""
     bad = [
         (b'{"model": "' + LLAMA.encode() + b'", "messages": [', 400, "invalid_json"),

@@ -8,7 +8,7 @@ to `ev` with a fresh prompt, whose BlockStored names the adapter; to `scr` as a 
 held until a scrape shows its adapter running. After every step the model must equal the
 truth, LRU order included.
 
-Inherent blind spot (not exercised, documented in epp/scheduling/lora.py): a request sent
+Inherent blind spot (not exercised, documented in epp/datalayer/adapter_residency.py): a request sent
 straight to a pod without KV events that finishes between two scrapes, or one whose blocks
 were all cached already (no BlockStored), loads an adapter no source reports.
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from devstack.launch import LocalGateway
-from epp.tokenize import load_tokenizer
+from epp.datalayer.tokenizer import load_tokenizer
 from modelsim.build_tokenizer import OUT as SHIPPED
 from tests.integration.busy_pods import debug_pool, wait_for
 from tests.integration.conftest import local_gateway, use_profile

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import kubernetes
 import pytest
 
-from epp.discovery.kubernetes import InferencePoolDiscovery
-from epp.pool import Endpoint
+from epp.datalayer.discovery.kubernetes import InferencePoolDiscovery
+from epp.datalayer.endpoint_records import Endpoint
 from tests.fakes.kube_apiserver import FakeKubeApiServer
 
 

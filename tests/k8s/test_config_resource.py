@@ -9,10 +9,9 @@ import kubernetes
 import pytest
 from prometheus_client import REGISTRY
 
-from epp.config import parse_epp_config
-from gateway.config import ConfigError
-from gateway.config_resource import ConfigResourceWatcher
+from gateway.config import ConfigError, parse_config
 from gateway.config_store import ConfigStore
+from gateway.kube.config_resource import ConfigResourceWatcher
 from tests.fakes.kube_apiserver import GATEWAY_CONFIGS, FakeKubeApiServer
 
 SPEC = {
@@ -39,7 +38,7 @@ def sample(name: str, **labels: str) -> float:
 async def test_resource_changes_apply_and_invalid_ones_keep_the_last_good(
     kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient
 ) -> None:
-    store = ConfigStore(parse_epp_config(SPEC))
+    store = ConfigStore(parse_config(SPEC))
     kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "profiles": {"chat": {"weights": {"queue": 7}}}}))
     watcher = ConfigResourceWatcher(
         store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05
@@ -71,7 +70,7 @@ async def test_resource_changes_apply_and_invalid_ones_keep_the_last_good(
 async def test_watch_expiry_relists_and_keeps_following(
     kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient
 ) -> None:
-    store = ConfigStore(parse_epp_config(SPEC))
+    store = ConfigStore(parse_config(SPEC))
     kube.apply(GATEWAY_CONFIGS, resource(SPEC))
     watcher = ConfigResourceWatcher(
         store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05
@@ -99,7 +98,7 @@ async def test_the_verdict_and_what_is_in_force_are_written_into_the_status(
     """One verdict (the schema's, then the store's checks: the xDS server's), said where the
     operator who edited the resource looks: a refused edit names its reason and the generation
     still in force; a status write is no edit (the spec is not offered again)."""
-    store = ConfigStore(parse_epp_config(SPEC))
+    store = ConfigStore(parse_config(SPEC))
 
     def no_pool_named_forbidden(config) -> None:  # type: ignore[no-untyped-def]
         if any(pool.name == "forbidden" for pool in config.pools):
@@ -128,7 +127,7 @@ async def test_the_verdict_and_what_is_in_force_are_written_into_the_status(
         assert status["ready"]["reason"] == "Refused"
         assert "generation 2 refused, generation 1 stays in force" in status["ready"]["message"]
         assert "bogus" in status["ready"]["message"]
-        assert store.current().profiles == parse_epp_config(SPEC).profiles
+        assert store.current().profiles == parse_config(SPEC).profiles
 
         refused_by_check = {"pools": [{**SPEC["pools"][0], "name": "forbidden"}]}
         kube.apply(GATEWAY_CONFIGS, resource(refused_by_check))
@@ -148,13 +147,13 @@ async def test_the_verdict_and_what_is_in_force_are_written_into_the_status(
 async def test_a_status_the_api_refuses_is_logged_and_changes_nothing(
     kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = ConfigStore(parse_epp_config(SPEC))
+    store = ConfigStore(parse_config(SPEC))
     kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "thresholds": {"queue": 9}}))
     kube.forbid_status(GATEWAY_CONFIGS)
     watcher = ConfigResourceWatcher(
         store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05, write_status=True
     )
-    with caplog.at_level(logging.WARNING, logger="gateway.config_resource"):
+    with caplog.at_level(logging.WARNING, logger="gateway.kube.config_resource"):
         await watcher.start()
         try:
             await until(lambda: any("status not written: API error 403" in r.message for r in caplog.records))

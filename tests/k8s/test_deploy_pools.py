@@ -24,7 +24,7 @@ from envoy_data_plane.envoy.config.route.v3 import RouteConfiguration
 
 from gateway import deploy_pools
 from gateway.config import parse_config
-from gateway.xds_resources import CLUSTER, ROUTE, XDS_CLUSTER, snapshot, topology_from_json
+from gateway.envoy.xds_resources import CLUSTER, ROUTE, XDS_CLUSTER, snapshot, topology_from_json
 from tests.k8s.kustomize_lite import build
 from tests.k8s.test_manifests import DEPLOY, OVERLAYS, _kubectl, render
 

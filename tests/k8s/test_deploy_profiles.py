@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from devstack.launch import DEFAULT_FLEET, dev_trust, gateway_config_for
-from epp.config import parse_epp_config
+from gateway.config import parse_config
 from gateway.profiles import BUILTIN_PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def _make_run_config() -> dict[str, Any]:
 
 def _routed_profiles(data: dict[str, Any]) -> dict[str, str]:
     """model name -> the profile its requests get when they name none."""
-    config = parse_epp_config(data)
+    config = parse_config(data)
     return {
         model.name: model.profile or config.default_profile for pool in config.pools for model in pool.models
     }
@@ -68,7 +68,7 @@ def _routed_profiles(data: dict[str, Any]) -> dict[str, str]:
 @pytest.mark.parametrize("source", [*DEPLOY_CONFIGS, "make run"])
 def test_every_model_is_sent_to_the_shipped_default_or_a_benchmarked_profile(source: str) -> None:
     data = _make_run_config() if source == "make run" else _load(source)
-    config = parse_epp_config(data)
+    config = parse_config(data)
     profiles = config.scheduler_profiles()
     shipped = _canonical(dict(BUILTIN_PROFILES["default"].weights))
     benchmarked = _benchmarked_weights()
@@ -86,5 +86,5 @@ def test_every_model_is_sent_to_the_shipped_default_or_a_benchmarked_profile(sou
 def test_the_check_catches_a_config_that_redefines_the_default() -> None:
     data = _load("deploy/base/config/gateway.yaml")
     data["profiles"]["default"] = {"weights": {"queue": 7, "kv-cache": 1}}
-    profiles = parse_epp_config(data).scheduler_profiles()
+    profiles = parse_config(data).scheduler_profiles()
     assert _canonical(dict(profiles["default"].weights)) not in _benchmarked_weights()

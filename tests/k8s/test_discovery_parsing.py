@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from epp.discovery.kubernetes import (
+from epp.datalayer.discovery.kubernetes import (
     ADAPTERS_ANNOTATION,
     ENGINE_LABEL,
     KV_EVENTS_PORT_ANNOTATION,
@@ -133,7 +133,7 @@ def test_kv_event_ports_from_annotations() -> None:
 
 
 def test_data_parallel_size_and_role_label_from_the_pod() -> None:
-    from epp.discovery.kubernetes import DP_SIZE_ANNOTATION
+    from epp.datalayer.discovery.kubernetes import DP_SIZE_ANNOTATION
 
     pod = make_pod(
         "a",

@@ -21,13 +21,13 @@ import yaml
 from envoy_data_plane.envoy.config.cluster.v3 import Cluster
 from envoy_data_plane.envoy.config.route.v3 import RouteConfiguration
 
-from epp import chart_schema
 from gateway.config import parse_config
+from gateway.envoy.xds_resources import CLUSTER, ROUTE, snapshot, topology_from_json
 from gateway.profiles import BUILTIN_PROFILES
-from gateway.xds_resources import CLUSTER, ROUTE, snapshot, topology_from_json
 from tests.k8s.helm_render import render_chart
 from tests.k8s.test_deploy_pools import assert_serves_every_pool_over_xds
 from tests.k8s.test_manifests import BUILTIN_GROUPS, DEPLOY, THIRD_PARTY_SCHEMAS, _crd_schema, _key, render
+from tools import chart_schema
 
 CHART = DEPLOY / "helm" / "inference-gateway"
 NAMESPACE = "inference-gateway"  # the base's, in its service names and certificates
@@ -40,7 +40,7 @@ if importlib.util.find_spec("helm_sdkpy") is None:
 
 # Non-default values: another namespace, plaintext, no shared store, other replicas and weights.
 CUSTOM = {
-    # The workers sized to the CPU request, rounded up (epp/workers.py).
+    # The workers sized to the CPU request, rounded up (epp/workers/processes.py).
     "epp": {"replicas": 3, "resources": {"requests": {"cpu": "1500m"}}},
     "bbr": {"replicas": 1},
     "mtls": {"enabled": False},
@@ -203,7 +203,7 @@ def test_helm_refuses_values_the_schema_forbids(helm: Obj, index: int, case: tup
 
 def test_config_schema_is_generated_from_the_config_models() -> None:
     text = (CHART / "values.schema.json").read_text()
-    assert text == chart_schema.render(text), "run `python -m epp.chart_schema` and commit"
+    assert text == chart_schema.render(text), "run `python -m tools.chart_schema` and commit"
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     jsonschema.Draft202012Validator(json.loads(text)).validate(values)
 

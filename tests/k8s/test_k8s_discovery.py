@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from epp.discovery.kubernetes import MODEL_KEY, DiscoveryError
+from epp.datalayer.discovery.kubernetes import MODEL_KEY, DiscoveryError
 from tests.fakes.kube_apiserver import (
     INFERENCE_POOLS,
     PODS,

@@ -28,9 +28,9 @@ from extproc.errors import ErrorResponse
 from extproc.headers import MODEL_HEADER, OBJECTIVE_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import parse_config
-from gateway.config_resource import ConfigResourceWatcher
 from gateway.config_store import ConfigStore
-from gateway.model_rewrite_source import follow_model_rewrites
+from gateway.kube.config_resource import ConfigResourceWatcher
+from gateway.kube.model_rewrite_source import follow_model_rewrites
 from tests.fakes.kube_apiserver import (
     GATEWAY_CONFIGS,
     INFERENCE_MODEL_REWRITES,
@@ -373,7 +373,7 @@ async def test_the_single_hop_epp_follows_rewrites_as_bbr_does(
 
 def test_bbr_loads_the_kubernetes_client_only_when_asked_to_watch() -> None:
     probe = (
-        "import sys, bbr.__main__, gateway.service_cli, gateway.config_resource, bbr.router;"
+        "import sys, bbr.__main__, gateway.service_cli, gateway.kube.config_resource, bbr.router;"
         "print('kubernetes' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)

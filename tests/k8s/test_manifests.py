@@ -25,12 +25,12 @@ import pytest
 import yaml
 
 from devstack.certs import make_certs
-from gateway import llmd_api
 from gateway.config import parse_config
-from gateway.envoy_blocks import validate_bootstrap
-from gateway.envoy_config import render_bootstrap
+from gateway.envoy.blocks import validate_bootstrap
+from gateway.envoy.bootstrap import render_bootstrap
+from gateway.envoy.xds_resources import XDS_CLUSTER, snapshot, topology_from_json
+from gateway.kube import llmd_api
 from gateway.render_envoy import DEPLOY_BOOTSTRAPS, DEPLOY_XDS, XDS_SERVICE, render_topology, render_yaml
-from gateway.xds_resources import XDS_CLUSTER, snapshot, topology_from_json
 from tests.integration.test_autoscaling_metrics import AUTOSCALING_SERIES
 from tests.integration.test_envoy_config import epp_processing_modes
 from tests.k8s.kustomize_lite import build
@@ -295,7 +295,7 @@ THIRD_PARTY_SCHEMAS: dict[tuple[str, str], Obj] = {
 
 
 # The llm-d kinds (CRDs referenced, not vendored: deploy/README.md) are validated by the very
-# parser that applies them (gateway/llmd_api.py).
+# parser that applies them (gateway/kube/llmd_api.py).
 LLMD_SPECS: dict[tuple[str, str], Any] = {
     (f"{llmd_api.GROUP}/{llmd_api.VERSION}", "InferenceObjective"): llmd_api.InferenceObjectiveSpec,
     (f"{llmd_api.GROUP}/{llmd_api.VERSION}", "InferenceModelRewrite"): llmd_api.InferenceModelRewriteSpec,

@@ -16,12 +16,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.micro.metric_pages import vllm_page
 from devstack.llamacpp.model import MODEL_NAME
-from epp.engines import DIALECTS, MetricsParseError, collect_samples, parse_metrics
-from epp.pace import PrefillTotals, PrefillTracker, prefill_metric_names, prefill_totals
-from epp.pool import Endpoint, EndpointState, Metrics, Pool
-from epp.request import InferenceRequest
-from epp.scheduling.scorers import ScoringContext, predicted_ttft
-from epp.scrape import Scraper, SpeedTracker
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics
+from epp.datalayer.metric_dialects import DIALECTS, parse_metrics
+from epp.datalayer.metric_lines import MetricsParseError, collect_samples
+from epp.datalayer.pool import Pool
+from epp.datalayer.prefill_pace import PrefillTotals, PrefillTracker, prefill_metric_names, prefill_totals
+from epp.datalayer.scrape import Scraper, SpeedTracker
+from epp.scheduling.request import InferenceRequest
+from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.ttft_prediction import predicted_ttft
 
 PAGES = Path(__file__).resolve().parent / "pages"
 

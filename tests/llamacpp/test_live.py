@@ -28,7 +28,7 @@ from bench.harness.targets import TargetContext
 from devstack.launch import LocalGateway, Proc, dev_trust, pool_name_for, start_local_gateway
 from devstack.llamacpp.model import MODEL_NAME
 from devstack.llamacpp.server import ServerSpec, missing_engine, start_llama_servers, with_model_tokenizer
-from epp.engines import parse_metrics
+from epp.datalayer.metric_dialects import parse_metrics
 from tests.integration.test_make_run import read_until, start_make_run
 from tests.reliability.gateway_helpers import metric_value
 

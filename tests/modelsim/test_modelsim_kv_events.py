@@ -1,7 +1,7 @@
 """modelsim publishes vLLM KV events; the EPP's subscriber keeps a precise index of them.
 
 A real ZMQ round trip on loopback with free ports: modelsim's PUB + replay ROUTER sockets ->
-`epp.kv_events.KVEventSubscribers` -> `KVIndex.lookup` on the engine's own token ids.
+`epp.datalayer.kv_events.KVEventSubscribers` -> `KVIndex.lookup` on the engine's own token ids.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import zmq
 import zmq.asyncio
 
 from epp.app import EppApp
-from epp.kv_events import KVEventMetrics, KVEventSubscribers
-from epp.kv_index import KVIndex
-from epp.pool import Endpoint
-from gateway.config import KvEventsConfig
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.kv_events import KVEventMetrics, KVEventSubscribers
+from epp.datalayer.kv_index import KVIndex
+from gateway.pool_config import KvEventsConfig
 from modelsim.fleet import Fleet, FleetSpec, SpecError, run_fleet
 from modelsim.kv_events import KVEventsConfig as SimKVEventsConfig
 from modelsim.kv_events import KVEventsConfigError

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from epp.app import EppApp
-from epp.processor import EppProcessor
-from epp.tokenize import load_tokenizer
+from epp.datalayer.tokenizer import load_tokenizer
+from epp.requestcontrol.processor import EppProcessor
 from extproc.headers import DESTINATION_HEADER
 from extproc.stream import RequestRoute
 from modelsim.build_tokenizer import OUT as SHIPPED

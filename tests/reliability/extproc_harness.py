@@ -20,14 +20,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
 from epp.app import build_scheduler
-from epp.config import EppConfig, parse_epp_config
-from epp.context import EppContext
-from epp.discovery.static import static_endpoints
-from epp.pool import Pool
-from epp.processor import EppProcessor
-from epp.telemetry import Telemetry
+from epp.datalayer.discovery.static import static_endpoints
+from epp.datalayer.pool import Pool
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.telemetry import Telemetry
 from extproc.server import GrpcService, start_grpc_service
 from extproc.stream import ExtProcServicer
+from gateway.config import GatewayConfig, parse_config
 
 T = TypeVar("T")
 
@@ -77,7 +77,7 @@ class Services:
     """Both servicers, their ports, and the EPP's pool (for in-flight checks)."""
 
     loop: LoopThread
-    config: EppConfig
+    config: GatewayConfig
     bbr: ExtProcServicer
     epp: ExtProcServicer
     pool: Pool
@@ -98,7 +98,7 @@ class Services:
 
 def start_services() -> Services:
     loop = LoopThread()
-    config = parse_epp_config(CONFIG)
+    config = parse_config(CONFIG)
     pool = Pool(static_endpoints(config, POOL))
     ctx = EppContext(POOL, pool, build_scheduler(config), lambda: config, Telemetry(POOL))
     ctx.fallback_endpoints = 1

@@ -1,4 +1,4 @@
-"""Helpers for tests of a pool's EPP replicas behind the real Envoy (epp/shared_state.py):
+"""Helpers for tests of a pool's EPP replicas behind the real Envoy (epp/datalayer/shared_state.py):
 each replica read through its admin port, answers held open mid-stream, Envoy's view of a
 dead replica, and a bounded load loop that records every outcome."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from devstack.launch import LocalGateway
-from gateway.envoy_config import SINGLE_HOP_CLUSTER
+from gateway.envoy.topology import SINGLE_HOP_CLUSTER
 from tests.integration.conftest import chat
 from tests.reliability.gateway_helpers import metric_value
 from tests.waiting import until_awaited

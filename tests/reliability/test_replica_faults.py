@@ -1,6 +1,6 @@
 """Faults of active-active EPP replicas, through the real Envoy: two replicas of one pool
 sharing their in-flight counts and pushed picks through a real redis-server
-(epp/shared_state.py). Redis stopped and restarted under load; a replica killed with nothing
+(epp/datalayer/shared_state.py). Redis stopped and restarted under load; a replica killed with nothing
 in flight, then restarted; a replica killed mid-burst, holding streams.
 
 The tests run in file order on one gateway: the second restarts the replica it killed, the
@@ -57,7 +57,7 @@ def _shape(gw: LocalGateway) -> str:
 
 
 def _tag(gw: LocalGateway) -> str:
-    """The prefix of the pool's keys in the store (epp/shared_state.py)."""
+    """The prefix of the pool's keys in the store (epp/datalayer/shared_state.py)."""
     return f"{_key_prefix(gw.single_hop)}:{{{POOL}}}"
 
 

@@ -1,4 +1,4 @@
-"""Request headers a client may not use on its own (epp/trust.py), through the real Envoy.
+"""Request headers a client may not use on its own (epp/requestcontrol/header_policy.py), through the real Envoy.
 
 The gateway requires a JWT; a token carrying `gateway_role: operator` makes the request trusted.
 The model's own profile is sheddable (priority -1, saturated at 1 waiting request), and its

@@ -8,7 +8,6 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 
-from epp.config import EppConfig, parse_epp_config
 from gateway.config import ConfigError, GatewayConfig, load_config, parse_config
 from gateway.config_store import ConfigStore, FileWatcher
 
@@ -107,7 +106,7 @@ def rejected_total() -> float:
 def test_errors_name_the_field(patch: dict, message: str) -> None:
     """The EPP's schema: the shared one plus the scheduling section."""
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
-        parse_epp_config({**GOOD, **patch})
+        parse_config({**GOOD, **patch})
 
 
 def test_the_shared_schema_rejects_a_scheduling_mistake_as_the_epp_does() -> None:
@@ -116,9 +115,9 @@ def test_the_shared_schema_rejects_a_scheduling_mistake_as_the_epp_does() -> Non
     with pytest.raises(ConfigError, match="unknown scorer") as bbr:
         parse_config(bad_profile)
     with pytest.raises(ConfigError, match="unknown scorer") as epp:
-        parse_epp_config(bad_profile)
+        parse_config(bad_profile)
     assert str(bbr.value) == str(epp.value)
-    assert isinstance(parse_epp_config(GOOD), GatewayConfig)
+    assert isinstance(parse_config(GOOD), GatewayConfig)
 
 
 def test_load_config_reports_yaml_errors_with_the_path(tmp_path: Path) -> None:
@@ -134,8 +133,8 @@ def test_load_config_reports_yaml_errors_with_the_path(tmp_path: Path) -> None:
 def test_store_keeps_the_last_good_config_and_counts_rejections(tmp_path: Path) -> None:
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(GOOD))
-    store = ConfigStore.from_file(path, EppConfig)
-    seen: list[EppConfig] = []
+    store = ConfigStore.from_file(path, GatewayConfig)
+    seen: list[GatewayConfig] = []
     store.subscribe(seen.append)
     watcher = FileWatcher(store, path)
     assert watcher.check() is False  # unchanged
@@ -182,5 +181,5 @@ def test_flow_control_is_off_by_default_and_its_bounds_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"tenantClaim needs listener\.jwt"):
         parse_config({**GOOD, "flowControl": {"tenantClaim": "org"}})
     with pytest.raises(ConfigError, match="unknown scorer"):
-        parse_epp_config({**GOOD, "profiles": {"p": {"weights": {"session-affinty": 1}}}})
-    assert parse_epp_config({**GOOD, "profiles": {"p": {"weights": {"session-affinity": 1}}}})
+        parse_config({**GOOD, "profiles": {"p": {"weights": {"session-affinty": 1}}}})
+    assert parse_config({**GOOD, "profiles": {"p": {"weights": {"session-affinity": 1}}}})

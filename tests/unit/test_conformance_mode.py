@@ -1,5 +1,5 @@
-"""The reference EPP's command line (epp/compat.py) and the conformance test picker
-(epp/test_picker.py): defaults, the explicit opt-in, and what the picker lets through."""
+"""The reference EPP's command line (epp/reference_flags.py) and the conformance test picker
+(epp/requestcontrol/conformance_mode.py): defaults, the explicit opt-in, and what the picker lets through."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from epp import compat, test_picker
-from epp.pool import Endpoint, Pool, PoolSnapshot
+from epp import reference_flags
+from epp.datalayer.endpoint_records import Endpoint, PoolSnapshot
+from epp.datalayer.pool import Pool
+from epp.requestcontrol import conformance_mode
 from gateway.config import load_config
 from gateway.service_cli import service_parser
 
@@ -18,13 +20,13 @@ def parser() -> argparse.ArgumentParser:
     p = service_parser("epp", "test", default_port=9002, config_required=False)
     p.add_argument("--pool")
     p.add_argument("--metrics-port", type=int, default=9090)
-    compat.add_arguments(p)
+    reference_flags.add_arguments(p)
     return p
 
 
 def test_reference_defaults_ports_tls_and_builtin_config() -> None:
-    args = compat.parse(parser(), ["--pool-name", "vllm-llama3-8b", "--pool-namespace", "team-a"])
-    launch = compat.resolve(args)
+    args = reference_flags.parse(parser(), ["--pool-name", "vllm-llama3-8b", "--pool-namespace", "team-a"])
+    launch = reference_flags.resolve(args)
     assert (args.port, args.metrics_port, launch.health_port) == (9002, 9090, 9003)
     assert launch.host == "0.0.0.0"  # the reference listens on every interface
     assert launch.kubernetes is not None and launch.kubernetes.namespace == "team-a"
@@ -42,12 +44,14 @@ def test_reference_defaults_ports_tls_and_builtin_config() -> None:
 def test_reference_flags_it_cannot_honour_are_accepted_and_ignored() -> None:
     argv = ["--pool-name", "p", "--grpc-port=9102", "--v=4", "--zap-encoder", "json", "--tracing=false"]
     argv += ["--secure-serving=false", "--config-file", "/config/default-plugins.yaml", "-v", "3"]
-    launch = compat.resolve(args := compat.parse(parser(), argv))
+    launch = reference_flags.resolve(args := reference_flags.parse(parser(), argv))
     assert args.port == 9102 and launch.tls is None
 
 
 def test_go_style_single_dash_long_flags() -> None:
-    args = compat.parse(parser(), ["-pool-name", "p", "-pool-namespace=ns", "-grpc-port", "9102", "-v", "2"])
+    args = reference_flags.parse(
+        parser(), ["-pool-name", "p", "-pool-namespace=ns", "-grpc-port", "9102", "-v", "2"]
+    )
     assert (args.pool_name, args.pool_namespace, args.port) == ("p", "ns", 9102)
 
 
@@ -56,7 +60,9 @@ def test_our_own_command_line_is_unchanged(tmp_path: Path) -> None:
     config.write_text(
         "pools: [{name: llama, models: [{name: llama}], endpoints: [{address: '127.0.0.1:1'}]}]\n"
     )
-    launch = compat.resolve(compat.parse(parser(), ["--config", str(config), "--pool", "llama"]))
+    launch = reference_flags.resolve(
+        reference_flags.parse(parser(), ["--config", str(config), "--pool", "llama"])
+    )
     assert launch.health_port is None and launch.tls is None and launch.kubernetes is None
     assert launch.host == "127.0.0.1"
 
@@ -75,7 +81,7 @@ def test_pool_name_with_config_picks_the_pool_that_discovers_it(tmp_path: Path) 
         "ns",
         "--secure-serving=0",
     ]
-    assert compat.resolve(compat.parse(parser(), argv)).pool == "llama"
+    assert reference_flags.resolve(reference_flags.parse(parser(), argv)).pool == "llama"
 
 
 @pytest.mark.parametrize(
@@ -89,7 +95,7 @@ def test_pool_name_with_config_picks_the_pool_that_discovers_it(tmp_path: Path) 
 )
 def test_refused_command_lines(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
-        compat.parse(parser(), argv)
+        reference_flags.parse(parser(), argv)
 
 
 def _snapshot(*addresses: str) -> PoolSnapshot:
@@ -103,11 +109,12 @@ def test_picker_restricts_to_named_ip_or_ip_port() -> None:
 
     def kept(value: str) -> list[str]:
         return [
-            e.address for e in test_picker.restrict({test_picker.SELECTION_HEADER: value}, snap).endpoints
+            e.address
+            for e in conformance_mode.restrict({conformance_mode.SELECTION_HEADER: value}, snap).endpoints
         ]
 
     assert kept("10.0.0.1") == ["10.0.0.1:3000", "10.0.0.1:3002"]  # a bare IP: every rank
     assert kept("10.0.0.2:3000, 10.0.0.1:3002") == ["10.0.0.1:3002", "10.0.0.2:3000"]
     assert kept("fd00::1") == ["[fd00::1]:3000"] and kept("[fd00::1]:3000") == ["[fd00::1]:3000"]
     assert kept("192.168.0.9") == []  # nothing of this pool: the EPP answers 503
-    assert test_picker.restrict({}, snap) is snap
+    assert conformance_mode.restrict({}, snap) is snap

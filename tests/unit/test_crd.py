@@ -6,13 +6,13 @@ from pathlib import Path
 
 import jsonschema
 
-from epp.crd import CRD_PATH, render_crd_yaml, spec_schema
+from tools.crd import CRD_PATH, render_crd_yaml, spec_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_crd_is_the_generated_one() -> None:
-    assert (ROOT / CRD_PATH).read_text() == render_crd_yaml(), "run `python -m epp.crd` and commit"
+    assert (ROOT / CRD_PATH).read_text() == render_crd_yaml(), "run `python -m tools.crd` and commit"
 
 
 def test_schema_is_structural() -> None:

@@ -7,21 +7,23 @@ import json
 import pytest
 
 from epp.app import build_scheduler
-from epp.config import parse_epp_config
-from epp.context import EppContext
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
-from epp.request import parse_request
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.datalayer.tokenizer import PoolTokenizers
+from epp.requestcontrol.booking import Booking
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.header_policy import HeaderPolicy
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.telemetry import Telemetry
+from epp.scheduling.request import parse_request
 from epp.scheduling.weighted import WeightedScheduler
-from epp.telemetry import Telemetry
-from epp.tokenize import PoolTokenizers
-from epp.trust import HeaderPolicy
 from extproc.errors import ErrorResponse
 from extproc.headers import DESTINATION_HEADER
 from extproc.stream import RequestRoute
+from gateway.config import parse_config
 from modelsim.build_tokenizer import OUT as SHIPPED_TOKENIZER
 
-CONFIG = parse_epp_config(
+CONFIG = parse_config(
     {
         "pools": [
             {"name": "llama", "models": [{"name": "llama", "adapters": ["sql"]}], "fallbackEndpoints": 1},
@@ -170,7 +172,7 @@ async def test_a_retry_to_the_fallback_moves_the_inflight_slot_there() -> None:
 
 
 async def test_any_model_is_scheduled_on_a_pool_that_accepts_any() -> None:
-    config = parse_epp_config(
+    config = parse_config(
         {"pools": [{"name": "llama", "models": [{"name": "llama"}], "acceptAnyModel": True}]}
     )
     ctx = make_ctx()
@@ -196,7 +198,7 @@ async def test_conformance_mode_narrows_the_pool_and_reports_the_served_endpoint
 
 
 def test_prompt_text_of_every_openai_shape() -> None:
-    from epp.request import prompt_text
+    from epp.scheduling.request import prompt_text
 
     assert prompt_text({"input": "embed me"}) == "embed me"
     assert prompt_text({"input": ["a", "b"]}) == "ab"
@@ -213,7 +215,7 @@ def test_prompt_text_of_every_openai_shape() -> None:
 async def test_tokenized_request_counts_its_real_prompt_tokens() -> None:
     """With token ids (a model tokenizer, a profile reading them) the prompt size every scorer
     and the in-flight accounting use is the ids' count, not the chars / 4 estimate."""
-    config = parse_epp_config(
+    config = parse_config(
         {
             "profiles": {"default": {"weights": {"precise-prefix-cache": 3, "queue": 1}}},
             "pools": [{"name": "llama", "models": [{"name": "llama", "tokenizer": str(SHIPPED_TOKENIZER)}]}],
@@ -246,7 +248,7 @@ async def test_tokenized_request_counts_its_real_prompt_tokens() -> None:
 
 
 async def test_an_adapter_request_holds_its_slot_on_the_pod_until_its_stream_closes() -> None:
-    """Adapter placement counts each pod's adapters in flight (epp/scheduling/lora.py): one per
+    """Adapter placement counts each pod's adapters in flight (epp/datalayer/adapter_residency.py): one per
     routed request, released exactly once at the close, moved with a retry."""
     ctx = make_ctx()
     residency = ctx.scheduler.residency  # type: ignore[attr-defined]
@@ -262,3 +264,20 @@ async def test_an_adapter_request_holds_its_slot_on_the_pod_until_its_stream_clo
     assert residency.in_flight(A) == {} and residency.in_flight(B) == {"sql": 1}
     retried.on_close(True)
     assert residency.in_flight(B) == {}
+
+
+async def test_a_booking_is_released_once_from_wherever_a_retry_moved_it() -> None:
+    """#43: what a pick records (pool, ledger, scheduler) lives in one `Booking`, released
+    exactly once, on the pod the request ended on."""
+    ctx = make_ctx()
+    data = json.loads(body())
+    request = parse_request(data, request_id="r", target_model="llama", adapter=None, headers={})
+    decision = ctx.scheduler.pick(request, ctx.pool.snapshot())
+    booking = Booking.book(ctx, request, decision)
+    assert booking.address == A and ctx.pool.inflight_total() == 1
+    booking.move(B)
+    assert booking.address == B and ctx.pool.inflight_total() == 1
+    assert booking.release() and not booking.release()
+    booking.move(A)  # after the release: nothing to move
+    assert ctx.pool.inflight_total() == 0
+    assert {e.address: e.inflight_requests for e in ctx.pool.snapshot().endpoints} == {A: 0, B: 0}

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import json
 
-from epp.config import parse_epp_config
-from epp.context import EppContext
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
-from epp.ranks import BALANCE_ABS, RANK_HEADER, RankRouter
-from epp.request import InferenceRequest
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.dp_ranks import BALANCE_ABS, RANK_HEADER, RankRouter
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.telemetry import Telemetry
+from epp.scheduling.request import InferenceRequest
 from epp.scheduling.weighted import WeightedScheduler
-from epp.telemetry import Telemetry
 from extproc.stream import RequestRoute
+from gateway.config import parse_config
 
-CONFIG = parse_epp_config({"pools": [{"name": "llama", "models": [{"name": "llama"}]}]})
+CONFIG = parse_config({"pools": [{"name": "llama", "models": [{"name": "llama"}]}]})
 DP = "10.0.0.1:8000"
 
 

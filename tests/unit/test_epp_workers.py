@@ -1,4 +1,4 @@
-"""The multi-core EPP's worker link (extproc/ipc.py, extproc/remote.py, epp/workers.py): the
+"""The multi-core EPP's worker link (extproc/ipc.py, extproc/remote.py, epp/workers/processes.py): the
 frames, the decisions equal to one process's, and a worker's death releasing its streams."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from epp.config import parse_epp_config
-from epp.context import EppContext
-from epp.parse import WorkerParser
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
-from epp.scheduling import prefix as prefix_module
+from epp.datalayer import prefix_index as prefix_module
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.header_policy import HeaderPolicy
+from epp.requestcontrol.parse import WorkerParser
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.telemetry import Telemetry
 from epp.scheduling.weighted import WeightedScheduler
-from epp.telemetry import Telemetry
-from epp.trust import HeaderPolicy
-from epp.workers import parse_workers, resolve_workers, usable_cpus
+from epp.workers.processes import parse_workers, resolve_workers, usable_cpus
 from extproc import ipc
 from extproc.errors import ErrorResponse
 from extproc.headers import DECISION_HEADER, DESTINATION_HEADER
@@ -32,7 +32,7 @@ from gateway.config import ConfigError, parse_config
 from tests.unit.extproc_helpers import POST, body_msgs, headers_msg
 from tests.waiting import until
 
-CONFIG = parse_epp_config(
+CONFIG = parse_config(
     {"pools": [{"name": "llama", "models": [{"name": "llama", "adapters": ["sql", "chat"]}]}]}
 )
 PODS = [f"10.0.0.{i}:8000" for i in range(1, 5)]
@@ -129,7 +129,7 @@ async def test_picks_through_the_link_equal_the_picks_in_one_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Same requests, same order, same instants: the worker path (the worker parses and hashes,
-    epp/parse.py) decides what one process decides, because both parse with the same function
+    epp/requestcontrol/parse.py) decides what one process decides, because both parse with the same function
     and the scheduling process runs the same EppProcessor on the same picture. Prompts share
     prefixes and ask for adapters; neither path hashes a prompt a second time."""
     hashed_again: list[str] = []

@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from epp.flow_control import ANONYMOUS, FlowController, Outcome, Ticket, tenant_of, ticket_for
-from epp.flow_queue import FlowQueue, Waiting, band_of
-from epp.trust import HeaderPolicy
+from epp.requestcontrol.flow_control import ANONYMOUS, FlowController, Outcome, Ticket, tenant_of, ticket_for
+from epp.requestcontrol.flow_queue import FlowQueue, Waiting, band_of
+from epp.requestcontrol.header_policy import HeaderPolicy
 from extproc.headers import CLAIM_HEADER, TENANT_CLAIM_HEADER
 from gateway.config import FlowControlConfig
 from tests.waiting import until

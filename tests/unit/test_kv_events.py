@@ -13,21 +13,19 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from epp.kv_events import (
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.kv_event_batches import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVEventError,
-    KVEventMetrics,
-    KVEventSubscriber,
-    KVEventSubscribers,
     apply_batch,
     decode_batch,
     stored_adapters,
 )
-from epp.kv_index import KVIndex, block_keys
-from epp.pool import Endpoint
-from gateway.config import KvEventsConfig
+from epp.datalayer.kv_events import KVEventMetrics, KVEventSubscriber, KVEventSubscribers
+from epp.datalayer.kv_index import KVIndex, block_keys
+from gateway.pool_config import KvEventsConfig
 from modelsim.kv_events import all_blocks_cleared, block_removed, block_stored, encode_batch
 from tests.unit import kv_wire_structs as wire
 from tests.waiting import until

@@ -1,13 +1,14 @@
-"""The ledger of committed work per pod (epp/ledger.py), alone and as the scheduler reads it."""
+"""The ledger of committed work per pod (epp/datalayer/ledger.py), alone and as the scheduler reads it."""
 
 from __future__ import annotations
 
 import random
 from collections import Counter
 
-from epp.ledger import PodLedger
-from epp.pool import Endpoint, Metrics, Pool
-from epp.request import parse_request
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.ledger import PodLedger
+from epp.datalayer.pool import Pool
+from epp.scheduling.request import parse_request
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import BUILTIN_PROFILES
 

@@ -8,15 +8,16 @@ from typing import Any
 
 import pytest
 
-from epp.parse import ParseHints, parse_body
-from epp.processor import EppProcessor
-from epp.request import RequestError, messages_prompt_text, read_fields
+from epp.requestcontrol.parse import ParseHints, parse_body
+from epp.requestcontrol.processor import EppProcessor
+from epp.scheduling.request import RequestError, messages_prompt_text, read_fields
 from extproc import messages
 from extproc.errors import ErrorResponse, bad_request, is_anthropic_path
 from extproc.headers import DESTINATION_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import parse_config
-from gateway.envoy_config import Topology, render_bootstrap
+from gateway.envoy.bootstrap import render_bootstrap
+from gateway.envoy.topology import Topology
 from tests.unit.test_epp_processor import A, B, make_ctx
 
 TOOLS = [{"name": "lookup", "description": "Look a city up.", "input_schema": {"type": "object"}}]

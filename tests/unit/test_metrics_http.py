@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from epp.metrics_http import HttpError, MetricsHttpClient, split_http_url
+from epp.datalayer.metrics_http import HttpError, MetricsHttpClient, split_http_url
 
 PAGE = b"vllm:num_requests_waiting 3\n" * 500  # 14 KB: arrives in several reads
 

@@ -8,11 +8,13 @@ import math
 import httpx
 import pytest
 
-from epp.engines import collect_samples
-from epp.pace import PrefillTotals, PrefillTracker, prefill_metric_names, prefill_totals
-from epp.pool import PACE_PEAK_HALF_LIVES, SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES, Endpoint, Pool
-from epp.scheduling.scorers import ScoringContext, predicted_ttft
-from epp.scrape import Scraper
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.metric_lines import collect_samples
+from epp.datalayer.pool import PACE_PEAK_HALF_LIVES, SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES, Pool
+from epp.datalayer.prefill_pace import PrefillTotals, PrefillTracker, prefill_metric_names, prefill_totals
+from epp.datalayer.scrape import Scraper
+from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.ttft_prediction import predicted_ttft
 from modelsim.fleet import FleetSpec, run_fleet
 from tests.epp_scheduling.factories import req
 

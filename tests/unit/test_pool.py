@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from epp.pool import Endpoint, Metrics, Pool, kv_room
+from epp.datalayer.endpoint_records import Endpoint, Metrics, kv_room
+from epp.datalayer.pool import Pool
 from epp.scheduling.saturation import is_saturated
 from gateway.scheduling_params import SaturationParams
 
 
 def test_a_page_retires_the_picks_it_no_longer_shows_waiting() -> None:
-    """The ledger (epp/ledger.py): this EPP's picks are pending until the page says otherwise;
+    """The ledger (epp/datalayer/ledger.py): this EPP's picks are pending until the page says otherwise;
     a completion of a running request retires nothing (the engine admits by KV, not one for one)."""
     pool = Pool([Endpoint("a", frozenset({"m"}))])
     handles = [pool.on_routed("a", 10) for _ in range(6)]

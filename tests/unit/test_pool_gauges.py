@@ -6,8 +6,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from epp.pool import Endpoint, EndpointState, Metrics, PoolSnapshot
-from epp.telemetry import Telemetry
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
+from epp.requestcontrol.telemetry import Telemetry
 
 
 def pod(

@@ -1,4 +1,4 @@
-"""Scale from zero (epp/scale_from_zero.py): a request that finds no ready pod waits for one."""
+"""Scale from zero (epp/requestcontrol/scale_from_zero.py): a request that finds no ready pod waits for one."""
 
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ import json
 
 from prometheus_client import CollectorRegistry
 
-from epp.config import parse_epp_config
-from epp.context import EppContext
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
-from epp.scale_from_zero import EmptyPoolHold
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.scale_from_zero import EmptyPoolHold
+from epp.requestcontrol.telemetry import Telemetry
 from epp.scheduling.weighted import WeightedScheduler
-from epp.telemetry import Telemetry
 from extproc.errors import ErrorResponse
 from extproc.headers import DESTINATION_HEADER
 from extproc.stream import RequestRoute
+from gateway.config import parse_config
 
 A = "10.0.0.1:8000"
 BODY = json.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -26,7 +27,7 @@ def make_ctx(wait_ms: int | None) -> tuple[EppContext, EmptyPoolHold]:
     pool_config: dict[str, object] = {"name": "llama", "models": [{"name": "llama"}]}
     if wait_ms is not None:
         pool_config["scaleFromZero"] = {"maxWaitMs": wait_ms}
-    config = parse_epp_config({"pools": [pool_config], "admission": {"retryAfterSeconds": 7}})
+    config = parse_config({"pools": [pool_config], "admission": {"retryAfterSeconds": 7}})
     pool = Pool([Endpoint(A, frozenset({"llama"}), frozenset())])  # discovered, never scraped
     hold = EmptyPoolHold(CollectorRegistry(), "llama")
     pool.capacity_hook = hold.signal

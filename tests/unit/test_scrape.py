@@ -9,11 +9,12 @@ import random
 import pytest
 from prometheus_client import generate_latest
 
-from epp import scrape as scrape_module
-from epp.engines import Rejection
-from epp.pool import Endpoint, Metrics, Pool
-from epp.scrape import Cadence, RejectionReporter, Scraper, SpeedTracker, _busy, _Totals
-from epp.telemetry import Telemetry
+from epp.datalayer import scrape as scrape_module
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.metric_dialects import Rejection
+from epp.datalayer.pool import Pool
+from epp.datalayer.scrape import Cadence, RejectionReporter, Scraper, SpeedTracker, _busy, _Totals
+from epp.requestcontrol.telemetry import Telemetry
 from gateway.supervise import TASK_FAILURES, Backoff
 from modelsim.fleet import FleetSpec, run_fleet
 
@@ -158,7 +159,7 @@ async def test_rejected_values_are_counted_per_pod_and_logged_at_a_bounded_rate(
     telemetry = Telemetry("p")
     reporter = RejectionReporter(telemetry, interval_s=60.0)
     bad = [Rejection("max_lora", "non_finite", "inf"), Rejection("waiting", "negative", "-1.0")]
-    with caplog.at_level(logging.WARNING, logger="epp.scrape"):
+    with caplog.at_level(logging.WARNING, logger="epp.datalayer.scrape"):
         for i in range(100):  # 100 scrapes with the same two bad values within a minute
             reporter.report("10.0.0.1:8000", bad, now=float(i) * 0.05)
         reporter.report("10.0.0.1:8000", bad[:1], now=61.0)
@@ -186,7 +187,7 @@ async def test_scrape_failures_are_counted_per_pod_and_logged_once_per_change_of
         ep, speed = pool.endpoints()[0], SpeedTracker()
         counter = telemetry.scrape_failures.labels(v.address, "v-0")
         try:
-            with caplog.at_level(logging.DEBUG, logger="epp.scrape"):
+            with caplog.at_level(logging.DEBUG, logger="epp.datalayer.scrape"):
                 assert await scraper.scrape_once(ep, speed) is not None
                 await v.crash()
                 for _ in range(5):

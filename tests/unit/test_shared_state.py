@@ -1,5 +1,5 @@
 """EPP replicas: the config (`pools[].epp.replicas`, `sharedState`), the rendered EPP cluster,
-and the shared in-flight counts against a real redis-server (epp/shared_state.py)."""
+and the shared in-flight counts against a real redis-server (epp/datalayer/shared_state.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from devstack.redis_server import RedisServer, start_redis
-from epp.pool import Endpoint, Metrics, Pool
-from epp.scheduling.prefix import PrefixIndex
-from epp.shared_state import SharedState
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.datalayer.prefix_index import PrefixIndex
+from epp.datalayer.shared_state import SharedState
 from gateway.config import ConfigError, SharedStateConfig, parse_config
-from gateway.envoy_config import ext_proc_cluster
+from gateway.envoy.clusters import ext_proc_cluster
 
 POD_A, POD_B = "10.0.0.1:8000", "10.0.0.2:8000"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epp.pool import Metrics
+from epp.datalayer.endpoint_records import Metrics
 from epp.single_hop import SingleHopEpp, SingleHopProcessor, parse_metrics_ports
 from extproc.errors import ErrorResponse
 from extproc.headers import BASE_MODEL_HEADER, DESTINATION_HEADER, MODEL_HEADER

@@ -8,17 +8,18 @@ import json
 
 import pytest
 
-from epp.config import parse_epp_config
-from epp.context import EppContext
-from epp.pool import Endpoint, Metrics, Pool
-from epp.processor import EppProcessor
+from epp.datalayer.endpoint_records import Endpoint, Metrics
+from epp.datalayer.pool import Pool
+from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.header_policy import HeaderPolicy
+from epp.requestcontrol.processor import EppProcessor
+from epp.requestcontrol.telemetry import Telemetry
 from epp.scheduling.slo import slo_order
 from epp.scheduling.weighted import WeightedScheduler
-from epp.telemetry import Telemetry
-from epp.trust import HeaderPolicy
 from extproc.errors import ErrorResponse
 from extproc.headers import DESTINATION_HEADER, OBJECTIVE_HEADER, SLO_TTFT_HEADER
 from extproc.stream import RequestRoute
+from gateway.config import parse_config
 
 FAST, SLOW = "10.0.0.1:8000", "10.0.0.2:8000"
 BODY = json.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi " * 200}]}).encode()
@@ -33,7 +34,7 @@ def test_pods_that_meet_keep_the_profiles_order_and_missed_ones_go_least_bad_fir
 
 
 def make_ctx(trusted: bool = True) -> EppContext:
-    config = parse_epp_config(
+    config = parse_config(
         {
             "pools": [{"name": "llama", "models": [{"name": "llama", "objectives": ["batch"]}]}],
             "profiles": {"batch": {"weights": {"predicted-ttft": 1}, "priority": -1, "sloTtftMs": 1}},

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from epp.app import EppApp
-from epp.pool import SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES, Endpoint, Pool
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.pool import SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES, Pool
 
 A = "10.0.0.1:8000"
 

@@ -1,4 +1,4 @@
-"""epp/tokenize.py: chat templates rendered as vLLM renders them, the piece cache equal to a
+"""epp/datalayer/tokenizer.py: chat templates rendered as vLLM renders them, the piece cache equal to a
 full tokenization, bad tokenizer folders, and modelsim tokenizing with the same files."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import epp.tokenize
-from epp.tokenize import (
+import epp.datalayer.tokenizer
+from epp.datalayer.tokenizer import (
     OFFLOAD_CHARS,
     PoolTokenizers,
     TokenizeError,
@@ -79,7 +79,7 @@ def test_whitespace_and_unicode_edges_equal_full_tokenization(tok) -> None:
 
 
 def test_huge_prompts_are_cut_to_an_exact_leading_part(tok, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(epp.tokenize, "MAX_CHARS", 3000)
+    monkeypatch.setattr(epp.datalayer.tokenizer, "MAX_CHARS", 3000)
     msgs = [{"role": "user", "content": TEXT[:2000]}, {"role": "assistant", "content": TEXT[2000:6000]}]
     full = tok.encode_full(tok.render_chat(msgs))
     ids = tok.encode_chat(msgs)

@@ -10,8 +10,9 @@ from opentelemetry.trace import StatusCode
 
 from bbr.router import BodyRouter
 from bbr.service import BbrProcessor
-from epp.pool import Endpoint, Pool
-from epp.processor import EppProcessor
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.pool import Pool
+from epp.requestcontrol.processor import EppProcessor
 from extproc.errors import ErrorResponse
 from extproc.stream import RequestRoute
 from gateway.config import TracingConfig, parse_config

@@ -1,13 +1,12 @@
-"""The request-header trust rule (epp/trust.py): who sees the fleet, who picks a priority."""
+"""The request-header trust rule (epp/requestcontrol/header_policy.py): who sees the fleet, who picks a priority."""
 
 from __future__ import annotations
 
 import pytest
 
-from epp.config import parse_epp_config
-from epp.trust import HeaderPolicy, Objective
+from epp.requestcontrol.header_policy import HeaderPolicy, Objective
 from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER
-from gateway.config import ConfigError
+from gateway.config import ConfigError, parse_config
 
 JWT = {"issuer": "https://issuer.test", "jwks": '{"keys": [{"kty": "RSA", "n": "x", "e": "AQAB"}]}'}
 
@@ -27,7 +26,7 @@ def config(trust: dict | None = None, **model: object) -> dict:
 
 
 def policy(trust: dict | None = None, **model: object) -> HeaderPolicy:
-    return HeaderPolicy.from_config(parse_epp_config(config(trust, **model)))
+    return HeaderPolicy.from_config(parse_config(config(trust, **model)))
 
 
 def test_a_sheddable_model_stays_sheddable_whatever_the_client_names() -> None:
@@ -83,25 +82,25 @@ def test_untrusted_requests_do_not_see_the_decision_unless_configured() -> None:
 )
 def test_objectives_must_name_defined_profiles(patch: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_epp_config(config(**patch))
+        parse_config(config(**patch))
 
 
 def test_a_trusted_claim_needs_jwt_and_paths_need_one_policy() -> None:
     data = config({"jwtClaim": {"name": "role", "value": "ops"}})
     del data["listener"]["jwt"]
     with pytest.raises(ConfigError, match=r"trust\.jwtClaim needs listener\.jwt"):
-        parse_epp_config(data)
+        parse_config(data)
     with pytest.raises(ConfigError, match="allowAllPaths"):
-        parse_epp_config({**config(), "listener": {"allowAllPaths": True, "paths": ["/v1/completions"]}})
+        parse_config({**config(), "listener": {"allowAllPaths": True, "paths": ["/v1/completions"]}})
     with pytest.raises(ConfigError, match="paths"):
-        parse_epp_config({**config(), "listener": {"paths": ["/v1/completions?x=1"]}})
-    assert parse_epp_config({**config(), "listener": {"allowAllPaths": True}}).listener.allow_all_paths
+        parse_config({**config(), "listener": {"paths": ["/v1/completions?x=1"]}})
+    assert parse_config({**config(), "listener": {"allowAllPaths": True}}).listener.allow_all_paths
 
 
 def test_an_inference_objective_sets_the_priority_never_above_the_model_for_untrusted() -> None:
     """An InferenceObjective named by the header: its priority, capped at the model's own for
     untrusted requests; the profile (weights) still follows the profile rules."""
-    cfg = parse_epp_config(config({"jwtClaim": {"name": "role", "value": "ops"}}, objectives=["sheddable"]))
+    cfg = parse_config(config({"jwtClaim": {"name": "role", "value": "ops"}}, objectives=["sheddable"]))
     p = HeaderPolicy.from_config(cfg, {"background": -5, "vip": 7, "sheddable": -9})
     trusted = {CLAIM_HEADER: "ops"}
     assert p.objective({OBJECTIVE_HEADER: "background"}, "chatty") == Objective("default", -5)

@@ -16,9 +16,10 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import json_format
 
 from gateway.config import parse_config
-from gateway.envoy_blocks import register_types
-from gateway.envoy_config import ExtProcTls, Topology, render_bootstrap
-from gateway.xds_resources import (
+from gateway.envoy.blocks import register_types
+from gateway.envoy.bootstrap import render_bootstrap
+from gateway.envoy.topology import ExtProcTls, Topology
+from gateway.envoy.xds_resources import (
     CLUSTER,
     LISTENER,
     ROUTE,

@@ -12,8 +12,8 @@ from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from gateway.config import parse_config
 from gateway.config_store import ConfigStore
+from gateway.envoy.xds_resources import CLUSTER, LISTENER, ROUTE
 from gateway.xds import AdsServer, start_xds_server
-from gateway.xds_resources import CLUSTER, LISTENER, ROUTE
 from tests.unit.test_xds_resources import CONFIG, TOPO
 
 

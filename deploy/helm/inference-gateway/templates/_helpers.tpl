@@ -39,7 +39,7 @@ Kubernetes pool's namespace (the release's, when left out), the EPP pool's repli
 the in-cluster shared-state store filled in, so each is set in one place.
 */}}
 {{/*
-The EPP's ext_proc workers (epp/workers.py): epp.workers when set, else the CPU request
+The EPP's ext_proc workers (epp/workers/processes.py): epp.workers when set, else the CPU request
 rounded up ("500m" -> 1, "2" -> 2, "1500m" -> 2).
 */}}
 {{- define "ig.eppWorkers" -}}
