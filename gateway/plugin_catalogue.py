@@ -22,7 +22,13 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from gateway.scheduling_params import FreshParams, PredictionParams, PrefixParams, SaturationParams
+from gateway.scheduling_params import (
+    FreshParams,
+    PickParams,
+    PredictionParams,
+    PrefixParams,
+    SaturationParams,
+)
 
 Kind = Literal["filter", "scorer", "picker"]
 
@@ -70,8 +76,8 @@ _ROWS: list[PluginRow] = [
         uses_tokens=True,
     ),
     PluginRow("scorer", "session-affinity", "epp.scheduling.affinity:session_affinity"),
-    PluginRow("picker", "max", "epp.scheduling.picker:rank_max"),
-    PluginRow("picker", "weighted-random", "epp.scheduling.picker:rank_weighted_random"),
+    PluginRow("picker", "max", "epp.scheduling.picker:rank_max", PickParams),
+    PluginRow("picker", "weighted-random", "epp.scheduling.picker:rank_weighted_random", PickParams),
 ]
 _BY_NAME: dict[tuple[str, str], PluginRow] = {(r.kind, r.name): r for r in _ROWS}
 

@@ -94,7 +94,10 @@ SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first req
 # report marks older `epp-default` rows as runs of an earlier default (bench/reports/report.py).
 # 2: the ledger of committed work per pod (epp/datalayer/ledger.py), single-hop as the standalone shape,
 # response trailers alone (listener.eppResponseHeaders: auto).
-DEFAULT_REVISION = 2
+# 3 (issue #40): near-equal pods ordered by this EPP's exact load (`tieBand`), the ledger keeps a
+# prefill the page shows started until its first token, the prefill pace bounded by the requests'
+# span rather than the scrape interval.
+DEFAULT_REVISION = 3
 
 
 async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:

@@ -203,6 +203,7 @@ class EndpointState:
     busy_s: float = 0.0
     foreign_waiting: float = 0.0
     unseen_kv_tokens: int = 0
+    last_routed_at: float = -1e300  # this EPP's newest pick of the pod (monotonic; -1e300: none)
 
     def __post_init__(self) -> None:
         # Cheap comparisons only, each field read once: one record per pod per scheduling decision.

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 # A pick routed this shortly before a scrape was sent may not have reached the pod when the page
 # was rendered (Envoy forwards it after the EPP's reply): the page is no evidence about it yet.
 TRANSIT_S = 0.003
+# A pick shown waiting this long past its projected start is not waiting for the step in
+# progress (a decode step of a full batch is tens of milliseconds) but for room on the pod.
+STEP_SLACK_S = 0.05
 
 
 @dataclass(slots=True)
@@ -146,29 +149,50 @@ class PodLedger:
         retire = 0
         if done is not None:
             retire = min(len(seen), int(done + 0.5))
-        if waiting is not None and len(seen) - retire > waiting:
+        if done is None and waiting is not None and len(seen) - retire > waiting:
             retire = len(seen) - int(waiting)  # the page shows fewer waiting than are pending
         for c in seen[:retire]:
             self._settle(c)
             c.prefilled = True
         self._pending -= retire
-        for c in seen[retire:]:
-            # The page shows it waiting: the pod had no room for it (a sequence limit, full KV,
-            # every LoRA slot pinned), so no projection says when it starts. It stays pending
-            # until a page retires it and counts as waiting (`stuck`), not in `busy_s`.
+        # Pending picks beyond the page's waiting count are prefilling (the engine counts a
+        # request as waiting until its prefill starts, and produced no first token for it
+        # yet): they keep their projection, restarted from the scrape instant.
+        prefilling = max(len(seen) - retire - (int(waiting) if waiting is not None else 0), 0)
+        started = set()
+        for c in seen[retire : retire + prefilling]:
+            started.add(c.key)
+            if c.ends_at == float("inf") and c.prefill_s > 0.0:
+                # Shown waiting before (stuck), prefilling now: it started since the last page.
+                self._stuck -= 1
+                c.ends_at = sent_at + c.prefill_s
+        for c in seen[retire + prefilling :]:
+            # The page shows it waiting. Behind the pod's earlier pending prefills, or for the
+            # step in progress, that is what its projection says; past its projected start (by
+            # more than a step) the pod had no room for it (a sequence limit, full KV, every LoRA
+            # slot pinned), so no projection says when it starts. It stays pending until a page
+            # retires it and counts as waiting (`stuck`), not in `busy_s`.
+            if c.ends_at - c.prefill_s > sent_at - STEP_SLACK_S:
+                continue
             if c.ends_at != float("inf"):
                 self._settle(c)
                 c.ends_at = float("inf")
                 self._stuck += 1
         still_seen = len(seen) - retire
         self.foreign_waiting = max(0.0, waiting - still_seen) if waiting is not None else 0.0
-        self._reproject(sent_at)
+        self._reproject(sent_at, started)
 
-    def _reproject(self, start: float) -> None:
+    def _reproject(self, start: float, started: set[int]) -> None:
+        """Chain the pending prefills from `start`; the `started` ones (prefilling when the page
+        was rendered) keep their projected end, at least `start`: restarting them there would
+        price a 300 ms prefill that began 250 ms ago as 300 ms still ahead."""
         t, projection = start, deque[Commitment]()
         for c in self._entries.values():
             if not c.prefilled and c.prefill_s > 0.0 and c.ends_at != float("inf"):
-                t = (t if t > c.routed_at else c.routed_at) + c.prefill_s
+                if c.key in started:
+                    t = c.ends_at if c.ends_at > t else t
+                else:
+                    t = (t if t > c.routed_at else c.routed_at) + c.prefill_s
                 c.ends_at = t
                 c.in_projection = True
                 projection.append(c)
@@ -193,6 +217,12 @@ class PodLedger:
             else:
                 self._dead -= 1
         return self._stuck + len(projection) - self._dead
+
+    @property
+    def last_routed(self) -> float:
+        """When this EPP last picked the pod (monotonic; -1e300: never): near-equal pods rotate
+        by it (epp/scheduling/picker.py)."""
+        return self._last_routed
 
     def stuck(self) -> int:
         """Pending picks with no projected end: the page showed them waiting, or their prefill

@@ -449,6 +449,7 @@ class Pool:
                     if requests
                     else ledger.foreign_waiting,
                     unseen_kv_tokens=unseen_kv,
+                    last_routed_at=ledger.last_routed,
                 )
             )
         return PoolSnapshot(endpoints=tuple(states), taken_at=now)

@@ -21,6 +21,7 @@ from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.decision import Decision, ScoreTable
 from epp.scheduling.filters import Filter, FilterContext
+from epp.scheduling.picker import exact_load
 from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
@@ -118,7 +119,8 @@ class WeightedScheduler:
                 for t, v in zip(totals, values, strict=True)
             ]
 
-        order = PICKERS[profile.picker].fn(totals, self.rng)
+        loads = [exact_load(s) for s in candidates] if th.tie_band > 0.0 else None
+        order = PICKERS[profile.picker].fn(totals, self.rng, loads, th.tie_band)
         slo_met: bool | None = None
         if request.slo_ttft_s is not None and order:  # predicted whether the profile weighs it or not
             predicted = [None if t is None else t.total_s for t in predict_ttft(request, candidates, ctx)]

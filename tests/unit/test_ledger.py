@@ -32,8 +32,46 @@ def test_first_tokens_on_the_page_retire_the_oldest_pending_prefills() -> None:
     ledger.reconcile(2.0, 4, 102, 1.0)  # two first tokens since the last page
     assert ledger.pending(2.0) == 2
     assert ledger.foreign_waiting == 2  # the page shows 4 waiting, 2 of them ours
-    ledger.reconcile(3.0, 0, 102, 1.0)  # nothing waits any more: ours all started
-    assert ledger.pending(3.0) == 0 and ledger.foreign_waiting == 0
+    ledger.reconcile(3.0, 0, 102, 1.0)  # nothing waits any more: ours are prefilling
+    assert ledger.pending(3.0) == 2 and ledger.foreign_waiting == 0
+    ledger.reconcile(3.1, 0, 104, 1.0)  # their first tokens: done
+    assert ledger.pending(3.1) == 0
+
+
+def test_without_first_tokens_a_pick_the_page_no_longer_shows_waiting_counts_as_started() -> None:
+    ledger = PodLedger()
+    for i in range(2):
+        ledger.commit(1.0 + i * 0.01, 0.0, 100)
+    ledger.reconcile(2.0, 0, None, 1.0)
+    assert ledger.pending(2.0) == 0
+
+
+def test_a_long_prefill_the_page_shows_running_keeps_its_projected_end() -> None:
+    """An engine stops counting a request as waiting when its prefill starts, not when it ends:
+    an 8k-token prefill of 0.3 s stays pending until its first token, and a page read 0.25 s
+    into it does not restart its 0.3 s (it ends at 1.3, as projected at the pick)."""
+    ledger = PodLedger()
+    ledger.reconcile(0.0, 0, 10, 1.0)
+    ledger.commit(1.0, 0.3, 8192)
+    ledger.reconcile(1.25, 0, 10, 1.0)
+    assert ledger.pending(1.25) == 1
+    assert abs(ledger.busy_s(1.25) - 0.05) < 1e-9
+    ledger.reconcile(1.35, 0, 11, 1.0)
+    assert ledger.pending(1.35) == 0 and ledger.busy_s(1.35) == 0.0
+
+
+def test_a_pick_queued_behind_a_prefill_keeps_its_projection_until_it_is_overdue() -> None:
+    ledger = PodLedger()
+    ledger.reconcile(0.0, 0, 10, 1.0)
+    ledger.commit(1.0, 0.3, 8192)
+    ledger.commit(1.01, 0.3, 8192)  # projected to start at 1.3
+    ledger.reconcile(1.1, 1, 10, 1.0)  # the page shows it waiting, as projected
+    assert ledger.stuck() == 0 and abs(ledger.busy_s(1.1) - 0.5) < 1e-9
+    ledger.reconcile(1.5, 1, 10, 1.0)  # still waiting 0.2 s past its projected start: no room
+    assert ledger.stuck() == 1
+    ledger.reconcile(1.6, 0, 11, 1.0)  # the first one's first token; the other one prefills now
+    assert ledger.stuck() == 0 and ledger.pending(1.6) == 1
+    assert abs(ledger.busy_s(1.6) - 0.3) < 1e-9  # projected from the page that shows it started
 
 
 def test_another_replicas_first_tokens_retire_only_our_share() -> None:
