@@ -55,8 +55,8 @@ def table(root: Path = Path(".")) -> str:
     new = load_summaries(root / RESULTS, "quick", REPORTING_SEEDS)
     old = load_summaries(root / EARLIER, "quick", REPORTING_SEEDS)
     lines = [
-        "| scenario | round-robin | oracle | oracle, phase hidden | ours, earlier default | ours (`epp-default`) "
-        "| P95 distance closed: to the oracle / to the phase-hidden oracle |",
+        "| scenario | round-robin, ms | oracle, ms | oracle, phase hidden, ms | ours, earlier default, ms "
+        "| ours (`epp-default`), ms | P95 distance closed: to the oracle / to the phase-hidden oracle, % |",
         "|---|---|---|---|---|---|---|",
     ]
     for name in SCENARIOS:
