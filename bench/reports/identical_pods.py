@@ -1,4 +1,5 @@
-"""Issue #40's virtual-time table: routing alone on identical pods, from committed runs.
+"""Issue #40's tables: routing alone on identical pods in virtual time, and real time on shared
+cores, from committed runs.
 
     python -m bench.reports.identical_pods [--write]
 
@@ -6,8 +7,10 @@ Reads the run summaries and the oracle-phase probe results (bench/probes/oracle_
 `RESULTS` and the earlier default's rows in bench/summaries-virtual, and renders TTFT P50 / P95
 (median [min-max] over the reporting seeds) with, per scenario, the share of the round-robin to
 oracle distance at P95 the default closes, against the full oracle and against the oracle
-without the engine's step phase (what a router can observe). `--write` puts it into
-docs/benchmarks/identical-fleets.md between its `identical-pods` markers.
+without the engine's step phase (what a router can observe); and the real-time campaign in
+`REAL_TIME` (and the earlier default's runs of the same campaign, `REAL_TIME_EARLIER`) with each
+pod's share of the requests. `--write` puts them into docs/benchmarks/identical-fleets.md between
+their markers.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from bench.harness.summary import REPORTING_SEEDS, load_summaries
 from bench.reports.report import spread
 
 RESULTS = Path("bench/results-committed/2026-12-06-identical-pods")
+REAL_TIME = Path("bench/results-committed/2026-12-06-identical-pods-rt")
+REAL_TIME_EARLIER = Path("bench/results-committed/2026-12-06-identical-pods-rt-earlier")
 EARLIER = Path("bench/summaries-virtual")
 PAGE = Path("docs/benchmarks/identical-fleets.md")
 SCENARIOS = ("uniform", "docqa", "uniform@100pods")
-START, END = "<!-- identical-pods:start -->", "<!-- identical-pods:end -->"
+BLOCKS = ("identical-pods", "identical-pods-rt")
 
 
 def _cell(p50: Spread | None, p95: Spread | None) -> str:
@@ -56,8 +61,9 @@ def table(root: Path = Path(".")) -> str:
     old = load_summaries(root / EARLIER, "quick", REPORTING_SEEDS)
     lines = [
         "| scenario | round-robin, ms | oracle, ms | oracle, phase hidden, ms | ours, earlier default, ms "
-        "| ours (`epp-default`), ms | P95 distance closed: to the oracle / to the phase-hidden oracle, % |",
-        "|---|---|---|---|---|---|---|",
+        "| ours (`epp-default`), ms | P95 distance closed: to the oracle / to the phase-hidden oracle, % "
+        "| largest pod share off equal, per seed, %: round-robin / oracle / ours |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in SCENARIOS:
         runs = new.get(name, {})
@@ -73,23 +79,78 @@ def table(root: Path = Path(".")) -> str:
         earlier = both("epp-default", old.get(name, {}))
         blind = _phase_blind(name, root / RESULTS)
         closed = f"{_closed(rr[1], ours[1], oracle[1])} / {_closed(rr[1], ours[1], blind[1])}"
-        cells = [_cell(*rr), _cell(*oracle), _cell(*blind), _cell(*earlier), _cell(*ours), closed]
+        skew = " / ".join(_share_skew(runs.get(p, [])) for p in ("round-robin", "oracle", "epp-default"))
+        cells = [_cell(*rr), _cell(*oracle), _cell(*blind), _cell(*earlier), _cell(*ours), closed, skew]
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _share_skew(runs: list[dict[str, object]]) -> str:
+    """The largest pod's departure from an equal share, per seed, in % of the equal share."""
+    out = []
+    for run in runs:
+        shares = run["stats"]["steady"].get("pod_share") or {}  # type: ignore[index]
+        if shares:
+            equal = 1.0 / len(shares)
+            out.append(max(abs(v - equal) for v in shares.values()) / equal * 100)
+    return ", ".join(f"{v:.0f}" for v in out) if out else "-"
+
+
+def _change(mine: Spread | None, other: Spread | None) -> str:
+    if mine is None or other is None or not other.median:
+        return "-"
+    return f"{100 * (mine.median / other.median - 1):+.0f} %"
+
+
+def real_time_table(root: Path = Path(".")) -> str:
+    """Real time on shared cores: the new default beside round-robin, vLLM's router and the
+    earlier default, one campaign."""
+    new = load_summaries(root / REAL_TIME, "quick", REPORTING_SEEDS)
+    old = load_summaries(root / REAL_TIME_EARLIER, "quick", REPORTING_SEEDS)
+    lines = [
+        "| scenario | round-robin, ms | vllm-round_robin, ms | ours, earlier default, ms | ours (`epp-default`), ms "
+        "| ours vs round-robin P50 / P95, % | ours vs vllm-round_robin P95, % | ours vs earlier default P95, % "
+        "| largest pod share off equal, per seed, %: round-robin / ours |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ("uniform", "docqa"):
+        runs = new.get(name, {})
+        earlier_runs = old.get(name, {}).get("epp-default", [])
+
+        def both(found: list[dict[str, object]]) -> tuple[Spread | None, Spread | None]:
+            return spread(found, "steady.ttft_p50"), spread(found, "steady.ttft_p95")
+
+        rr, vllm = both(runs.get("round-robin", [])), both(runs.get("vllm-round_robin", []))
+        ours, earlier = both(runs.get("epp-default", [])), both(earlier_runs)
+        cells = [
+            _cell(*rr),
+            _cell(*vllm),
+            _cell(*earlier),
+            _cell(*ours),
+            f"{_change(ours[0], rr[0])} / {_change(ours[1], rr[1])}",
+            _change(ours[1], vllm[1]),
+            _change(ours[1], earlier[1]),
+            f"{_share_skew(runs.get('round-robin', []))} / {_share_skew(runs.get('epp-default', []))}",
+        ]
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="bench.reports.identical_pods", description=__doc__)
-    parser.add_argument("--write", action="store_true", help=f"write the table into {PAGE}")
+    parser.add_argument("--write", action="store_true", help=f"write the tables into {PAGE}")
     args = parser.parse_args()
-    text = table()
+    texts = dict(zip(BLOCKS, (table(), real_time_table()), strict=True))
     if not args.write:
-        print(text)
+        print("\n\n".join(texts.values()))
         return
     page = PAGE.read_text()
-    head, _, rest = page.partition(START)
-    _, _, tail = rest.partition(END)
-    PAGE.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    for key, text in texts.items():
+        start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
+        head, _, rest = page.partition(start)
+        _, _, tail = rest.partition(end)
+        page = f"{head}{start}\n{text}\n{end}{tail}"
+    PAGE.write_text(page)
 
 
 if __name__ == "__main__":
