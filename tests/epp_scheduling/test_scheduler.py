@@ -227,9 +227,11 @@ def test_slow_pod_gets_less_traffic_in_simulated_loop():
     fast_mean = sum(routed[a] for a in routed if a != "slow") / 3
     assert routed["slow"] < 0.4 * fast_mean
     assert routed["slow"] > 0  # still used when the fast pods are loaded
-    # Control: balancing by in-flight count alone sends the slow pod far more.
+    # Control: balancing by in-flight count alone sends the slow pod far more (73 against 39;
+    # 35 before near-equal totals were ordered by exact load, which lets the slow pod in when its
+    # total is within the tie band of the best).
     blind = simulate_slow_pod(profile("blind", {"inflight": 1}))
-    assert blind["slow"] > 2 * routed["slow"]
+    assert blind["slow"] > 1.5 * routed["slow"]
 
 
 def test_from_epp_config():

@@ -86,7 +86,15 @@ async def test_pool_metrics_follow_queued_load_and_return_to_idle(gateway: Local
                 seen.clear()
                 seen.update(scrape(gateway))  # the assertions below read this same scrape
                 queued = sum(v for labels, v in seen.get("inference_pool_per_pod_queue_size", []))
-                return value(seen, "inference_pool_running_requests") == 4 and queued >= 2
+                # The EPP counts one of its picks the page shows waiting as waiting once it is
+                # past its projected start by more than a step (epp/datalayer/ledger.py,
+                # STEP_SLACK_S): until the next page after that, saturation reads it as starting.
+                saturation = value(seen, "inference_extension_flow_control_pool_saturation")
+                return (
+                    value(seen, "inference_pool_running_requests") == 4
+                    and queued >= 2
+                    and saturation == pytest.approx(queued / 10, abs=0.05)
+                )
 
             try:
                 await until(loaded, "4 requests in flight, 2 of them queued on the pods", within=45)
