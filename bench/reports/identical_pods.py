@@ -113,7 +113,8 @@ def real_time_table(root: Path = Path(".")) -> str:
         "| largest pod share off equal, per seed, %: round-robin / ours |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in ("uniform", "docqa"):
+    order = ["uniform", "docqa", *sorted(set(new) - {"uniform", "docqa"})]
+    for name in order:
         runs = new.get(name, {})
         earlier_runs = old.get(name, {}).get("epp-default", [])
 
