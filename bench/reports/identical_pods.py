@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from bench.harness.stats import Spread
 from bench.harness.summary import REPORTING_SEEDS, load_summaries
@@ -36,6 +37,11 @@ def _cell(p50: Spread | None, p95: Spread | None) -> str:
     if p50 is None or p95 is None:
         return "not run"
     return f"{p50.median * 1000:.1f} / {p95.median * 1000:.1f} [{p95.lo * 1000:.1f}-{p95.hi * 1000:.1f}]"
+
+
+def _ttfts(runs: list[dict[str, Any]]) -> tuple[Spread | None, Spread | None]:
+    """TTFT P50 and P95 over the seeds' steady windows."""
+    return spread(runs, "steady.ttft_p50"), spread(runs, "steady.ttft_p95")
 
 
 def _phase_blind(scenario: str, root: Path) -> tuple[Spread | None, Spread | None]:
@@ -67,16 +73,8 @@ def table(root: Path = Path(".")) -> str:
     ]
     for name in SCENARIOS:
         runs = new.get(name, {})
-
-        def both(
-            policy: str, source: dict[str, list[dict[str, object]]]
-        ) -> tuple[Spread | None, Spread | None]:
-            return spread(source.get(policy, []), "steady.ttft_p50"), spread(
-                source.get(policy, []), "steady.ttft_p95"
-            )
-
-        rr, oracle, ours = both("round-robin", runs), both("oracle", runs), both("epp-default", runs)
-        earlier = both("epp-default", old.get(name, {}))
+        rr, oracle, ours = (_ttfts(runs.get(p, [])) for p in ("round-robin", "oracle", "epp-default"))
+        earlier = _ttfts(old.get(name, {}).get("epp-default", []))
         blind = _phase_blind(name, root / RESULTS)
         closed = f"{_closed(rr[1], ours[1], oracle[1])} / {_closed(rr[1], ours[1], blind[1])}"
         skew = " / ".join(_share_skew(runs.get(p, [])) for p in ("round-robin", "oracle", "epp-default"))
@@ -116,13 +114,8 @@ def real_time_table(root: Path = Path(".")) -> str:
     order = ["uniform", "docqa", *sorted(set(new) - {"uniform", "docqa"})]
     for name in order:
         runs = new.get(name, {})
-        earlier_runs = old.get(name, {}).get("epp-default", [])
-
-        def both(found: list[dict[str, object]]) -> tuple[Spread | None, Spread | None]:
-            return spread(found, "steady.ttft_p50"), spread(found, "steady.ttft_p95")
-
-        rr, vllm = both(runs.get("round-robin", [])), both(runs.get("vllm-round_robin", []))
-        ours, earlier = both(runs.get("epp-default", [])), both(earlier_runs)
+        rr, vllm, ours = (_ttfts(runs.get(p, [])) for p in ("round-robin", "vllm-round_robin", "epp-default"))
+        earlier = _ttfts(old.get(name, {}).get("epp-default", []))
         cells = [
             _cell(*rr),
             _cell(*vllm),

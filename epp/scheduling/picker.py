@@ -12,7 +12,7 @@ EPP made it), then the pod picked longest ago (a rotation).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import groupby
 
 from epp.datalayer.endpoint_records import EndpointState
@@ -37,11 +37,12 @@ def exact_load(s: EndpointState) -> ExactLoad:
 def rank_max(
     totals: Sequence[float],
     rng: random.Random,
-    loads: Sequence[ExactLoad] | None = None,
+    loads: Callable[[int], ExactLoad] | None = None,
     band: float = 0.0,
 ) -> list[int]:
     """Indices by descending total; ties broken uniformly at random (seedable via `rng`), and
-    with `loads` the totals within `band` x the best first, by ascending load.
+    with `loads` (candidate index -> its load, read only for the near-equal ones) the totals within
+    `band` x the best first, by ascending load.
 
     Totals are quantised to TIE_EPSILON and sorted in C; only runs of equal keys (rare
     among loaded pods, few among idle ones) are shuffled in Python.
@@ -62,7 +63,7 @@ def rank_max(
 
 
 def _settle_near_ties(
-    order: list[int], totals: Sequence[float], loads: Sequence[ExactLoad], band: float
+    order: list[int], totals: Sequence[float], loads: Callable[[int], ExactLoad], band: float
 ) -> list[int]:
     """`order` with its near-equal head (totals within `band` x the best) sorted by load; the
     sort is stable, so equal loads keep the random tie order."""
@@ -75,14 +76,14 @@ def _settle_near_ties(
         n += 1
     if n < 2:
         return order
-    head = sorted(order[:n], key=loads.__getitem__)
+    head = sorted(order[:n], key=loads)
     return head + order[n:]
 
 
 def rank_weighted_random(
     totals: Sequence[float],
     rng: random.Random,
-    loads: Sequence[ExactLoad] | None = None,
+    loads: Callable[[int], ExactLoad] | None = None,
     band: float = 0.0,
 ) -> list[int]:
     """First pick drawn with probability proportional to its total (uniform if all are 0),

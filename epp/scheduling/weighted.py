@@ -119,7 +119,7 @@ class WeightedScheduler:
                 for t, v in zip(totals, values, strict=True)
             ]
 
-        loads = [exact_load(s) for s in candidates] if th.tie_band > 0.0 else None
+        loads = (lambda i: exact_load(candidates[i])) if th.tie_band > 0.0 else None
         order = PICKERS[profile.picker].fn(totals, self.rng, loads, th.tie_band)
         slo_met: bool | None = None
         if request.slo_ttft_s is not None and order:  # predicted whether the profile weighs it or not
