@@ -79,3 +79,18 @@ def req(
         max_tokens=max_tokens,
         objective=objective,
     )
+
+
+def assert_ranked(totals: list[float], band: float) -> None:
+    """A picker's ranking as its totals: those within `band` of the best first, in any order (by
+    this EPP's exact load, epp/scheduling/picker.py), the rest by descending total (equal within
+    the picker's TIE_EPSILON)."""
+    from epp.scheduling.picker import TIE_EPSILON
+
+    if not totals:
+        return
+    floor = max(totals) * (1 - band) - TIE_EPSILON
+    near = sum(t >= floor for t in totals) if band > 0 else 0
+    assert all(t >= floor for t in totals[:near]), totals
+    keys = [round(t / TIE_EPSILON) for t in totals[near:]]
+    assert keys == sorted(keys, reverse=True), totals

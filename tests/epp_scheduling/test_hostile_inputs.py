@@ -32,13 +32,12 @@ from epp.datalayer.metric_lines import MetricsParseError
 from epp.datalayer.pool import Pool
 from epp.datalayer.scrape import SpeedTracker, _ratio_totals, histogram
 from epp.scheduling import BUILTIN_PROFILES, Profile, WeightedScheduler, profile
-from epp.scheduling.picker import TIE_EPSILON
 from epp.scheduling.registry import SCORER_NAMES, SCORERS
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated
 from epp.scheduling.scorers import ScoringContext
 
-from .factories import req, snap
+from .factories import assert_ranked, req, snap
 
 EXAMPLES = 300
 HOSTILE = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -323,15 +322,7 @@ def test_every_profile_picks_a_candidate_from_any_snapshot(snapshot, request, we
         totals = [decision.scores[a]["total"] for a in decision.ranked]
         assert all(math.isfinite(t) and t >= 0 for t in totals)
         profile = sched.profile_for(request)
-        ordered = totals if profile.picker == "max" else totals[1:]
-        # Totals within the tie band of the best come first in any order (by this EPP's exact
-        # load, epp/scheduling/picker.py), the rest by descending total (ties within TIE_EPSILON).
-        band = profile.thresholds.tie_band
-        floor = (max(ordered) * (1 - band) - TIE_EPSILON) if ordered else 0.0
-        near = sum(t >= floor for t in ordered) if band > 0 else 0
-        assert all(t >= floor for t in ordered[:near])
-        keys = [round(t / TIE_EPSILON) for t in ordered[near:]]
-        assert keys == sorted(keys, reverse=True)
+        assert_ranked(totals if profile.picker == "max" else totals[1:], profile.thresholds.tie_band)
         for row in decision.scores.values():
             assert _finite_unit([v for k, v in row.items() if k != "total"])
     candidates = list(snapshot.endpoints)
