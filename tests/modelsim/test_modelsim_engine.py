@@ -124,6 +124,22 @@ async def test_prefix_cache_hit_cuts_ttft_and_counts_tokens(make_engine) -> None
     assert e.stats.prefix_cache_queries == 2000 + 2003
 
 
+async def test_a_hit_request_caches_its_own_new_blocks(make_engine) -> None:
+    """Turn 3 of a session finds turn 2's whole prompt cached, not only turn 1's: a request
+    that hit the cache registers the blocks it computed beyond the hit (issue #51: the hit
+    was counted in tokens where the registration counts blocks, so nothing past the first
+    hit was ever cached)."""
+    e = make_engine()
+    turn1 = list(range(5000, 6600))  # 100 blocks
+    turn2 = [*turn1, *range(9000, 9800)]  # + 50 blocks, hits turn 1's 100
+    turn3 = [*turn2, *range(12000, 12100)]
+    for prompt in (turn1, turn2):
+        await drain(e.submit(prompt, max_tokens=2))
+    third = e.submit(turn3, max_tokens=2)
+    await drain(third)
+    assert third.cached_tokens == len(turn2)
+
+
 async def test_lora_slot_limit_and_load_latency(make_engine) -> None:
     e = make_engine(max_loras=1, max_cpu_loras=2)
     a = e.submit(list(range(20)), max_tokens=5, adapter="a")
