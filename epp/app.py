@@ -87,6 +87,7 @@ def build_scheduler(
         default_profile=config.default_profile,
         prefix_index=previous.prefix_index if previous is not None else None,
         residency=previous.residency if previous is not None else None,
+        memory=previous.memory if previous is not None else None,
         kv_index=kv_index if kv_index is not None else previous.kv_index if previous is not None else None,
     )
 
@@ -339,6 +340,7 @@ class EppApp:
         self.pool.set_endpoints(endpoints)
         self.scheduler.prefix_index.retain(ep.address for ep in endpoints)
         self.scheduler.residency.retain(ep.address for ep in endpoints)
+        self.scheduler.memory.retain([ep.address for ep in endpoints])
         self.ctx.ranks.retain(
             {ep.address: ep.data_parallel_size for ep in endpoints if ep.data_parallel_size > 1}
         )

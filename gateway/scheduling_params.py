@@ -80,6 +80,10 @@ class PredictionParams(_Params):
     # queue outweighs `adapterSlotMs`; false: the earlier per-request load and slot-wait terms.
     adapter_placement: bool = Field(default=True, alias="adapterPlacement", strict=True)
     adapter_slot_ms: float = Field(default=500.0, ge=0, le=3_600_000, alias="adapterSlotMs")
+    # The KV-memory model (epp/datalayer/session_memory.py): a second of prefill that a placement
+    # makes live conversations redo (it evicts their history) counts as this many seconds of
+    # the request's own TTFT; 0 prices no eviction.
+    eviction_weight: float = Field(default=1.0, ge=0, le=100, alias="evictionWeight")
 
     @property
     def adapter_load_s(self) -> float:

@@ -288,7 +288,7 @@ class EppRouter:
             path = Path(work) / "gateway.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
             self.app = app = EppApp(path, pool_name_for(MODEL))
-        app.pool.clock = app.scheduler.residency.clock = self._now
+        app.pool.clock = app.scheduler.residency.clock = app.scheduler.memory.clock = self._now
         app.scheduler.rng = random.Random(seed * 1000)
         app.scraper.rng = random.Random(seed * 1000 + 500)
         app.pool.routed_hook = self._wake

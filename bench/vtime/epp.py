@@ -179,6 +179,7 @@ class VirtualEpp:
         clock = self._epp_clock
         app.pool.clock = clock
         app.scheduler.residency.clock = clock
+        app.scheduler.memory.clock = clock
         base = self._seed * 1000 + replica.index * REPLICA_SEED_STRIDE
         app.scheduler.rng = random.Random(base + index)
         app.scraper.rng = random.Random(base + 500 + index)

@@ -17,6 +17,7 @@ from epp.datalayer.adapter_residency import AdapterResidency
 from epp.datalayer.endpoint_records import EndpointState, Metrics
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
+from epp.datalayer.session_memory import SessionMemory
 from epp.scheduling.request import InferenceRequest
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
 
@@ -39,6 +40,11 @@ class ScoringContext:
     # `matched_blocks`' answer for the (request, candidates) it was asked about: the prefix
     # scorers and predicted-ttft read the same counts, looked up once per decision.
     matched: list[Any] = field(default_factory=list, compare=False)
+    # Each pod's KV memory of whole conversations (epp/datalayer/session_memory.py) and this
+    # prompt's checkpoints in it, with the tokens one checkpoint stands for; () without one.
+    memory: SessionMemory | None = None
+    checkpoints: tuple[int, ...] = ()
+    checkpoint_tokens: float = 0.0
 
 
 Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]

@@ -13,6 +13,9 @@ request's first token, as named terms. Pure.
   a step bound by the batch's decode);
 - adapter terms: the LoRA adapter's load where it is not resident, or with `adapterPlacement`
   on a pod that reports its slots, its slot cost (epp/scheduling/adapter_slots.py);
+- the session's own history: with the KV-memory model (epp/datalayer/session_memory.py) a pod
+  also holds the prompt's leading tokens up to the deepest checkpoint it has of it, at any
+  length (the prefix index sees the first 16 KB);
 - admission wait: when the pod's free KV (less vLLM's admission watermark) does not hold the
   tokens ahead, this prompt and its expected output, about tpot x expected output /
   (running + 1) until a running request ends (never on an engine that exports no KV measure:
@@ -38,6 +41,7 @@ from epp.datalayer.adapter_residency import AdapterResidency, Slot
 from epp.datalayer.endpoint_records import KV_ADMIT_WATERMARK, EndpointState, Metrics
 from epp.datalayer.metric_dialects import NO_KV_GAUGE
 from epp.scheduling.adapter_slots import slot_cost, slot_scarcity
+from epp.scheduling.kv_memory import SessionView
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext, adapter_resident, matched_blocks
 
@@ -64,6 +68,10 @@ class TtftTerms(NamedTuple):
     # one-step floor (short prompts picked together share a step); the pick commits it to the
     # pod's ledger (epp/datalayer/ledger.py).
     prefill_work_s: float
+    # What the placement costs the others, not this request: live conversations' tokens the
+    # pod would evict to hold this one, at the pod's pace x `evictionWeight` (their next turns
+    # prefill them again). Not part of `total_s`; the scorer ranks by `cost_s`.
+    eviction_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -72,20 +80,27 @@ class TtftTerms(NamedTuple):
             total += term
         return total + self.admission_wait_s
 
+    @property
+    def cost_s(self) -> float:
+        """This request's predicted TTFT plus the recompute it causes others."""
+        return self.total_s + self.eviction_s
+
 
 def predicted_ttft(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:
-    """min(pred) / pred_i, pred_i = q_i x L_i x u_i / pace_i + max(tpot_i, max(1, P - C_i) / pace_i) + A_i + K_i.
+    """min(pred) / pred_i, pred_i = q_i x L_i x u_i / pace_i + max(tpot_i, max(1, P - C_i) / pace_i) + A_i + K_i + E_i.
 
     pred_i is `predict_ttft`'s total for pod i: the queue ahead of the request at the pod's
     prefill pace, its own uncached prefill (at least one engine step), its adapter's load or
-    slot cost (A_i) and the wait for KV room or an adapter slot (K_i); the module docstring
+    slot cost (A_i), the wait for KV room or an adapter slot (K_i) and, with the KV-memory
+    model, the live conversations' tokens it would evict there at its pace (E_i, x
+    `evictionWeight`: what the pick costs the others); the module docstring
     (epp/scheduling/ttft_prediction.py) says where each comes from. Proportional, so a pod
     predicted twice as slow scores 0.5 and the score blends with others. A pod whose metrics
     or waiting count are unknown scores 0, as in every scorer here.
     """
-    preds = [None if t is None else t.total_s for t in predict_ttft(request, candidates, ctx)]
+    preds = [None if t is None else t.cost_s for t in predict_ttft(request, candidates, ctx)]
     known = [p for p in preds if p is not None]
     if not known:
         return [0.0] * len(candidates)
@@ -106,9 +121,12 @@ def predict_ttft(
         return out
     fleet = _Fleet.of(request, candidates, ctx)
     counts, block_sizes = matched_blocks(request, candidates, ctx)
+    session = SessionView.of(request, candidates, ctx)
     out = [
-        _pod_terms(s, n, size, pod_slots, request, fleet)
-        for s, n, size, pod_slots in zip(candidates, counts, block_sizes, fleet.slots, strict=True)
+        _pod_terms(s, n, size, pod_slots, request, fleet, session, i)
+        for i, (s, n, size, pod_slots) in enumerate(
+            zip(candidates, counts, block_sizes, fleet.slots, strict=True)
+        )
     ]
     memo[:] = [request, candidates, out]
     return out
@@ -187,6 +205,8 @@ def _pod_terms(
     pod_slots: list[Slot] | None,
     request: InferenceRequest,
     fleet: _Fleet,
+    session: SessionView | None = None,
+    index: int = 0,
 ) -> TtftTerms | None:
     m, q = s.metrics, s.queue
     if m is None or q is None:
@@ -198,6 +218,8 @@ def _pod_terms(
         q = s.foreign_waiting + s.stuck_requests
     ahead = q * typical * (s.uncached_fraction if s.uncached_fraction is not None else 1.0)
     own = fleet.prompt - matched * (fleet.approx_block_tokens if block_size is None else block_size)
+    if session is not None:
+        own = min(own, fleet.prompt - session.held[index])
     if own < 1.0:
         own = 1.0
     pace = fleet.pace(s, m)
@@ -213,7 +235,10 @@ def _pod_terms(
         admission_s = tpot * fleet.output / ((m.running or 0.0) + 1.0)
     else:
         admission_s = 0.0
-    return TtftTerms(queue_s, own_s, adapter_s, admission_s, work_s)
+    eviction_s = 0.0
+    if session is not None:
+        eviction_s = session.eviction_tokens(index, own + fleet.output) / pace
+    return TtftTerms(queue_s, own_s, adapter_s, admission_s, work_s, eviction_s)
 
 
 def _adapter_terms(

@@ -19,6 +19,7 @@ from epp.datalayer.adapter_residency import AdapterResidency
 from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
+from epp.datalayer.session_memory import SessionMemory, checkpoints
 from epp.scheduling.decision import Decision, ScoreTable
 from epp.scheduling.filters import Filter, FilterContext
 from epp.scheduling.picker import exact_load
@@ -51,6 +52,7 @@ class WeightedScheduler:
         prefix_index: PrefixIndex | None = None,
         residency: AdapterResidency | None = None,
         kv_index: KVIndex | None = None,
+        memory: SessionMemory | None = None,
     ) -> None:
         if default_profile not in profiles:
             raise ValueError(f"default profile {default_profile!r} is not among {sorted(profiles)}")
@@ -61,6 +63,9 @@ class WeightedScheduler:
         self.residency = residency if residency is not None else AdapterResidency()
         self._filters: tuple[Filter, ...] = tuple(entry.fn for entry in FILTERS.values())
         self.kv_index = kv_index  # the pods' own KV events; None: precise-prefix-cache = prefix-cache
+        self.memory = memory if memory is not None else SessionMemory()  # whole conversations per pod
+        # request_id -> (the prompt object picked, its checkpoints, tokens per checkpoint)
+        self._recent_checkpoints: OrderedDict[str, tuple[str, tuple[int, ...], float]] = OrderedDict()
         # request_id -> (the prompt object picked, its block size in characters, its hashes
         # if the profile computed them); the identity check guards against two requests that
         # share a client-chosen id.
@@ -92,10 +97,14 @@ class WeightedScheduler:
 
         block_chars = block_chars_for(candidates, self.prefix_index.block_chars)
         hashes: tuple[int, ...] | None = None
+        cps: tuple[int, ...] = ()
+        per_cp = 0.0
+        addresses = [s.endpoint.address for s in candidates]
         if any(SCORERS[name].uses_prefix for name, w in profile.weights.items() if w > 0):
             hashes = self._hashes(request, block_chars)
+            cps, per_cp = self._checkpoints(request)
+            self._bound_memory(candidates, addresses)
         self._remember(request, block_chars, hashes)
-        addresses = [s.endpoint.address for s in candidates]
         ctx = ScoringContext(
             thresholds=th,
             prefix_hashes=hashes or (),
@@ -104,6 +113,9 @@ class WeightedScheduler:
             residency=self.residency,
             kv_index=self.kv_index,
             block_chars=block_chars,
+            memory=self.memory if cps else None,
+            checkpoints=cps,
+            checkpoint_tokens=per_cp,
         )
 
         totals = [0.0] * len(candidates)
@@ -152,6 +164,12 @@ class WeightedScheduler:
             hashes = self._hashes(request, block_chars)
         if hashes:
             self.prefix_index.add(address, hashes)
+        recent = self._recent_checkpoints.pop(request.request_id, None)
+        if recent is not None and recent[0] is request.prompt:
+            _, cps, per_cp = recent
+        else:
+            cps, per_cp = self._checkpoints(request)
+        self.memory.routed(address, cps, per_cp, request.prompt_tokens, request.expected_output_tokens)
 
     def on_finished(self, request: InferenceRequest, address: str) -> None:
         """The request routed to `address` ended there (once per `on_routed`): its adapter's
@@ -167,6 +185,24 @@ class WeightedScheduler:
             return
         tokens = m.num_gpu_blocks * m.block_size
         self.prefix_index.set_capacity(state.endpoint.address, tokens * CHARS_PER_TOKEN // block_chars)
+
+    def _checkpoints(self, request: InferenceRequest) -> tuple[tuple[int, ...], float]:
+        """The prompt's KV-memory checkpoints and the tokens one stands for (the request's
+        own token density), remembered for `on_routed`."""
+        cps, _ = checkpoints(request.target_model, request.adapter, request.prompt, self.memory.stride)
+        per_cp = self.memory.stride * request.prompt_tokens / max(1, len(request.prompt))
+        recent = self._recent_checkpoints
+        recent[request.request_id] = (request.prompt, cps, per_cp)
+        if len(recent) > _RECENT_HASHES:
+            recent.popitem(last=False)
+        return cps, per_cp
+
+    def _bound_memory(self, candidates: Sequence[EndpointState], addresses: Sequence[str]) -> None:
+        """Each candidate's KV capacity in tokens, from its reported blocks."""
+        for state, address in zip(candidates, addresses, strict=True):
+            m = state.metrics
+            if m is not None and m.num_gpu_blocks and m.block_size:
+                self.memory.set_capacity(address, float(m.num_gpu_blocks * m.block_size))
 
     def _hashes(self, request: InferenceRequest, block_chars: int) -> tuple[int, ...]:
         return self.prefix_index.hashes(
