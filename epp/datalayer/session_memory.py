@@ -18,6 +18,13 @@ its entry. `eviction_tokens` prices a placement: a prompt that needs `need` new 
 with `free` evicts max(0, need - free) from the LRU end, and those of conversations still live
 (seen within the horizon: `HORIZON_GAPS` x the observed mean gap between a conversation's
 turns) will be prefilled again by their next turn.
+
+A prefix many conversations share (a system prompt, tool definitions) is prefilled once per pod
+and then serves every conversation sent there: seeding one more pod with it is an investment,
+not a per-request cost. `shared_prefix` says how popular the prompt's shared part is, so that
+the prediction charges a pod that lacks it only its share (the scheduling side says how):
+without it, affinity herds every new conversation onto the pods that held the prompt first
+and leaves the others idle.
 """
 
 from __future__ import annotations
@@ -95,6 +102,18 @@ class SessionMemory:
             if not left:
                 break
         return out
+
+    def shared_prefix(self, hashes: Sequence[int]) -> tuple[int, int, int]:
+        """The deepest of the prompt's checkpoints that two or more conversations hold (depth),
+        how many entries hold it and on how many pods; (0, 0, 0) when none is shared."""
+        holders = self._holders
+        for depth in range(len(hashes), 0, -1):
+            held = holders.get(hashes[depth - 1])
+            if held:
+                n = sum(held.values())
+                if n >= 2:
+                    return depth, n, len(held)
+        return 0, 0, 0
 
     def horizon_s(self) -> float:
         if self._gap is None:

@@ -68,10 +68,12 @@ class TtftTerms(NamedTuple):
     # one-step floor (short prompts picked together share a step); the pick commits it to the
     # pod's ledger (epp/datalayer/ledger.py).
     prefill_work_s: float
-    # What the placement costs the others, not this request: live conversations' tokens the
-    # pod would evict to hold this one, at the pod's pace x `evictionWeight` (their next turns
-    # prefill them again). Not part of `total_s`; the scorer ranks by `cost_s`.
-    eviction_s: float = 0.0
+    # What the placement costs the others, not this request (epp/scheduling/kv_memory.py): live
+    # conversations' tokens the pod would evict to hold this one, at the pod's pace x
+    # `evictionWeight` (their next turns prefill them again), less the seeding credit of a
+    # popular shared prefix the pod lacks (later conversations sent there reuse it). Not part
+    # of `total_s`; the scorer ranks by `cost_s`.
+    placement_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -82,8 +84,8 @@ class TtftTerms(NamedTuple):
 
     @property
     def cost_s(self) -> float:
-        """This request's predicted TTFT plus the recompute it causes others."""
-        return self.total_s + self.eviction_s
+        """This request's predicted TTFT plus what the placement costs the others."""
+        return self.total_s + self.placement_s
 
 
 def predicted_ttft(
@@ -219,7 +221,7 @@ def _pod_terms(
     ahead = q * typical * (s.uncached_fraction if s.uncached_fraction is not None else 1.0)
     own = fleet.prompt - matched * (fleet.approx_block_tokens if block_size is None else block_size)
     if session is not None:
-        own = min(own, fleet.prompt - session.held[index])
+        own = session.uncached(index, fleet.prompt, own)
     if own < 1.0:
         own = 1.0
     pace = fleet.pace(s, m)
@@ -235,10 +237,11 @@ def _pod_terms(
         admission_s = tpot * fleet.output / ((m.running or 0.0) + 1.0)
     else:
         admission_s = 0.0
-    eviction_s = 0.0
+    placement_s = 0.0
     if session is not None:
-        eviction_s = session.eviction_tokens(index, own + fleet.output) / pace
-    return TtftTerms(queue_s, own_s, adapter_s, admission_s, work_s, eviction_s)
+        credit = min(session.seeding_credit(index), own)  # never more than its own prefill
+        placement_s = (session.eviction_tokens(index, own + fleet.output) - credit) / pace
+    return TtftTerms(queue_s, own_s, adapter_s, admission_s, work_s, placement_s)
 
 
 def _adapter_terms(
