@@ -20,7 +20,6 @@ from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import BUILTIN_PROFILES
 
 
-
 def _request(i: int, system: str, tail_words: int) -> object:
     tail = " ".join(f"s{i}w{j}" for j in range(tail_words))
     body = {
