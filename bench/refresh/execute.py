@@ -29,6 +29,7 @@ REGENERATE: tuple[tuple[str, ...], ...] = (
     ("-m", "bench", "report"),
     ("-m", "bench", "slo-report"),
     ("-m", "bench.reports.identical_pods", "--write"),
+    ("-m", "bench.reports.figures", "--counts"),  # last: the prose against the tables just written
 )
 Runner = Callable[[Sequence[str], Path], int]
 
