@@ -22,7 +22,9 @@ def add_parser(sub: Any) -> None:
     ref.add_argument(
         "--plan", action="store_true", help="print what is stale and its core-hours; run nothing"
     )
-    ref.add_argument("--virtual-only", action="store_true", help="the virtual-time rows alone (no real-time run)")
+    ref.add_argument(
+        "--virtual-only", action="store_true", help="the virtual-time rows alone (no real-time run)"
+    )
     ref.add_argument(
         "--alone", action="store_true", help="no companions: a real-time epp-default row without its peers"
     )

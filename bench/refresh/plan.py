@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.summary import REPORTING_SEEDS, SCHEMA, file_digest
-from bench.reports.comparable import ran
+from bench.reports import comparable
 from bench.reports.published import is_peer
 
 REAL_TIME_ROOT = Path("bench/summaries")
@@ -47,10 +47,7 @@ class LiveDefault:
 
     @classmethod
     def now(cls) -> LiveDefault:
-        from bench.harness import gateway_policies
-        from bench.reports.comparable import shipped_default
-
-        return cls(json.dumps(shipped_default(), sort_keys=True), int(gateway_policies.DEFAULT_REVISION))
+        return cls(json.dumps(comparable.shipped_default(), sort_keys=True), comparable.current_revision())
 
     def key(self) -> str:
         return f"revision {self.revision} profile {self.profile}"
@@ -107,7 +104,7 @@ def stale_reasons(summary: Mapping[str, Any], live: LiveDefault, repo: Path) -> 
     config = summary["policy"].get("config") or {}
     virtual = bool(summary.get("run", {}).get("virtual"))
     if policy.startswith(SHIPPED_PREFIX):
-        d = ran(policy, summary)
+        d = comparable.ran(policy, summary)
         if d.profile is not None and d.profile != live.profile:
             reasons.append("earlier default profile")
         revision = config.get("default_revision")
