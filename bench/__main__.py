@@ -17,6 +17,7 @@ python -m bench trace --scenario bench/scenarios/bursty.yaml      # trace statis
 python -m bench serve --scenario bench/scenarios/uniform.yaml --policy epp-default  # for other load generators
 python -m bench overhead                                          # load generator self-test
 python -m bench policies                                          # registered policy names
+python -m bench refresh [--plan] [--virtual-only]  # re-run what a change of the default made stale
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ from bench.harness.summary import (
 )
 from bench.harness.targets import FLEET_NEEDS, POLICIES, TargetContext, fleet_needs, load_plugins, make_target
 from bench.micro.overhead import measure_overhead, render_overhead
+from bench.refresh import add_parser as add_refresh_parser
+from bench.refresh import cmd_refresh
 from bench.reports.pages import render_report
 from bench.reports.replicas import render_page as render_replicas_page
 from bench.reports.report import run_from, save_run, write_section
@@ -435,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ov.add_argument("--doc", help="also write the section into this markdown file")
 
     add_serve_parser(sub, MODES)
+    add_refresh_parser(sub)
 
     sub.add_parser("policies", help="list registered policy names")
 
@@ -468,6 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             scenario = load_scenario(args.scenario, args.mode)
             options = _options(args.target_opt)
             return asyncio.run(serve(scenario, args.policy, options, args.ready_file, args.seconds))
+        if args.command == "refresh":
+            return cmd_refresh(args)
         if args.command == "overhead":
             return asyncio.run(cmd_overhead(args))
         load_plugins()

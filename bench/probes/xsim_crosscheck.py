@@ -12,7 +12,7 @@ TTFT cannot be read from the HTTP stream; `serve-xpyd` runs its app with a hook 
 request's first decoded token (server side, monotonic clock) and serves the stamps on
 `GET /crosscheck/timings`. modelsim's TTFT is the client's (first content chunk).
 
-    python -m bench.probes.xsim_crosscheck [--out bench/results-committed/xsim-crosscheck.json]
+    python -m bench.probes.xsim_crosscheck [--out bench/results-committed/xsim-crosscheck/rerun.json]
 
 xpyd-sim is a bench-only dependency (the `bench` extra); this module imports it only in
 `serve-xpyd`, so the trace and knob mapping work without it.
@@ -46,7 +46,7 @@ from devstack.launch import free_port
 
 MODEL = "xcheck"
 QUANTILES = (50, 90, 99)
-DEFAULT_OUT = Path("bench/results-committed/xsim-crosscheck.json")
+DEFAULT_OUT = Path("bench/results-committed/xsim-crosscheck/rerun.json")
 
 
 @dataclass(frozen=True)

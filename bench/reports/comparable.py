@@ -234,10 +234,15 @@ def why_not_comparable(
     return f"not comparable: {text}"
 
 
-def earlier_default(name: str, runs: Runs) -> str | None:
-    """A note for a comparison of two rows of one earlier default (they compare with each other,
-    not with today's default): what they ran; None when `name` ran today's."""
-    d = row_default(name, runs)
-    if d is None or d.profile is None or d.is_current():
+def stale(name: str, runs: Runs) -> str | None:
+    """For a row of the shipped default (`epp-default*`) some seed of which ran an earlier one:
+    the cell a table shows instead of its figures ("stale: re-run ..."); None when it is current
+    or not a row of the default. `python -m bench refresh` re-runs it."""
+    if not name.startswith("epp-default") or not runs:
         return None
-    return f"both ran an earlier default ({d.describe()})"
+    found = [ran(name, r) for r in runs]
+    old = next((d for d in found if not d.is_current()), None)
+    if old is None:
+        return None
+    what = old.describe() if old.revision != current_revision() else "an earlier profile"
+    return f"stale: re-run {name} (ran {what}; shipped: default_revision {current_revision()})"

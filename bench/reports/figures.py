@@ -35,126 +35,37 @@ import argparse
 import dataclasses
 import re
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from bench.harness.stats import change_pct
-from bench.harness.summary import REPORTING_SEEDS, load_summaries
-from bench.reports.report import spread
+from bench.harness.summary import REPO_ROOT
+from bench.reports.figure_checks import Check, Summaries, parse_check, verify
+from bench.reports.figure_text import Figure, cells, column_units, figures_in, is_rule, is_table
+from bench.reports.report import write_section
 
-# The pages whose prose quotes results (paths relative to the repository).
-CHECKED_PAGES = (
-    "docs/benchmarks.md",
-    "docs/benchmarks/replicas.md",
-    "docs/benchmarks/identical-fleets.md",
-    "docs/benchmarks/agentic.md",
-    "docs/benchmarks/slo.md",
-    "docs/benchmarks/virtual-time.md",
-)
+__all__ = ["CHECKED_PAGES", "Check", "Figure", "Summaries", "check_page", "figures_in", "parse_check"]
+
+
+# Every page that states results: the README and every page under docs/ (paths relative to the
+# repository); a page's configured values and others' figures are exempt by kind, and counted.
+def checked_pages(root: Path) -> tuple[str, ...]:
+    pages = [root / "README.md", *sorted((root / "docs").glob("**/*.md"))]
+    return tuple(p.relative_to(root).as_posix() for p in pages if p.is_file())
+
+
+CHECKED_PAGES = checked_pages(REPO_ROOT)
 SCENARIOS_DIR = "bench/scenarios"
 EXEMPT_KINDS = ("historical", "inputs", "quoted", "seeds")
 GOAL_WORDS = re.compile(r"(?:\bwithin|\bgoal:?|<=|>=|≤|≥)\s*$", re.I)
 
-MINUS = "\u2212"  # typeset minus sign
-_NUM = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
-# A number: a sign only where a word cannot end before it (so the dash of "504-625" is not one);
-# never glued to letters ("4cc75b7", "100k", "H100"); its unit glued or one space away.
-_TOKEN = re.compile(
-    rf"(?<![\w.,])(?P<sign>[+\-\u2212~]?)(?P<num>{_NUM})(?![\d])"
-    rf"(?:\s?(?P<unit>ms|us|µs|s|%)(?![\w%])|(?P<x>x)(?![\w])(?!\s[A-Z]))?(?![\w.]\w)"
-)
-_LIST_SEP = re.compile(r"^\s*(?:/|to|vs|->|-|\u2013|\[|\]|,\s*and)?\s*\[?\s*$")
 _HEX = re.compile(r"\b[0-9a-f]{7,40}\b")
 _CODE_SPAN = re.compile(r"`([^`]*)`")
 _LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]*)\)")
 _COMMENT = re.compile(r"<!--(.*?)-->", re.S)
 # `bench report`'s blocks, and those other generators write (`<!-- pd-sim:start -->`).
 _MARKER = re.compile(r"<!-- (?:bench:)?([\w.:-]+?):(start|end) -->")
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One quoted number in a canonical unit: `ms` (times), `%` or `x`."""
-
-    value: float
-    unit: str
-    signed: bool  # written with + or -: the sign is part of the claim
-    half_step: float  # half the last written digit's step, in the canonical unit: its rounding
-    text: str
-    offset: int  # where in the line or block text it starts
-    group: int = -1  # where its list ("2.7-4.4 / 2.1-2.8 s") starts
-
-    def matches(self, other: Figure) -> bool:
-        if self.unit != other.unit:
-            return False
-        if other.half_step > max(self.half_step, 0.05 * abs(other.value)) + 1e-9:
-            return False  # too coarse to stand for the quote ("0.5 s", "1 s"): no source of it
-        mine = self.value if self.signed else abs(self.value)
-        theirs = other.value if self.signed else abs(other.value)
-        return abs(mine - theirs) <= self.half_step + other.half_step + 1e-9
-
-
-def _canonical(number: str, sign: str, unit: str) -> tuple[float, float]:
-    plain = number.replace(",", "")
-    decimals = len(plain.split(".")[1]) if "." in plain else 0
-    value = float(plain) * (-1 if sign in ("-", MINUS) else 1)
-    half = 0.5 * 10**-decimals
-    scale = {"s": 1000.0, "us": 0.001, "µs": 0.001}.get(unit, 1.0)
-    return value * scale, half * scale
-
-
-def figures_in(text: str, column_unit: str | None = None) -> list[Figure]:
-    """The figures of a text: numbers with a unit, a unitless number taking the unit of the list it
-    belongs to ("-8.0 / -0.3 %", "518 ms [504-625]", "2.7-4.4 s"), else `column_unit` if given."""
-    tokens = list(_TOKEN.finditer(text))
-    units: list[str | None] = [m["unit"] or ("x" if m["x"] else None) for m in tokens]
-    groups: list[list[int]] = []
-    for i, m in enumerate(tokens):
-        if groups and _LIST_SEP.match(text[tokens[i - 1].end() : m.start()]):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    out = []
-    for group in groups:
-        for pos, i in enumerate(group):
-            unit = units[i]
-            if unit is None:  # the nearest unit in its list, to the right first
-                right = [units[j] for j in group[pos + 1 :] if units[j]]
-                left = [units[j] for j in reversed(group[:pos]) if units[j]]
-                unit = (right or left or [column_unit])[0]
-            if unit is None:
-                continue
-            m = tokens[i]
-            value, half = _canonical(m["num"], m["sign"], unit)
-            canon = "ms" if unit in ("s", "ms", "us", "µs") else unit
-            signed = m["sign"] in ("+", "-", MINUS)
-            out.append(
-                Figure(value, canon, signed, half, m.group(0).strip(), m.start(), tokens[group[0]].start())
-            )
-    return out
-
-
-def column_units(header: str) -> list[str | None]:
-    """The unit each column's header names ("TTFT P95 ms", "hit %", "wall s"), None if none."""
-    units: list[str | None] = []
-    for cell in _cells(header):
-        words = re.findall(r"ms|us|%|(?<!/)\bs\b", cell)
-        units.append(words[-1] if words else None)
-    return units
-
-
-def _cells(row: str) -> list[str]:
-    return [c.strip() for c in row.strip().strip("|").split("|")]
-
-
-def _is_table(line: str) -> bool:
-    return line.lstrip().startswith("|")
-
-
-def _is_rule(line: str) -> bool:
-    return bool(re.fullmatch(r"\|?[\s:|-]+\|?", line.strip())) and "-" in line
 
 
 @dataclass
@@ -203,8 +114,8 @@ def _named(text: str, scenarios: set[str]) -> set[str]:
     for label, target in _LINK.findall(text):
         anchor = target.partition("#")[2]
         found |= {s for s in (anchor, label.strip("` ")) if s in scenarios}
-    if _is_table(text):
-        found |= {c.strip("`* ") for c in _cells(text) if c.strip("`* ") in scenarios}
+    if is_table(text):
+        found |= {c.strip("`* ") for c in cells(text) if c.strip("`* ") in scenarios}
     heading = re.match(r"^(?:#+\s+|\*\*)`?([\w.-]+)`?(?:\*\*)?", text)
     if heading and heading[1] in scenarios:
         found.add(heading[1])
@@ -231,7 +142,7 @@ def generated_rows(page: Path, rel: str, scenarios: set[str]) -> list[Row]:
         named = _named(line, scenarios)
         if line.startswith("Setup:"):
             continue  # a scenario section's inputs (fleet, rate, duration, SLO), not results
-        if not _is_table(line):
+        if not is_table(line):
             units = []
             if named and re.match(r"^(#+\s|\*\*)", line):
                 context = ({key.partition(":")[2]} & scenarios) | named
@@ -240,10 +151,10 @@ def generated_rows(page: Path, rel: str, scenarios: set[str]) -> list[Row]:
         if not units:
             units = column_units(line)
             continue
-        if _is_rule(line):
+        if is_rule(line):
             continue
-        cells = _cells(line)
-        if not named and cells and not cells[0]:
+        row_cells = cells(line)
+        if not named and row_cells and not row_cells[0]:
             named = previous  # a continuation row under the scenario of the row above
         previous = named
         rows.append(Row(rel, number, line, context | named, row_figures(line, units), key))
@@ -272,7 +183,7 @@ def prose_blocks(text: str) -> list[Block]:
             continue
         if generated or fenced:
             continue
-        for body in _COMMENT.findall(line):
+        for body in (m[1] for m in _live_comments(line)):
             words = body.split()
             if words[:1] == ["figures:"]:
                 strict = words[1:2] == ["checked"]
@@ -287,11 +198,11 @@ def prose_blocks(text: str) -> list[Block]:
                 intro = "\n".join(current.lines)
             current, header = None, None
             continue
-        if _is_table(line):
+        if is_table(line):
             if header is None:  # the header: its units name the unitless cells below
                 header = column_units(line)
                 intro = "\n".join(current.lines) if current is not None else intro
-            elif not _is_rule(line):
+            elif not is_rule(line):
                 blocks.append(Block(number, [line], exempt, strict, header, intro))
             current = None
             continue
@@ -333,60 +244,11 @@ def _linked_pages(text: str, page: Path, root: Path) -> list[Path]:
     return out
 
 
-@dataclass(frozen=True)
-class Check:
-    root: str
-    scenario: str
-    policy: str
-    versus: str | None
-    metric: str
-
-
-def parse_check(body: str) -> Check | None:
-    words = body.split()
-    if words[:1] != ["check:"]:
-        return None
-    rest = words[1:]
-    if len(rest) == 6 and rest[3] == "vs":
-        return Check(rest[0], rest[1], rest[2], rest[4], rest[5])
-    if len(rest) == 4:
-        return Check(rest[0], rest[1], rest[2], None, rest[3])
-    raise ValueError(f"a check reads `check: <root> <scenario> <policy> [vs <policy>] <metric>`: {body!r}")
-
-
-class Summaries:
-    """Medians over the reporting seeds, by root, scenario, policy and metric (loaded once)."""
-
-    def __init__(self, root: Path, mode: str = "quick") -> None:
-        self.root = root
-        self.mode = mode
-        self._loaded: dict[str, dict[str, dict[str, list[dict[str, Any]]]]] = {}
-
-    def median(self, where: str, scenario: str, policy: str, metric: str) -> float | None:
-        if where not in self._loaded:
-            self._loaded[where] = load_summaries(self.root / where, self.mode, REPORTING_SEEDS)
-        runs = self._loaded[where].get(scenario, {}).get(policy, [])
-        found = spread(runs, metric if "." in metric else f"steady.{metric}")
-        return None if found is None else found.median
-
-    def value(self, check: Check, unit: str) -> float | None:
-        """The checked figure in the prose figure's canonical unit."""
-        mine = self.median(check.root, check.scenario, check.policy, check.metric)
-        if check.versus is None:
-            if mine is None:
-                return None
-            return mine * 1000 if unit == "ms" else mine * 100 if unit == "%" else mine
-        other = self.median(check.root, check.scenario, check.versus, check.metric)
-        if unit == "x":
-            return None if mine is None or not other else mine / other
-        if unit == "ms":  # a difference: "+68 ms"
-            return None if mine is None or other is None else (mine - other) * 1000
-        return change_pct(mine, other)
-
-
-def check_page(rel: str, root: Path, summaries: Summaries | None = None) -> list[Problem]:
+def check_page(
+    rel: str, root: Path, summaries: Summaries | None = None, exempt: Counter[str] | None = None
+) -> list[Problem]:
     """The page's prose figures that are neither in its (or its linked pages') generated tables,
-    nor checked, nor goals, nor exempt."""
+    nor checked, nor goals, nor exempt; `exempt` counts the exempt ones by kind."""
     root = Path(root)
     page = root / rel
     scenarios = known_scenarios(root)
@@ -398,7 +260,7 @@ def check_page(rel: str, root: Path, summaries: Summaries | None = None) -> list
             cache[path] = generated_rows(path, path.relative_to(root.resolve()).as_posix(), scenarios)
         return cache[path]
 
-    reader = _Reader(rel, page.resolve(), root.resolve(), scenarios, rows_of, summaries)
+    reader = _Reader(rel, page.resolve(), root.resolve(), scenarios, rows_of, summaries, exempt)
     return [problem for block in prose_blocks(page.read_text()) for problem in reader.check(block)]
 
 
@@ -412,6 +274,11 @@ class _Reader:
     scenarios: set[str]
     rows_of: Callable[[Path], list[Row]]
     summaries: Summaries
+    exempt: Counter[str] | None = None  # figures by how they pass: table, checked, goal, or exempt by kind
+
+    def count(self, note: str, n: int = 1) -> None:
+        if self.exempt is not None:
+            self.exempt[note.partition(" ")[0]] += n
 
     def check(self, block: Block) -> list[Problem]:
         return _check_block(block, self)
@@ -426,11 +293,13 @@ def _check_block(block: Block, reader: _Reader) -> list[Problem]:
         problem = _exemption_problem(block.exempt)
         if problem:
             problems.append(Problem(rel, block.line, block.exempt, problem))
+        blank = _blank_code(_blank_links(_blank_comments(text)))
+        reader.count(block.exempt, len(row_figures(blank, block.units)))
         return problems
     # Checks first: each applies to the last figure before it.
     checked: dict[int, Check | str] = {}
     plain = text
-    for m in _COMMENT.finditer(text):
+    for m in _live_comments(text):
         words = m[1].split()
         try:
             note: Check | str | None = parse_check(m[1])
@@ -460,16 +329,19 @@ def _check_block(block: Block, reader: _Reader) -> list[Problem]:
         line = block.line + text[: figure.offset].count("\n")
         note = checked.get(figure.offset)
         if isinstance(note, Check):
-            problem = _verify(note, figure, summaries)
+            problem = verify(note, figure, summaries)
             if problem:
                 problems.append(Problem(rel, line, figure.text, problem))
+            reader.count("checked")
             continue
         if isinstance(note, str):
             problem = _exemption_problem(note)
             if problem:
                 problems.append(Problem(rel, line, figure.text, problem))
+            reader.count(note)
             continue
         if GOAL_WORDS.search(blanked[: figure.offset]):
+            reader.count("goal")
             continue
         if block.strict:
             problems.append(
@@ -477,6 +349,7 @@ def _check_block(block: Block, reader: _Reader) -> list[Problem]:
             )
             continue
         if any(figure.matches(f) for r in scope for f in r.figures):
+            reader.count("table")
             continue
         problems.append(Problem(rel, line, figure.text, _not_found(figure, scope, pages, named, root)))
     return problems
@@ -486,26 +359,22 @@ def _exemption_problem(note: str) -> str | None:
     kind, _, why = note.partition(" ")
     if kind not in EXEMPT_KINDS or not why.strip():
         return f"an exemption reads `<kind> <why>`, kind one of {', '.join(EXEMPT_KINDS)}"
-    if kind == "historical" and not (
-        _HEX.search(why) or any(w in why for w in ("bench/", "bench.", "-m bench"))
-    ):
+    ours = any(w in why for w in ("bench/", "bench.", "-m bench"))
+    if kind == "historical" and not (_HEX.search(why) or ours):
         return "a historical figure names its commit, its bench/ folder or the bench command that gave it"
+    if kind == "quoted" and ours:
+        return "quoted is for others' published figures: ours, from a bench run, are historical"
     return None
+
+
+def _live_comments(text: str) -> list[re.Match[str]]:
+    """The text's comments but those inside a code span (a page showing the syntax)."""
+    spans = [m.span() for m in _CODE_SPAN.finditer(text)]
+    return [m for m in _COMMENT.finditer(text) if not any(a < m.start() < b for a, b in spans)]
 
 
 def _blank_comments(text: str) -> str:
     return _blank(text, _COMMENT)
-
-
-def _verify(check: Check, figure: Figure, summaries: Summaries) -> str | None:
-    value = summaries.value(check, figure.unit)
-    if value is None:
-        return f"is checked against {check} but the summaries have no such figure"
-    if abs((value if figure.signed else abs(value)) - figure.value) <= figure.half_step + 1e-9:
-        return None
-    versus = f" vs {check.versus}" if check.versus else ""
-    what = f"{check.root} {check.scenario} {check.policy}{versus} {check.metric}"
-    return f"disagrees with the summaries: {what} gives {value:.4g} {figure.unit}"
 
 
 def _not_found(
@@ -541,14 +410,58 @@ def _blank_links(text: str) -> str:
     return _blank(text, _LINK, keep=1)
 
 
+COUNTED = ("table", "checked", "goal", *EXEMPT_KINDS)
+COUNTS_PAGE = "docs/benchmarks/method.md"
+COUNTS_KEY = "figure-counts"
+WHY = {
+    "historical": "a run other than the committed summaries', named by commit, bench/ folder or command",
+    "inputs": "configured or calibration values: the fleet's, the workload's, a setting's default",
+    "quoted": "other people's published figures, the source named",
+    "seeds": "single seeds' values of the summaries named, where the tables give medians",
+}
+
+
+def figure_counts(root: Path, pages: Sequence[str] | None = None) -> dict[str, Counter[str]]:
+    """Per page: its prose figures by how they pass the check (and the problems as `unmatched`)."""
+    summaries = Summaries(root)
+    out: dict[str, Counter[str]] = {}
+    for rel in pages or checked_pages(root):
+        counts: Counter[str] = Counter()
+        counts["unmatched"] = len(check_page(rel, root, summaries, counts))
+        out[rel] = counts
+    return out
+
+
+def render_counts(counts: dict[str, Counter[str]]) -> str:
+    """The table of every checked page's figures by how they pass, and what each exemption means."""
+    head = " | ".join(COUNTED)
+    lines = [f"| page | {head} | unmatched |", "|---|" + "---|" * (len(COUNTED) + 1)]
+    for rel, c in counts.items():
+        lines.append(f"| {rel} | " + " | ".join(str(c[k]) for k in COUNTED) + f" | {c['unmatched']} |")
+    lines += ["", *(f"- {kind}: {why}" for kind, why in WHY.items())]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("pages", nargs="*", default=list(CHECKED_PAGES))
     parser.add_argument("--root", default=".")
+    parser.add_argument("--exempt", action="store_true", help="also count each page's exempt figures by kind")
+    parser.add_argument("--counts", action="store_true", help=f"write every page's counts into {COUNTS_PAGE}")
     args = parser.parse_args(argv)
+    if args.counts:
+        write_section(
+            Path(args.root) / COUNTS_PAGE, COUNTS_KEY, render_counts(figure_counts(Path(args.root)))
+        )
+        return 0
     root = Path(args.root)
     summaries = Summaries(root)
-    problems = [p for rel in args.pages for p in check_page(rel, root, summaries)]
+    problems: list[Problem] = []
+    for rel in args.pages:
+        exempt: Counter[str] = Counter()
+        problems += check_page(rel, root, summaries, exempt)
+        if args.exempt and exempt:
+            print(f"{rel}: exempt " + ", ".join(f"{kind} {n}" for kind, n in sorted(exempt.items())))
     for problem in problems:
         print(problem)
     print(f"{len(problems)} figure(s) not matched", file=sys.stderr)

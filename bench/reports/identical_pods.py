@@ -4,7 +4,8 @@ cores, from committed runs.
     python -m bench.reports.identical_pods [--write]
 
 Reads the run summaries and the oracle-phase probe results (bench/probes/oracle_phase.py) in
-`RESULTS` and the earlier default's rows in bench/summaries-virtual, and renders TTFT P50 / P95
+`RESULTS` and the earlier default's rows (`EARLIER`, copied from bench/summaries-virtual as they
+were before it is refreshed), and renders TTFT P50 / P95
 (median [min-max] over the reporting seeds) with, per scenario, the share of the round-robin to
 oracle distance at P95 the default closes, against the full oracle and against the oracle
 without the engine's step phase (what a router can observe); and the real-time campaign in
@@ -27,7 +28,7 @@ from bench.reports.report import spread
 RESULTS = Path("bench/results-committed/2026-12-06-identical-pods")
 REAL_TIME = Path("bench/results-committed/2026-12-06-identical-pods-rt")
 REAL_TIME_EARLIER = Path("bench/results-committed/2026-12-06-identical-pods-rt-earlier")
-EARLIER = Path("bench/summaries-virtual")
+EARLIER = Path("bench/results-committed/2026-12-06-identical-pods-earlier-virtual")
 PAGE = Path("docs/benchmarks/identical-fleets.md")
 SCENARIOS = ("uniform", "docqa", "uniform@100pods")
 BLOCKS = ("identical-pods", "identical-pods-rt")
@@ -130,21 +131,25 @@ def real_time_table(root: Path = Path(".")) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="bench.reports.identical_pods", description=__doc__)
-    parser.add_argument("--write", action="store_true", help=f"write the tables into {PAGE}")
-    args = parser.parse_args()
-    texts = dict(zip(BLOCKS, (table(), real_time_table()), strict=True))
-    if not args.write:
-        print("\n\n".join(texts.values()))
-        return
-    page = PAGE.read_text()
+def render_page(page: str, root: Path = Path(".")) -> str:
+    """The page with its two tables regenerated between their markers."""
+    texts = dict(zip(BLOCKS, (table(root), real_time_table(root)), strict=True))
     for key, text in texts.items():
         start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
         head, _, rest = page.partition(start)
         _, _, tail = rest.partition(end)
         page = f"{head}{start}\n{text}\n{end}{tail}"
-    PAGE.write_text(page)
+    return page
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bench.reports.identical_pods", description=__doc__)
+    parser.add_argument("--write", action="store_true", help=f"write the tables into {PAGE}")
+    args = parser.parse_args()
+    if not args.write:
+        print(f"{table()}\n\n{real_time_table()}")
+        return
+    PAGE.write_text(render_page(PAGE.read_text()))
 
 
 if __name__ == "__main__":

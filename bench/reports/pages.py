@@ -32,6 +32,7 @@ PAGES_DIR = "docs/benchmarks"
 SCENARIOS = "docs/benchmarks/scenarios.md"  # where a section without a page yet is added
 FAMILIES = "docs/benchmarks/families.md"  # ... or, for a held-out family (`family-*`), here
 README = "README.md"
+VIRTUAL_ROOT = "summaries-virtual"  # the headline's oracle: the virtual-time root beside `summaries`
 FIGURE = "docs/img/results.png"
 IMAGES = "docs/img"
 TITLES = {
@@ -121,7 +122,8 @@ def render_report(
             write_section(results_page, key, text)
     runs = load_summaries(summaries, mode, REPORTING_SEEDS)
     if runs:
-        rows = headline_rows(runs)
+        virtual = load_summaries(Path(summaries).with_name(VIRTUAL_ROOT), mode, REPORTING_SEEDS)
+        rows = headline_rows(runs, virtual)
         plot_headline(rows, root / FIGURE)
         for source in (RESULTS, README):
             page = root / source

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.harness.stats import Spread
 from bench.harness.summary import REPORTING_SEEDS, load_summaries
-from bench.reports.comparable import Runs, earlier_default, why_not_comparable
+from bench.reports.comparable import Runs, stale, why_not_comparable
 from bench.reports.report import spread
 
 OURS = "epp-default"
@@ -135,8 +135,25 @@ def check_scenario(
     """(what, figures, hit) rows for one scenario; hit None when a policy's runs are missing or
     two rows compared ran different defaults. `runs`: each policy's summaries, which say what
     default they ran (bench/reports/comparable.py); without them rows are taken as comparable."""
+    reason = None if runs is None else stale(OURS, runs.get(OURS, ()))
     if scenario.startswith(FAMILY_PREFIX):
-        return check_family(figures)
+        return _refused_if(reason, check_family(figures))
+    return (
+        _refused_if(reason, _against_others(scenario, figures))
+        + check_replicas(figures, runs)
+        + check_precise(figures, runs)
+    )
+
+
+def _refused_if(
+    reason: str | None, rows: list[tuple[str, str, bool | None]]
+) -> list[tuple[str, str, bool | None]]:
+    """Rows of ours against other routers, each saying `reason` and no figures when ours is stale."""
+    return rows if reason is None else [(what, reason, None) for what, _, _ in rows]
+
+
+def _against_others(scenario: str, figures: Figures) -> list[tuple[str, str, bool | None]]:
+    """Ours against round-robin (the scenario's cuts), the peers and the oracle."""
     rows: list[tuple[str, str, bool | None]] = []
     ours = figures.get(OURS)
     base = figures.get(BASELINE)
@@ -186,7 +203,7 @@ def check_scenario(
         else:
             within = gap is not None and gap <= factor - 1.0
             rows.append((f"TTFT P95 within {factor:g}x the oracle's", text, within))
-    return rows + check_replicas(figures, runs) + check_precise(figures, runs)
+    return rows
 
 
 def refused(runs: Mapping[str, Runs] | None, a: str, b: str, *, replicas_differ: bool = False) -> str | None:
@@ -197,10 +214,11 @@ def refused(runs: Mapping[str, Runs] | None, a: str, b: str, *, replicas_differ:
     return why_not_comparable(a, runs[a], b, runs[b], replicas_differ=replicas_differ)
 
 
-def noted(text: str, runs: Mapping[str, Runs] | None, name: str) -> str:
-    """`text`, with a note when the compared rows both ran an earlier default."""
-    note = None if runs is None or name not in runs else earlier_default(name, runs[name])
-    return text if note is None else f"{text}; {note}"
+def stale_of(runs: Mapping[str, Runs] | None, *names: str) -> str | None:
+    """The first of `names` whose row ran an earlier default: its "stale: re-run ..." cell."""
+    if runs is None:
+        return None
+    return next((r for r in (stale(n, runs.get(n, ())) for n in names) if r is not None), None)
 
 
 def check_replicas(
@@ -217,7 +235,9 @@ def check_replicas(
         many = figures.get(many_name)
         if many is None:
             continue
-        reason = refused(runs, many_name, one_name, replicas_differ=True)
+        reason = refused(runs, many_name, one_name, replicas_differ=True) or stale_of(
+            runs, many_name, one_name
+        )
         for metric in ("ttft_p95", "ttft_p50"):
             o, m = one.get(metric), many.get(metric)
             label = f"{n} EPP replicas: TTFT {metric[-3:].upper()} within +5 % of one"
@@ -228,7 +248,7 @@ def check_replicas(
                 rows.append((label, "run missing", None))
                 continue
             change = _change(m.median, o.median)
-            text = noted(f"{_fmt_s(m)} vs {_fmt_s(o)}: {_fmt_pct(change)}", runs, one_name)
+            text = f"{_fmt_s(m)} vs {_fmt_s(o)}: {_fmt_pct(change)}"
             rows.append((label, text, change is not None and change <= REPLICA_MARGIN))
     return rows
 
@@ -243,13 +263,11 @@ def check_precise(
     if precise is None or approx is None:
         return []
     label = "TTFT P95, precise vs approximate prefix (same fleet)"
-    reason = refused(runs, PRECISE, APPROXIMATE_SAME_FLEET)
+    reason = refused(runs, PRECISE, APPROXIMATE_SAME_FLEET) or stale_of(runs, PRECISE, APPROXIMATE_SAME_FLEET)
     if reason is not None:
         return [(label, reason, None)]
     change = _change(precise.median, approx.median)
-    text = noted(
-        f"precise {_fmt_s(precise)} vs approximate {_fmt_s(approx)}: {_fmt_pct(change)}", runs, PRECISE
-    )
+    text = f"precise {_fmt_s(precise)} vs approximate {_fmt_s(approx)}: {_fmt_pct(change)}"
     return [(label, text, change is not None and change <= 0)]
 
 
@@ -261,8 +279,8 @@ def render_scorecard(
         "## Targets: hit or missed",
         "",
         f"Generated from the committed summaries by `python -m bench report` (`{OURS}`, the",
-        "shipped default profile, is ours: each run records the weights it ran, and runs from",
-        "before the current default are marked in the scenario sections;",
+        "shipped default profile, is ours: each run records the default it ran, and a target of",
+        '"stale: re-run" gives no figures: ours ran an earlier default (`python -m bench refresh`);',
         f"steady-window TTFT, median [min-max] over the reporting seeds {seeds}; a win counts only",
         "outside the spread). Two of our rows are compared only when they ran the same default",
         "(profile, `default_revision`, single- or two-hop, options but the replica count):",

@@ -48,6 +48,23 @@ def test_a_replica_row_of_an_earlier_default_is_stale_not_a_miss(tmp_path: Path)
         assert "two-hop" in text and "default_revision none" in text and "%" not in text
 
 
+def test_ours_of_an_earlier_default_gives_no_target_figures(tmp_path: Path) -> None:
+    """Issue #53: a target of ours (against round-robin, the peers, the oracle, its own replicas)
+    whose runs are of an earlier default says "stale: re-run" and gives no figure or verdict."""
+    write(tmp_path, "epp-default", earlier(), 0.010)
+    write(tmp_path, "epp-default-2replicas", earlier(), 0.010, "replicas=2")
+    write(tmp_path, "round-robin", {}, 0.100)
+    write(tmp_path, "sglang-cache_aware", {}, 0.050)
+    rows = _rows(tmp_path)
+    assert {"TTFT P95 vs round-robin", "TTFT P95 below every peer", P95_2} <= set(rows)
+    for label, (text, result) in rows.items():
+        assert result == "n/a" and text.startswith("stale: re-run epp-default") and "%" not in text, label
+    write(tmp_path, "epp-default", today(), 0.010)
+    write(tmp_path, "epp-default-2replicas", today(), 0.010, "replicas=2")
+    rows = _rows(tmp_path)
+    assert all(result != "n/a" and not text.startswith("stale") for text, result in rows.values())
+
+
 def test_rows_of_two_earlier_defaults_are_not_comparable(tmp_path: Path) -> None:
     write(tmp_path, "epp-default", today(single_hop=False, default_revision=1), 0.010)
     write(tmp_path, "epp-default-2replicas", earlier(), 0.010, "replicas=2")
@@ -123,7 +140,7 @@ def _compared_pairs(policies: dict[str, Any]) -> list[tuple[str, str, bool]]:
 @pytest.mark.parametrize("scenario", sorted(load_summaries(REPO / SUMMARIES_DIR, "quick")))
 def test_no_rendered_target_compares_rows_of_two_defaults(scenario: str) -> None:
     """Over the committed summaries: every target with a verdict between two of our rows has
-    both rows of one default (profile, revision, hop, options); the others give no change."""
+    both rows of today's default (profile, revision, hop, options); the others give no change."""
     policies = load_summaries(REPO / SUMMARIES_DIR, "quick")[scenario]
     rows = {what: (text, hit) for what, text, hit in check_scenario(scenario, figures_of(policies), policies)}
     for row, ref, replicas in _compared_pairs(policies):
@@ -139,8 +156,10 @@ def test_no_rendered_target_compares_rows_of_two_defaults(scenario: str) -> None
         )  # fmt: skip
         for label in labels:
             text, hit = rows[label]
-            if same:
+            if same and a is not None and a.is_current():
                 assert hit is not None and "%" in text, (scenario, label, text)
+            elif same:  # both of one earlier default: stale, no figures (issue #53)
+                assert hit is None and text.startswith("stale: re-run"), (scenario, label, text)
             else:
                 assert hit is None and "%" not in text, (scenario, label, text)
                 assert text.startswith(("not comparable:", "stale: re-run")), (scenario, label, text)

@@ -1,15 +1,25 @@
-"""The prose of the results pages quotes only figures the generated tables or the committed
-summaries give (issue #45): bench/reports/figures.py, on the committed pages and on copies with
-one figure changed."""
+"""The prose of every page quotes only figures the generated tables or the committed summaries give,
+or says why a figure is exempt (issues #45, #53): bench/reports/figures.py, on the committed pages
+and on copies with one figure changed."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from bench.reports.figures import CHECKED_PAGES, Summaries, check_page, figures_in
+from bench.reports.figures import (
+    CHECKED_PAGES,
+    COUNTS_KEY,
+    COUNTS_PAGE,
+    Summaries,
+    check_page,
+    figure_counts,
+    figures_in,
+    render_counts,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,3 +109,35 @@ def test_figures_are_read_with_their_units_lists_and_ranges() -> None:
     checked = figures_in("-55 %")[0]
     assert checked.matches(figures_in("-54.5 %")[0]) and not checked.matches(figures_in("-30 %")[0])
     assert figures_in("518 ms")[0].matches(figures_in("0.518 s")[0])
+
+
+def test_every_page_under_docs_is_checked() -> None:
+    assert {"README.md", "docs/benchmarks/costs.md", "docs/reliability.md", "docs/scheduling.md"} <= set(
+        CHECKED_PAGES
+    )
+    assert len(CHECKED_PAGES) == 1 + len(list((REPO / "docs").glob("**/*.md")))
+
+
+def test_the_counts_of_every_pages_figures_are_the_generated_ones() -> None:
+    """docs/benchmarks/method.md's table: each page's figures by how they pass, exempt ones by kind."""
+    text = (REPO / COUNTS_PAGE).read_text()
+    block = re.search(
+        rf"<!-- bench:{COUNTS_KEY}:start -->\n(.*?)\n<!-- bench:{COUNTS_KEY}:end -->", text, re.S
+    )
+    assert block is not None
+    counts = figure_counts(REPO)
+    assert all(c["unmatched"] == 0 for c in counts.values())
+    assert block[1] == render_counts(counts), "run `python -m bench.reports.figures --counts` and commit"
+
+
+def test_quoted_is_for_other_peoples_figures(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    page = "docs/benchmarks/pd.md"
+    text = (root / page).read_text()
+    old = "<!-- figures: quoted the SGLang team's blog"
+    assert old in text
+    (root / page).write_text(
+        text.replace(old, "<!-- figures: quoted `python -m bench.probes.pd_sim` and the SGLang team's blog")
+    )
+    messages = [str(p) for p in check_page(page, root)]
+    assert messages and all("quoted is for others' published figures" in m for m in messages)
