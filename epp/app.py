@@ -211,6 +211,7 @@ class EppApp:
                 prefix_index=self.scheduler.prefix_index,  # kept across reloads (build_scheduler)
                 on_scrape=self._on_peer_scrape,
                 residency=self.scheduler.residency,  # kept across reloads too
+                memory=self.scheduler.memory,  # and so is the KV memory
             )
         self._shared_config = config.shared_state
 

@@ -81,6 +81,9 @@ class SessionMemory:
         self._capacity: dict[str, float] = {}
         self._holders: dict[int, dict[str, int]] = {}
         self._gap: float | None = None
+        # A routing of this replica (address, checkpoints, tokens per checkpoint, prompt tokens,
+        # output): epp/datalayer/shared_state.py publishes it; the peers `learn` it.
+        self.on_routed: Callable[[str, tuple[int, ...], float, float, float], None] | None = None
 
     # ---- reads ------------------------------------------------------------------------------
     def depths(self, hashes: Sequence[int], addresses: Sequence[str]) -> list[int]:
@@ -175,8 +178,25 @@ class SessionMemory:
         prompt_tokens: float,
         output: float,
     ) -> None:
-        """A prompt with these checkpoints was sent to `address`: it continues the entry whose
-        deepest checkpoint it extends, or adds one; LRU entries past capacity go."""
+        """This replica sent a prompt with these checkpoints to `address` (`learn`, and told to
+        `on_routed`)."""
+        if not hashes:
+            return
+        self.learn(address, hashes, per_checkpoint, prompt_tokens, output)
+        if self.on_routed is not None:
+            self.on_routed(address, hashes, per_checkpoint, prompt_tokens, output)
+
+    def learn(
+        self,
+        address: str,
+        hashes: tuple[int, ...],
+        per_checkpoint: float,
+        prompt_tokens: float,
+        output: float,
+    ) -> None:
+        """A prompt with these checkpoints went to `address` (this replica's or a peer's): it
+        continues the entry whose deepest checkpoint it extends, or adds one; LRU entries past
+        capacity go."""
         if not hashes:
             return
         lru = self._pods.setdefault(address, OrderedDict())

@@ -54,6 +54,7 @@ from epp.datalayer.endpoint_records import Metrics
 from epp.datalayer.pool import Pool
 from epp.datalayer.prefix_index import PrefixIndex
 from epp.datalayer.redis_script import ScriptConnection, Subscription, encode_command
+from epp.datalayer.session_memory import SessionMemory
 from epp.datalayer.shared_state_wire import (
     ROUND_TRIP_SCRIPT,
     as_text,
@@ -142,6 +143,7 @@ class SharedState:
         prefix_index: PrefixIndex | None = None,
         on_scrape: Callable[[str, Metrics, float], None] | None = None,
         residency: AdapterResidency | None = None,
+        memory: SessionMemory | None = None,
     ) -> None:
         self.pool = pool
         # Adapter residency (epp/datalayer/adapter_residency.py): this replica's LoRA requests in flight per
@@ -150,7 +152,9 @@ class SharedState:
         self.prefix_index = prefix_index if config.prefix_index else None
         # A peer's scrape (address, metrics, sent_at): applied as if this replica had read it.
         self.on_scrape = on_scrape if config.share_scrapes else None
-        self._outbox: deque[tuple[str, Sequence[int]]] = deque(maxlen=MAX_OUTBOX)
+        # Routing decisions to publish: prefix-index hashes, or a KV-memory routing as a map
+        # (`_on_memory`: an older replica reads a map as no hashes, and learns nothing).
+        self._outbox: deque[tuple[str, Sequence[int] | dict[str, Any]]] = deque(maxlen=MAX_OUTBOX)
         self._scrapes: dict[str, tuple[Metrics, float]] = {}  # this replica's, latest per pod
         self.scrapes_learned = 0
         self._last_id = ""
@@ -158,6 +162,11 @@ class SharedState:
         self.bad_entries = 0
         if self.prefix_index is not None:
             self.prefix_index.on_add = self._on_add
+        # The KV-memory model of whole conversations (epp/datalayer/session_memory.py), shared
+        # like the prefix index: every replica learns where every conversation went.
+        self.memory = memory if config.prefix_index else None
+        if self.memory is not None:
+            self.memory.on_routed = self._on_memory
         self.config = config
         self.replica_id = replica_id or default_replica_id()
         # The clocks scrapes are carried on (wall) and kept on (monotonic, the pool's).
@@ -232,6 +241,11 @@ class SharedState:
     def _on_add(self, address: str, hashes: Sequence[int]) -> None:
         self._outbox.append((address, hashes))
 
+    def _on_memory(
+        self, address: str, hashes: tuple[int, ...], per: float, prompt_tokens: float, output: float
+    ) -> None:
+        self._outbox.append((address, {"cp": list(hashes), "per": per, "p": prompt_tokens, "o": output}))
+
     def _on_pick(self, address: str, prefill_s: float, tokens: int) -> None:
         """A pick of this replica (Pool.pick_hook): published with the next round trip, which
         starts at once while there are peers to tell."""
@@ -295,7 +309,7 @@ class SharedState:
         scrape, the next round trip's counts carry the picks)."""
         decisions = b""
         if self._outbox:
-            decisions = msgpack.packb([[a, list(h)] for a, h in self._outbox])
+            decisions = msgpack.packb([[a, h if isinstance(h, dict) else list(h)] for a, h in self._outbox])
             self._outbox.clear()
         scrapes = b""
         if self._scrapes:
@@ -375,17 +389,26 @@ class SharedState:
         return True
 
     def _learn(self, blobs: list[bytes]) -> None:
-        """Teach the prefix index the other replicas' routing decisions from the stream."""
-        index = self.prefix_index
+        """Teach the prefix index and the KV memory the other replicas' routing decisions from
+        the stream."""
+        index, memory = self.prefix_index, self.memory
         if index is None:
             return
         for blob in blobs:
             try:
                 for address, hashes in msgpack.unpackb(blob):
-                    if isinstance(address, str) and address in self.pool:
+                    if not isinstance(address, str) or address not in self.pool:
+                        continue
+                    if isinstance(hashes, dict):
+                        if memory is not None:
+                            cps = tuple(h for h in hashes["cp"] if isinstance(h, int))
+                            memory.learn(
+                                address, cps, float(hashes["per"]), float(hashes["p"]), float(hashes["o"])
+                            )
+                    else:
                         index.learn(address, [h for h in hashes if isinstance(h, int)])
-                        self.learned += 1
-            except (ValueError, TypeError, msgpack.UnpackException):  # not ours: skip the entry
+                    self.learned += 1
+            except (ValueError, TypeError, KeyError, msgpack.UnpackException):  # not ours: skip the entry
                 self.bad_entries += 1
 
     def _apply_scrapes(self, blobs: list[bytes]) -> None:

@@ -389,3 +389,29 @@ def test_without_push_picks_no_pick_is_hooked(redis: RedisServer) -> None:
     config = SharedStateConfig.model_validate({"redis": redis.url, "pushPicks": False})
     SharedState(pool, "p", config, CollectorRegistry())
     assert pool.pick_hook is None
+
+
+async def test_a_conversation_routed_by_one_replica_is_in_the_others_kv_memory(redis: RedisServer) -> None:
+    """The KV-memory model (epp/datalayer/session_memory.py) is shared like the prefix index:
+    a session's next turn, decided by the other replica, sees its whole history on the pod."""
+    from epp.datalayer.session_memory import SessionMemory, checkpoints
+
+    pool_a, _ = _replica(redis.url, "t9")
+    pool_b, _ = _replica(redis.url, "t9")
+    memory_a, memory_b = SessionMemory(), SessionMemory()
+    config = SharedStateConfig.model_validate({"redis": redis.url, "keyPrefix": "t9"})
+    a = SharedState(
+        pool_a, "p", config, CollectorRegistry(), replica_id="a", prefix_index=PrefixIndex(), memory=memory_a
+    )
+    b = SharedState(
+        pool_b, "p", config, CollectorRegistry(), replica_id="b", prefix_index=PrefixIndex(), memory=memory_b
+    )
+    history = "".join(f"turn {i} of a long agent session; " for i in range(3_000))  # ~100 KB
+    cps, per = checkpoints("m", None, history)
+    memory_a.routed(POD_A, cps, per, len(history) / 4, 200)  # what the scheduler does on routing
+    assert await a.sync_once() and await b.sync_once()
+    assert memory_b.depths(cps, [POD_A, POD_B]) == [len(cps), 0]
+    assert memory_b.used_tokens(POD_A) == memory_a.used_tokens(POD_A)
+    assert await a.sync_once() and memory_a.entries(POD_A) == 1  # not learned twice
+    for s in (a, b):
+        await s.stop()
