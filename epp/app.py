@@ -88,6 +88,7 @@ def build_scheduler(
         prefix_index=previous.prefix_index if previous is not None else None,
         residency=previous.residency if previous is not None else None,
         kv_index=kv_index if kv_index is not None else previous.kv_index if previous is not None else None,
+        plugins=previous.plugins if previous is not None else None,
     )
 
 

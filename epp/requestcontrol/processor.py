@@ -400,6 +400,7 @@ class EppProcessor:
         served = headers.get(SERVED_HEADER)
         if served:
             booking.move(served)
+        booking.responded()
         out = {DECISION_HEADER: self._explain} if self._explain else {}
         if self._ctx.conformance_test_mode:
             out[conformance_mode.SERVED_RESULT_HEADER] = (
@@ -412,7 +413,9 @@ class EppProcessor:
 
     def on_close(self, completed: bool) -> None:
         booking, self._booking = self._booking, None  # exactly once, even if called again
-        if booking is None or not booking.release():
+        # Aborted: a 5xx, or closed before any response (with the response headers watched).
+        aborted = self._status >= 500 if self._status is not None else not completed
+        if booking is None or not booking.release(aborted):
             return
         request = booking.request
         # Response bodies are not streamed to the EPP (a gRPC round trip per SSE chunk would

@@ -1,8 +1,11 @@
 """`WeightedScheduler`: filter, score with a profile's weights, pick. Pure and synchronous.
 
-pick(): the catalogue's filters in its order (serving -> healthy -> fresh (stale) -> unsaturated
-(or all, flagged) -> adapter-slots) -> each weighted scorer once over all candidates ->
-total = sum(weight x score) -> picker.
+pick(): the profile's filters (by default the catalogue's, in its order: serving -> healthy ->
+fresh (stale) -> unsaturated (or all, flagged) -> adapter-slots) -> `prepare` of the profile's
+plugins that have one -> each weighted scorer once over all candidates ->
+total = sum(weight x score) -> picker. The plugins are objects (epp/scheduling/plugins/base.py),
+one per catalogue row, owning their state; the request control's lifecycle hooks (`on_routed`,
+`on_first_token`, `on_finished`, `on_aborted`) reach every plugin of the profiles that has one.
 The prompt is hashed at most once per request, with one block size chosen in `pick` from the
 candidates' reported KV block size; `on_routed` reuses those hashes, or that block size when
 the profile did not need them (a prefix weight of 0), so what is learned is what later picks
@@ -14,15 +17,17 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from epp.datalayer.adapter_residency import AdapterResidency
 from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.decision import Decision, ScoreTable
-from epp.scheduling.filters import Filter, FilterContext
+from epp.scheduling.filters import FilterContext
 from epp.scheduling.picker import exact_load
-from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
+from epp.scheduling.plugins.base import HOOKS, FilterPlugin, PickerPlugin, Plugin, ScorerPlugin
+from epp.scheduling.registry import FILTERS, SCORERS, Plugins
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
 from epp.scheduling.slo import slo_order
@@ -42,6 +47,37 @@ def block_chars_for(candidates: Sequence[EndpointState], default: int = DEFAULT_
     return default
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One profile's plugins, resolved once: what `pick` runs for it."""
+
+    profile: Profile
+    filters: tuple[FilterPlugin, ...]
+    scorers: tuple[tuple[str, float, ScorerPlugin], ...]  # weighted above 0, in the profile's order
+    picker: PickerPlugin
+    prepare: tuple[Plugin, ...]  # those with a `prepare`
+    uses_prefix: bool
+    uses_tokens: bool
+
+    @classmethod
+    def of(cls, profile: Profile, plugins: Plugins) -> _Plan:
+        filters = tuple(FILTERS if profile.filters is None else profile.filters)
+        scorers = [(name, w) for name, w in profile.weights.items() if w > 0]
+        resolved = tuple((name, w, plugins.scorer(name)) for name, w in scorers)
+        chain = tuple(plugins.filter(name) for name in filters)
+        picker = plugins.picker(profile.picker)
+        everything: tuple[Plugin, ...] = (*chain, *(p for _, _, p in resolved), picker)
+        return cls(
+            profile=profile,
+            filters=chain,
+            scorers=resolved,
+            picker=picker,
+            prepare=tuple(p for p in everything if p.prepares()),
+            uses_prefix=any(SCORERS[name].uses_prefix for name, _ in scorers),
+            uses_tokens=any(SCORERS[name].uses_tokens for name, _ in scorers),
+        )
+
+
 class WeightedScheduler:
     def __init__(
         self,
@@ -51,39 +87,60 @@ class WeightedScheduler:
         prefix_index: PrefixIndex | None = None,
         residency: AdapterResidency | None = None,
         kv_index: KVIndex | None = None,
+        plugins: Plugins | None = None,
     ) -> None:
+        """`plugins`: the plugin objects of a scheduler this one replaces (a configuration
+        reload), whose state carries over; None: new ones."""
         if default_profile not in profiles:
             raise ValueError(f"default profile {default_profile!r} is not among {sorted(profiles)}")
-        self.profiles = dict(profiles)
         self.default_profile = default_profile
         self.rng = rng or random.Random()
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
         self.residency = residency if residency is not None else AdapterResidency()
-        self._filters: tuple[Filter, ...] = tuple(entry.fn for entry in FILTERS.values())
+        self.plugins = plugins if plugins is not None else Plugins()
+        self.profiles = profiles
         self.kv_index = kv_index  # the pods' own KV events; None: precise-prefix-cache = prefix-cache
         # request_id -> (the prompt object picked, its block size in characters, its hashes
         # if the profile computed them); the identity check guards against two requests that
         # share a client-chosen id.
         self._recent: OrderedDict[str, tuple[str, int, tuple[int, ...] | None]] = OrderedDict()
 
+    @property
+    def profiles(self) -> dict[str, Profile]:
+        return self._profiles
+
+    @profiles.setter
+    def profiles(self, profiles: Mapping[str, Profile]) -> None:
+        """Each profile's plugins resolved once, and which plugins hear which lifecycle hook."""
+        self._profiles = dict(profiles)
+        self._plans = {name: _Plan.of(p, self.plugins) for name, p in self._profiles.items()}
+        used: dict[int, Plugin] = {}
+        for plan in self._plans.values():
+            for plugin in (*plan.filters, *(p for _, _, p in plan.scorers), plan.picker):
+                used[id(plugin)] = plugin
+        self._hooked = {hook: tuple(p for p in used.values() if hook in p.hooks()) for hook in HOOKS}
+
     def profile_for(self, request: InferenceRequest) -> Profile:
+        return self._plan_for(request).profile
+
+    def _plan_for(self, request: InferenceRequest) -> _Plan:
         objective = request.objective
-        if objective is not None and objective in self.profiles:
-            return self.profiles[objective]
-        return self.profiles[self.default_profile]
+        if objective is not None and objective in self._plans:
+            return self._plans[objective]
+        return self._plans[self.default_profile]
 
     def wants_tokens(self, request: InferenceRequest) -> bool:
         """True when the request's profile weighs a scorer that reads token ids."""
-        weights = self.profile_for(request).weights
-        return any(SCORERS[name].uses_tokens for name, w in weights.items() if w > 0)
+        return self._plan_for(request).uses_tokens
 
     def pick(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
-        profile = self.profile_for(request)
+        plan = self._plan_for(request)
+        profile = plan.profile
         th = profile.thresholds
         filtered = FilterContext(th, self.residency)
         candidates: Sequence[EndpointState] = snapshot.endpoints
-        for keep in self._filters:  # the catalogue's filters, in its order
-            candidates = keep(request, candidates, filtered)
+        for keep in plan.filters:  # the profile's filters (by default the catalogue's), in order
+            candidates = keep.filter(request, candidates, filtered)
             if not candidates:  # only `serving` refuses: the others keep all rather than none
                 what = f"adapter {request.adapter!r} of " if request.adapter else ""
                 reason = f"no endpoint serves {what}model {request.target_model!r}"
@@ -92,7 +149,7 @@ class WeightedScheduler:
 
         block_chars = block_chars_for(candidates, self.prefix_index.block_chars)
         hashes: tuple[int, ...] | None = None
-        if any(SCORERS[name].uses_prefix for name, w in profile.weights.items() if w > 0):
+        if plan.uses_prefix:
             hashes = self._hashes(request, block_chars)
         self._remember(request, block_chars, hashes)
         addresses = [s.endpoint.address for s in candidates]
@@ -106,12 +163,12 @@ class WeightedScheduler:
             block_chars=block_chars,
         )
 
+        for plugin in plan.prepare:
+            plugin.prepare(request, candidates, ctx)
         totals = [0.0] * len(candidates)
         columns: list[tuple[str, list[float]]] = []
-        for name, weight in profile.weights.items():
-            if weight <= 0:
-                continue
-            values = SCORERS[name].score(request, candidates, ctx)
+        for name, weight, scorer in plan.scorers:
+            values = scorer.score(request, candidates, ctx)
             columns.append((name, values))
             # clamped to [0, 1], NaN -> 0
             totals = [
@@ -120,7 +177,7 @@ class WeightedScheduler:
             ]
 
         loads = (lambda i: exact_load(candidates[i])) if th.tie_band > 0.0 else None
-        order = PICKERS[profile.picker].fn(totals, self.rng, loads, th.tie_band)
+        order = plan.picker.pick(totals, self.rng, loads, th.tie_band)
         slo_met: bool | None = None
         if request.slo_ttft_s is not None and order:  # predicted whether the profile weighs it or not
             predicted = [None if t is None else t.total_s for t in predict_ttft(request, candidates, ctx)]
@@ -152,12 +209,28 @@ class WeightedScheduler:
             hashes = self._hashes(request, block_chars)
         if hashes:
             self.prefix_index.add(address, hashes)
+        for plugin in self._hooked["on_routed"]:
+            plugin.on_routed(request, address)
+
+    def on_first_token(self, request: InferenceRequest, address: str) -> None:
+        """The pod at `address` began the request's response."""
+        for plugin in self._hooked["on_first_token"]:
+            plugin.on_first_token(request, address)
 
     def on_finished(self, request: InferenceRequest, address: str) -> None:
         """The request routed to `address` ended there (once per `on_routed`): its adapter's
         slot there is one request less pinned."""
         if request.adapter is not None:
             self.residency.on_finished(address, request.adapter)
+        for plugin in self._hooked["on_finished"]:
+            plugin.on_finished(request, address)
+
+    def on_aborted(self, request: InferenceRequest, address: str) -> None:
+        """As `on_finished`, for a request that ended without a response (plugins may tell)."""
+        if request.adapter is not None:
+            self.residency.on_finished(address, request.adapter)
+        for plugin in self._hooked["on_aborted"]:
+            plugin.on_aborted(request, address)
 
     def _bound_prefix_lru(self, state: EndpointState, block_chars: int) -> None:
         """The pod's KV cache in index blocks (its reported blocks x block size, in characters
