@@ -171,6 +171,3 @@ def profiles_from_dict(
 
 BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(resolve_profiles())
 DEFAULT = BUILTIN_PROFILES["default"]
-CHAT = BUILTIN_PROFILES["chat"]
-BATCH = BUILTIN_PROFILES["batch"]
-PREDICTED = BUILTIN_PROFILES["predicted"]

@@ -92,6 +92,7 @@ SCORERS: Mapping[str, ScorerEntry] = _Plugins("scorer")
 PICKERS: Mapping[str, Plugin] = _Plugins("picker")
 
 SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
+_KINDS: dict[Kind, Mapping[str, Plugin]] = {"filter": FILTERS, "scorer": SCORERS, "picker": PICKERS}
 
 
 class Plugins:
@@ -106,7 +107,8 @@ class Plugins:
         row = plugin_catalogue.row(kind, name)
         plugin = self._objects.get(row)
         if plugin is None:
-            plugin = self._objects[row] = base.build(row, _function(row.function))
+            entry = _KINDS[kind][name]  # the function or class, imported once
+            plugin = self._objects[row] = base.build(row, entry.fn)
         return plugin
 
     def filter(self, name: str) -> base.FilterPlugin:

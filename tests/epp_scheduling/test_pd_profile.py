@@ -7,8 +7,8 @@ import dataclasses
 import random
 
 from epp.datalayer.endpoint_records import EndpointState
-from epp.scheduling import WeightedScheduler
 from epp.scheduling.disaggregation import pick_disaggregated, uncached_tokens
+from epp.scheduling.weighted import WeightedScheduler
 from gateway.pool_config import DisaggregationConfig
 
 from .factories import req, snap, state
