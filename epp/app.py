@@ -32,6 +32,7 @@ from epp.requestcontrol.header_policy import HeaderPolicy
 from epp.requestcontrol.processor import EppProcessor
 from epp.requestcontrol.scale_from_zero import EmptyPoolHold
 from epp.requestcontrol.telemetry import Telemetry
+from epp.scheduling.disaggregation import Disaggregated
 from epp.scheduling.weighted import WeightedScheduler
 from epp.workers.processes import WorkerFront, resolve_workers, start_worker_front
 from extproc.server import (
@@ -80,8 +81,14 @@ class SharedRuntime:
 
 
 def build_scheduler(
-    config: GatewayConfig, previous: WeightedScheduler | None = None, kv_index: KVIndex | None = None
+    config: GatewayConfig,
+    previous: WeightedScheduler | None = None,
+    kv_index: KVIndex | None = None,
+    pool_name: str | None = None,
 ) -> WeightedScheduler:
+    """The scheduler of `config` for pool `pool_name` (None: an aggregated pool), taking over
+    what `previous` learned."""
+    pd = config.pool(pool_name).disaggregation if pool_name is not None else None
     return WeightedScheduler(
         config.scheduler_profiles(),
         default_profile=config.default_profile,
@@ -89,6 +96,7 @@ def build_scheduler(
         residency=previous.residency if previous is not None else None,
         kv_index=kv_index if kv_index is not None else previous.kv_index if previous is not None else None,
         plugins=previous.plugins if previous is not None else None,
+        handler=Disaggregated(pd) if pd is not None else None,
     )
 
 
@@ -155,7 +163,7 @@ class EppApp:
         # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
         kv = pool_config.kv_events
         self.kv_index = KVIndex(kv.max_blocks if kv else KVIndex().max_blocks)
-        self.scheduler = build_scheduler(config, kv_index=self.kv_index)
+        self.scheduler = build_scheduler(config, kv_index=self.kv_index, pool_name=pool_name)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.flow = FlowController(self.telemetry.registry, config.flow_control)
         self.empty_pool = EmptyPoolHold(self.telemetry.registry, pool_name)
@@ -282,7 +290,7 @@ class EppApp:
             log.warning("sharedState changed: it is read at start; restart the EPP to apply it")
         if config.pool(self.pool_name).epp.workers != self._workers_setting and self._shared is None:
             log.warning("epp.workers changed: it is read at start; restart the EPP to apply it")
-        self.scheduler = build_scheduler(config, self.scheduler)
+        self.scheduler = build_scheduler(config, self.scheduler, pool_name=self.pool_name)
         self.ctx.scheduler = self.scheduler
         self._apply(config)
 

@@ -95,6 +95,15 @@ SCORER_NAMES: tuple[str, ...] = tuple(SCORERS)
 _KINDS: dict[Kind, Mapping[str, Plugin]] = {"filter": FILTERS, "scorer": SCORERS, "picker": PICKERS}
 
 
+def cached_share(scores: Mapping[str, float]) -> float | None:
+    """The share of the prompt the pod caches, from one pod's decision scores: the first score
+    of a `cached_share` row (one that reads token ids before one that does not); None: none."""
+    rows = [r for r in plugin_catalogue.rows("scorer") if r.cached_share and r.name in scores]
+    if not rows:
+        return None
+    return scores[min(rows, key=lambda r: not r.uses_tokens).name]
+
+
 class Plugins:
     """The plugin objects of one scheduler, one per catalogue row, built when first asked for;
     a scheduler that replaces another (a configuration reload) takes over its `Plugins`, hence

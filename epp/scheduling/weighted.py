@@ -3,7 +3,9 @@
 pick(): the profile's filters (by default the catalogue's, in its order: serving -> healthy ->
 fresh (stale) -> unsaturated (or all, flagged) -> adapter-slots) -> `prepare` of the profile's
 plugins that have one -> each weighted scorer once over all candidates ->
-total = sum(weight x score) -> picker. The plugins are objects (epp/scheduling/plugins/base.py),
+total = sum(weight x score) -> picker -> the latency objective's order (epp/scheduling/slo.py)
+for a request that has one. That is one ranking (`rank`); `pick` is the pool's handler over
+rankings: one, or P/D's decode and prefill rankings (epp/scheduling/disaggregation.py). The plugins are objects (epp/scheduling/plugins/base.py),
 one per catalogue row, owning their state; the request control's lifecycle hooks (`on_routed`,
 `on_first_token`, `on_finished`, `on_aborted`) reach every plugin of the profiles that has one.
 The prompt is hashed at most once per request, with one block size chosen in `pick` from the
@@ -24,13 +26,14 @@ from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.decision import Decision, ScoreTable
+from epp.scheduling.disaggregation import Handler, SinglePick
 from epp.scheduling.filters import FilterContext
 from epp.scheduling.picker import exact_load
 from epp.scheduling.plugins.base import HOOKS, FilterPlugin, PickerPlugin, Plugin, ScorerPlugin
 from epp.scheduling.registry import FILTERS, SCORERS, Plugins
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
-from epp.scheduling.slo import slo_order
+from epp.scheduling.slo import LatencyObjective
 from epp.scheduling.ttft_prediction import predict_ttft
 from gateway.profiles import BUILTIN_PROFILES, Profile
 
@@ -88,9 +91,11 @@ class WeightedScheduler:
         residency: AdapterResidency | None = None,
         kv_index: KVIndex | None = None,
         plugins: Plugins | None = None,
+        handler: Handler | None = None,
     ) -> None:
         """`plugins`: the plugin objects of a scheduler this one replaces (a configuration
-        reload), whose state carries over; None: new ones."""
+        reload), whose state carries over; None: new ones. `handler`: how a decision uses
+        rankings (epp/scheduling/disaggregation.py; None: `SinglePick`)."""
         if default_profile not in profiles:
             raise ValueError(f"default profile {default_profile!r} is not among {sorted(profiles)}")
         self.default_profile = default_profile
@@ -98,6 +103,8 @@ class WeightedScheduler:
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
         self.residency = residency if residency is not None else AdapterResidency()
         self.plugins = plugins if plugins is not None else Plugins()
+        self.handler = handler if handler is not None else SinglePick()
+        self.objective = LatencyObjective()
         self.profiles = profiles
         self.kv_index = kv_index  # the pods' own KV events; None: precise-prefix-cache = prefix-cache
         # request_id -> (the prompt object picked, its block size in characters, its hashes
@@ -134,6 +141,11 @@ class WeightedScheduler:
         return self._plan_for(request).uses_tokens
 
     def pick(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
+        """The pool's handler over this scheduler's rankings (one, or P/D's two)."""
+        return self.handler.decide(self.rank, request, snapshot)
+
+    def rank(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
+        """One ranking of the request's profile over `snapshot`."""
         plan = self._plan_for(request)
         profile = plan.profile
         th = profile.thresholds
@@ -178,10 +190,7 @@ class WeightedScheduler:
 
         loads = (lambda i: exact_load(candidates[i])) if th.tie_band > 0.0 else None
         order = plan.picker.pick(totals, self.rng, loads, th.tie_band)
-        slo_met: bool | None = None
-        if request.slo_ttft_s is not None and order:  # predicted whether the profile weighs it or not
-            predicted = [None if t is None else t.total_s for t in predict_ttft(request, candidates, ctx)]
-            order, slo_met = slo_order(order, predicted, request.slo_ttft_s)
+        order, slo_met = self.objective.order(request, order, candidates, ctx)
         prefill_s = 0.0
         if order:  # the pod most likely routed to: bound its prefix LRU by its KV cache
             self._bound_prefix_lru(candidates[order[0]], block_chars)
