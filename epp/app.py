@@ -32,8 +32,7 @@ from epp.requestcontrol.header_policy import HeaderPolicy
 from epp.requestcontrol.processor import EppProcessor
 from epp.requestcontrol.scale_from_zero import EmptyPoolHold
 from epp.requestcontrol.telemetry import Telemetry
-from epp.scheduling.disaggregation import Disaggregated
-from epp.scheduling.weighted import WeightedScheduler
+from epp.scheduling.weighted import build_scheduler
 from epp.workers.processes import WorkerFront, resolve_workers, start_worker_front
 from extproc.server import (
     GrpcService,
@@ -78,26 +77,6 @@ class SharedRuntime:
 
     store: ConfigStore[GatewayConfig]
     tracing: Tracing
-
-
-def build_scheduler(
-    config: GatewayConfig,
-    previous: WeightedScheduler | None = None,
-    kv_index: KVIndex | None = None,
-    pool_name: str | None = None,
-) -> WeightedScheduler:
-    """The scheduler of `config` for pool `pool_name` (None: an aggregated pool), taking over
-    what `previous` learned."""
-    pd = config.pool(pool_name).disaggregation if pool_name is not None else None
-    return WeightedScheduler(
-        config.scheduler_profiles(),
-        default_profile=config.default_profile,
-        prefix_index=previous.prefix_index if previous is not None else None,
-        residency=previous.residency if previous is not None else None,
-        kv_index=kv_index if kv_index is not None else previous.kv_index if previous is not None else None,
-        plugins=previous.plugins if previous is not None else None,
-        handler=Disaggregated(pd) if pd is not None else None,
-    )
 
 
 class EppApp:

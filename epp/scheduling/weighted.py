@@ -26,7 +26,7 @@ from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.decision import Decision, ScoreTable
-from epp.scheduling.disaggregation import Handler, SinglePick
+from epp.scheduling.disaggregation import Disaggregated, Handler, SinglePick
 from epp.scheduling.filters import FilterContext
 from epp.scheduling.picker import exact_load
 from epp.scheduling.plugins.base import HOOKS, FilterPlugin, PickerPlugin, Plugin, ScorerPlugin
@@ -35,6 +35,7 @@ from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
 from epp.scheduling.slo import LatencyObjective
 from epp.scheduling.ttft_prediction import predict_ttft
+from gateway.config import GatewayConfig
 from gateway.profiles import BUILTIN_PROFILES, Profile
 
 # Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
@@ -260,3 +261,23 @@ class WeightedScheduler:
         recent[request.request_id] = (request.prompt, block_chars, hashes)
         if len(recent) > _RECENT_HASHES:
             recent.popitem(last=False)
+
+
+def build_scheduler(
+    config: GatewayConfig,
+    previous: WeightedScheduler | None = None,
+    kv_index: KVIndex | None = None,
+    pool_name: str | None = None,
+) -> WeightedScheduler:
+    """The scheduler of `config` for pool `pool_name` (None: an aggregated pool), taking over
+    what `previous` learned."""
+    pd = config.pool(pool_name).disaggregation if pool_name is not None else None
+    return WeightedScheduler(
+        config.scheduler_profiles(),
+        default_profile=config.default_profile,
+        prefix_index=previous.prefix_index if previous is not None else None,
+        residency=previous.residency if previous is not None else None,
+        kv_index=kv_index if kv_index is not None else previous.kv_index if previous is not None else None,
+        plugins=previous.plugins if previous is not None else None,
+        handler=Disaggregated(pd) if pd is not None else None,
+    )
