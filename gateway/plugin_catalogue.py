@@ -8,8 +8,10 @@ its token ids). Everything reads the same rows: profile validation (gateway/prof
 scheduler (epp/scheduling/registry.py binds the functions), the CRD and the chart schema
 (tools/), docs/scheduling.md's plugin table (`python -m tools.plugin_table`).
 
-Adding a scorer is one function (`score(request, candidates, ctx) -> list[float]`, its formula
-in its docstring) and one row here; `add` registers a row from elsewhere (an extension, a test).
+Adding a stateless scorer is one function (`score(request, candidates, ctx) -> list[float]`, its
+formula in its docstring) and one row here; one with state of its own is one plugin class
+(epp/scheduling/plugins/base.py) and one row naming it. `add` registers a row from elsewhere
+(an extension, a test).
 """
 
 from __future__ import annotations
