@@ -8,16 +8,15 @@ for a request that has one. That is one ranking (`rank`); `pick` is the pool's h
 rankings: one, or P/D's decode and prefill rankings (epp/scheduling/disaggregation.py). The plugins are objects (epp/scheduling/plugins/base.py),
 one per catalogue row, owning their state; the request control's lifecycle hooks (`on_routed`,
 `on_first_token`, `on_finished`, `on_aborted`) reach every plugin of the profiles that has one.
-The prompt is hashed at most once per request, with one block size chosen in `pick` from the
-candidates' reported KV block size; `on_routed` reuses those hashes, or that block size when
-the profile did not need them (a prefix weight of 0), so what is learned is what later picks
-look up. Hashes are keyed by (base model, adapter): a hit needs the same adapter.
+The prompt is hashed at most once per request, with one block size chosen in `rank` from the
+candidates' reported KV block size, which the prefix learner (epp/scheduling/learning.py)
+reuses at `on_routed`. The lifecycle hooks go to the two learners of the shared indexes, then
+to the plugins that override them.
 """
 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,8 +27,16 @@ from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.scheduling.decision import Decision, ScoreTable
 from epp.scheduling.disaggregation import Disaggregated, Handler, SinglePick
 from epp.scheduling.filters import FilterContext
+from epp.scheduling.learning import AdapterLearning, PrefixLearning
 from epp.scheduling.picker import exact_load
-from epp.scheduling.plugins.base import HOOKS, FilterPlugin, PickerPlugin, Plugin, ScorerPlugin
+from epp.scheduling.plugins.base import (
+    HOOKS,
+    FilterPlugin,
+    LifecycleHooks,
+    PickerPlugin,
+    Plugin,
+    ScorerPlugin,
+)
 from epp.scheduling.registry import FILTERS, SCORERS, Plugins
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
@@ -37,10 +44,6 @@ from epp.scheduling.slo import LatencyObjective
 from epp.scheduling.ttft_prediction import predict_ttft
 from gateway.config import GatewayConfig
 from gateway.profiles import BUILTIN_PROFILES, Profile
-
-# Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
-# that is picked but never routed must not leak).
-_RECENT_HASHES = 4096
 
 
 def block_chars_for(candidates: Sequence[EndpointState], default: int = DEFAULT_BLOCK_CHARS) -> int:
@@ -104,14 +107,12 @@ class WeightedScheduler:
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
         self.residency = residency if residency is not None else AdapterResidency()
         self.plugins = plugins if plugins is not None else Plugins()
+        self._prefix = PrefixLearning(self.prefix_index)
+        self._learners: tuple[LifecycleHooks, ...] = (AdapterLearning(self.residency), self._prefix)
         self.handler = handler if handler is not None else SinglePick()
         self.objective = LatencyObjective()
         self.profiles = profiles
         self.kv_index = kv_index  # the pods' own KV events; None: precise-prefix-cache = prefix-cache
-        # request_id -> (the prompt object picked, its block size in characters, its hashes
-        # if the profile computed them); the identity check guards against two requests that
-        # share a client-chosen id.
-        self._recent: OrderedDict[str, tuple[str, int, tuple[int, ...] | None]] = OrderedDict()
 
     @property
     def profiles(self) -> dict[str, Profile]:
@@ -122,7 +123,7 @@ class WeightedScheduler:
         """Each profile's plugins resolved once, and which plugins hear which lifecycle hook."""
         self._profiles = dict(profiles)
         self._plans = {name: _Plan.of(p, self.plugins) for name, p in self._profiles.items()}
-        used: dict[int, Plugin] = {}
+        used: dict[int, LifecycleHooks] = {id(p): p for p in self._learners}
         for plan in self._plans.values():
             for plugin in (*plan.filters, *(p for _, _, p in plan.scorers), plan.picker):
                 used[id(plugin)] = plugin
@@ -163,8 +164,8 @@ class WeightedScheduler:
         block_chars = block_chars_for(candidates, self.prefix_index.block_chars)
         hashes: tuple[int, ...] | None = None
         if plan.uses_prefix:
-            hashes = self._hashes(request, block_chars)
-        self._remember(request, block_chars, hashes)
+            hashes = self._prefix.hashes(request, block_chars)
+        self._prefix.remember(request, block_chars, hashes)
         addresses = [s.endpoint.address for s in candidates]
         ctx = ScoringContext(
             thresholds=th,
@@ -208,17 +209,7 @@ class WeightedScheduler:
         )
 
     def on_routed(self, request: InferenceRequest, address: str) -> None:
-        """Remember the request's prefix blocks, and its adapter, on the pod it was sent to."""
-        if request.adapter is not None:
-            self.residency.on_routed(address, request.adapter, request.expected_output_tokens)
-        block_chars, hashes = self.prefix_index.block_chars, None
-        cached = self._recent.pop(request.request_id, None)
-        if cached is not None and cached[0] is request.prompt:
-            _, block_chars, hashes = cached
-        if hashes is None:
-            hashes = self._hashes(request, block_chars)
-        if hashes:
-            self.prefix_index.add(address, hashes)
+        """The request was sent to `address`: its prefix and adapter there, and the plugins'."""
         for plugin in self._hooked["on_routed"]:
             plugin.on_routed(request, address)
 
@@ -228,17 +219,12 @@ class WeightedScheduler:
             plugin.on_first_token(request, address)
 
     def on_finished(self, request: InferenceRequest, address: str) -> None:
-        """The request routed to `address` ended there (once per `on_routed`): its adapter's
-        slot there is one request less pinned."""
-        if request.adapter is not None:
-            self.residency.on_finished(address, request.adapter)
+        """The request routed to `address` ended there (once per `on_routed`)."""
         for plugin in self._hooked["on_finished"]:
             plugin.on_finished(request, address)
 
     def on_aborted(self, request: InferenceRequest, address: str) -> None:
         """As `on_finished`, for a request that ended without a response (plugins may tell)."""
-        if request.adapter is not None:
-            self.residency.on_finished(address, request.adapter)
         for plugin in self._hooked["on_aborted"]:
             plugin.on_aborted(request, address)
 
@@ -250,17 +236,6 @@ class WeightedScheduler:
             return
         tokens = m.num_gpu_blocks * m.block_size
         self.prefix_index.set_capacity(state.endpoint.address, tokens * CHARS_PER_TOKEN // block_chars)
-
-    def _hashes(self, request: InferenceRequest, block_chars: int) -> tuple[int, ...]:
-        return self.prefix_index.hashes(
-            request.target_model, request.prompt, block_chars, request.adapter, request.prefix
-        )
-
-    def _remember(self, request: InferenceRequest, block_chars: int, hashes: tuple[int, ...] | None) -> None:
-        recent = self._recent
-        recent[request.request_id] = (request.prompt, block_chars, hashes)
-        if len(recent) > _RECENT_HASHES:
-            recent.popitem(last=False)
 
 
 def build_scheduler(

@@ -39,24 +39,9 @@ from gateway.plugin_catalogue import PluginRow
 HOOKS = ("on_routed", "on_first_token", "on_finished", "on_aborted")
 
 
-class Plugin:
-    """A catalogue row's plugin; subclasses override what they use (all hooks do nothing)."""
-
-    kind: ClassVar[str] = ""
-
-    def __init__(self, row: PluginRow) -> None:
-        self.row = row
-        self.name = row.name
-
-    def params(self, ctx: ScoringContext | FilterContext) -> BaseModel:
-        """This plugin's parameters for the decision: the profile's thresholds, which include
-        the row's model's fields (gateway/scheduling_params.py)."""
-        return ctx.thresholds
-
-    def prepare(
-        self, request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
-    ) -> None:
-        """Once per decision whose profile names this plugin, after the filters, before any scorer."""
+class LifecycleHooks:
+    """What request control tells the scheduler about a routed request; each hook does nothing
+    unless overridden (the scheduler calls only the overridden ones)."""
 
     def on_routed(self, request: InferenceRequest, address: str) -> None:
         """The request was sent to `address`."""
@@ -75,10 +60,30 @@ class Plugin:
     def hooks(self) -> tuple[str, ...]:
         """The lifecycle hooks this plugin's class overrides (the scheduler calls only those;
         `on_aborted` too when only `on_finished` is, which it calls by default)."""
-        own = {h for h in HOOKS if getattr(type(self), h) is not getattr(Plugin, h)}
+        own = {h for h in HOOKS if getattr(type(self), h) is not getattr(LifecycleHooks, h)}
         if "on_finished" in own:
             own.add("on_aborted")
         return tuple(h for h in HOOKS if h in own)
+
+
+class Plugin(LifecycleHooks):
+    """A catalogue row's plugin; subclasses override what they use."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, row: PluginRow) -> None:
+        self.row = row
+        self.name = row.name
+
+    def params(self, ctx: ScoringContext | FilterContext) -> BaseModel:
+        """This plugin's parameters for the decision: the profile's thresholds, which include
+        the row's model's fields (gateway/scheduling_params.py)."""
+        return ctx.thresholds
+
+    def prepare(
+        self, request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+    ) -> None:
+        """Once per decision whose profile names this plugin, after the filters, before any scorer."""
 
     def prepares(self) -> bool:
         return type(self).prepare is not Plugin.prepare
