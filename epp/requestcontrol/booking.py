@@ -92,9 +92,10 @@ class Booking:
         self._ctx.scheduler.on_routed(self.request, served)  # it runs (and caches) there
         self.address, self.counted_at = served, -math.inf  # not routed since `served`'s scrape
 
-    def responded(self) -> None:
-        """The pod began its response (its headers: the first the EPP sees of it)."""
-        if not self.released:
+    def responded(self, status: int) -> None:
+        """The pod began its response (its headers: the first the EPP sees of it); a 5xx is no
+        first token (the request ends aborted)."""
+        if status < 500 and not self.released:
             self._ctx.scheduler.on_first_token(self.request, self.address)
 
     def release(self, aborted: bool = False) -> bool:

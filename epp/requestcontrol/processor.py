@@ -396,7 +396,7 @@ class EppProcessor:
         served = headers.get(SERVED_HEADER)
         if served:
             booking.move(served)
-        booking.responded()
+        booking.responded(self._status)
         out = {DECISION_HEADER: self._explain} if self._explain else {}
         if self._ctx.conformance_test_mode:
             out[conformance_mode.SERVED_RESULT_HEADER] = (

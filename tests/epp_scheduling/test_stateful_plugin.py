@@ -24,7 +24,7 @@ from epp.requestcontrol.telemetry import Telemetry
 from epp.scheduling.plugins.base import ScorerPlugin
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scorers import ScoringContext
-from extproc.headers import DESTINATION_HEADER
+from extproc.headers import DESTINATION_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
 from gateway import plugin_catalogue
 from gateway.config import GatewayConfig, parse_config
@@ -155,3 +155,45 @@ def test_a_profile_names_only_filters_of_the_catalogue(row: PluginRow) -> None:
         config(["serving", "no-such-filter"])
     with pytest.raises(ValueError, match="named twice"):
         config(["serving", "serving"])
+
+
+class Ledger(AwaitingFirstToken):
+    """The same plugin, logging every hook it hears."""
+
+    def __init__(self, row: PluginRow) -> None:
+        super().__init__(row)
+        self.heard: list[tuple[str, str, str]] = []
+
+    def on_routed(self, request: InferenceRequest, address: str) -> None:
+        self.heard.append(("routed", request.request_id, address))
+
+    def on_first_token(self, request: InferenceRequest, address: str) -> None:
+        self.heard.append(("first token", request.request_id, address))
+
+    def on_finished(self, request: InferenceRequest, address: str) -> None:
+        self.heard.append(("finished", request.request_id, address))
+
+    def on_aborted(self, request: InferenceRequest, address: str) -> None:
+        self.heard.append(("aborted", request.request_id, address))
+
+
+async def test_a_retry_elsewhere_is_aborted_there_and_routed_on_the_pod_that_served() -> None:
+    with plugin_catalogue.add(PluginRow("scorer", "awaiting-first-token", f"{__name__}:Ledger")):
+        ctx = make_ctx(config(["serving"]))
+        heard = plugin(ctx).heard  # type: ignore[attr-defined]
+        proc, first = await route(ctx, 1)
+        other = B if first == A else A
+        proc.on_response_headers({":status": "200", SERVED_HEADER: other})  # Envoy retried there
+        proc.on_close(True)
+        failed, chosen = await route(ctx, 2)
+        failed.on_response_headers({":status": "503"})
+        failed.on_close(True)
+    assert heard == [
+        ("routed", "r1", first),
+        ("aborted", "r1", first),
+        ("routed", "r1", other),
+        ("first token", "r1", other),
+        ("finished", "r1", other),
+        ("routed", "r2", chosen),
+        ("aborted", "r2", chosen),  # a 5xx: no first token
+    ]

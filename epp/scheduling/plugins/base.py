@@ -6,8 +6,8 @@ A plugin runs in three places:
   candidates they left and the decision's `ScoringContext`);
 - per routed request, from request control (epp/requestcontrol/booking.py), on every plugin
   that overrides the hook: `on_routed` (the pod it was sent to), `on_first_token` (the pod's
-  response began: its headers, the first the EPP sees of it, as response bodies are not
-  streamed to the EPP), then exactly one of `on_finished` / `on_aborted` (a 5xx, or closed
+  response began: its headers unless a 5xx, the first the EPP sees of it, as response bodies
+  are not streamed to the EPP), then exactly one of `on_finished` / `on_aborted` (a 5xx, or closed
   before any response; by default the same as finished). A retry that lands on another pod
   is `on_aborted` on the first and `on_routed` on the second.
 
