@@ -76,7 +76,7 @@ generated: $(STAMP)
 # The committed Envoy bootstraps (deploy/ and envoy/example-bootstrap.yaml) from the renderer;
 # tests/k8s/test_manifests.py fails when one drifts from it.
 envoy-configs: $(STAMP)
-	$(BIN)/python -m gateway.render_envoy --deploy
+	$(BIN)/python -m tools.deploy_configs
 
 # The proto package is its directory under proto/ and the Python package it generates into
 # (globalrouter.api.v1 -> globalrouter/api/v1/*_pb2*.py).

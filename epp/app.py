@@ -32,7 +32,7 @@ from epp.requestcontrol.header_policy import HeaderPolicy
 from epp.requestcontrol.processor import EppProcessor
 from epp.requestcontrol.scale_from_zero import EmptyPoolHold
 from epp.requestcontrol.telemetry import Telemetry
-from epp.scheduling.weighted import WeightedScheduler
+from epp.scheduling.weighted import build_scheduler
 from epp.workers.processes import WorkerFront, resolve_workers, start_worker_front
 from extproc.server import (
     GrpcService,
@@ -77,19 +77,6 @@ class SharedRuntime:
 
     store: ConfigStore[GatewayConfig]
     tracing: Tracing
-
-
-def build_scheduler(
-    config: GatewayConfig, previous: WeightedScheduler | None = None, kv_index: KVIndex | None = None
-) -> WeightedScheduler:
-    return WeightedScheduler(
-        config.scheduler_profiles(),
-        default_profile=config.default_profile,
-        prefix_index=previous.prefix_index if previous is not None else None,
-        residency=previous.residency if previous is not None else None,
-        memory=previous.memory if previous is not None else None,
-        kv_index=kv_index if kv_index is not None else previous.kv_index if previous is not None else None,
-    )
 
 
 class EppApp:
@@ -155,7 +142,7 @@ class EppApp:
         # Precise prefix state from the pods' own KV events (pools with kvEvents / annotations).
         kv = pool_config.kv_events
         self.kv_index = KVIndex(kv.max_blocks if kv else KVIndex().max_blocks)
-        self.scheduler = build_scheduler(config, kv_index=self.kv_index)
+        self.scheduler = build_scheduler(config, kv_index=self.kv_index, pool_name=pool_name)
         self.telemetry.attach_prefix_index(self.scheduler.prefix_index)
         self.flow = FlowController(self.telemetry.registry, config.flow_control)
         self.empty_pool = EmptyPoolHold(self.telemetry.registry, pool_name)
@@ -283,7 +270,7 @@ class EppApp:
             log.warning("sharedState changed: it is read at start; restart the EPP to apply it")
         if config.pool(self.pool_name).epp.workers != self._workers_setting and self._shared is None:
             log.warning("epp.workers changed: it is read at start; restart the EPP to apply it")
-        self.scheduler = build_scheduler(config, self.scheduler)
+        self.scheduler = build_scheduler(config, self.scheduler, pool_name=self.pool_name)
         self.ctx.scheduler = self.scheduler
         self._apply(config)
 

@@ -8,8 +8,10 @@ its token ids). Everything reads the same rows: profile validation (gateway/prof
 scheduler (epp/scheduling/registry.py binds the functions), the CRD and the chart schema
 (tools/), docs/scheduling.md's plugin table (`python -m tools.plugin_table`).
 
-Adding a scorer is one function (`score(request, candidates, ctx) -> list[float]`, its formula
-in its docstring) and one row here; `add` registers a row from elsewhere (an extension, a test).
+Adding a stateless scorer is one function (`score(request, candidates, ctx) -> list[float]`, its
+formula in its docstring) and one row here; one with state of its own is one plugin class
+(epp/scheduling/plugins/base.py) and one row naming it. `add` registers a row from elsewhere
+(an extension, a test).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class PluginRow:
     params: type[BaseModel] | None = None
     uses_prefix: bool = False  # the scheduler hashes the prompt only for profiles that need it
     uses_tokens: bool = False  # the EPP tokenizes the prompt only for profiles that need it
+    # Its score is the share of the prompt the pod caches: P/D's uncached estimate and the
+    # prefix-hit metric read the decision's first such score (one reading token ids first).
+    cached_share: bool = False
 
 
 _SCORERS = "epp.scheduling.scorers"
@@ -53,7 +58,14 @@ _ROWS: list[PluginRow] = [
     PluginRow("filter", "adapter-slots", "epp.scheduling.filters:adapter_slots"),  # `adapterPlacement`
     PluginRow("scorer", "queue", f"{_SCORERS}:queue"),
     PluginRow("scorer", "kv-cache", f"{_SCORERS}:kv_cache"),
-    PluginRow("scorer", "prefix-cache", f"{_SCORERS}:prefix_cache", PrefixParams, uses_prefix=True),
+    PluginRow(
+        "scorer",
+        "prefix-cache",
+        f"{_SCORERS}:prefix_cache",
+        PrefixParams,
+        uses_prefix=True,
+        cached_share=True,
+    ),
     PluginRow(
         "scorer",
         "precise-prefix-cache",
@@ -61,6 +73,7 @@ _ROWS: list[PluginRow] = [
         PrefixParams,
         uses_prefix=True,
         uses_tokens=True,
+        cached_share=True,
     ),
     PluginRow("scorer", "lora-affinity", f"{_SCORERS}:lora_affinity"),
     PluginRow("scorer", "running-requests", f"{_SCORERS}:running_requests"),

@@ -49,6 +49,10 @@ class Profile(BaseModel):
 
     name: SkipJsonSchema[str] = Field(default="", exclude=True)  # set from its key in `profiles`
     weights: dict[str, Weight]
+    # The filters this profile runs, in this order (the catalogue's names); None: every filter
+    # of the catalogue, in its order. `adapter-slots` reads what `unsaturated` set aside, so it
+    # adds saturated pods back only after it.
+    filters: tuple[str, ...] | None = None
     picker: PickerName = "max"
     priority: int = Field(default=0, strict=True)
     thresholds: Thresholds = DEFAULT_THRESHOLDS
@@ -66,6 +70,17 @@ class Profile(BaseModel):
         if not any(w > 0 for w in weights.values()):
             raise ValueError("at least one weight must be > 0")
         return weights
+
+    @field_validator("filters")
+    @classmethod
+    def _known_filters(cls, filters: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        known = plugin_catalogue.names("filter")
+        for name in filters or ():
+            if name not in known:
+                raise ValueError(f"unknown filter {name!r} (known: {', '.join(known)})")
+        if filters is not None and len(set(filters)) != len(filters):
+            raise ValueError("a filter is named twice")
+        return filters
 
     def resolved(self, name: str, pool_wide: Thresholds) -> Profile:
         """This profile named `name`, its own thresholds over the pool-wide ones."""
@@ -156,6 +171,3 @@ def profiles_from_dict(
 
 BUILTIN_PROFILES: Mapping[str, Profile] = MappingProxyType(resolve_profiles())
 DEFAULT = BUILTIN_PROFILES["default"]
-CHAT = BUILTIN_PROFILES["chat"]
-BATCH = BUILTIN_PROFILES["batch"]
-PREDICTED = BUILTIN_PROFILES["predicted"]

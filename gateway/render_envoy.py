@@ -2,8 +2,8 @@
 
 The same renderer as `make run` and the tests (gateway/envoy/bootstrap.py), fed with a config
 file and where the services live, so the Kubernetes bootstraps in deploy/ are generated, not
-hand-written: `python -m gateway.render_envoy --deploy` rewrites them all, and a test fails
-when a committed one differs from what the renderer makes of its configuration.
+hand-written: `python -m tools.deploy_configs` rewrites them all with this renderer, and a test
+fails when a committed one differs from what the renderer makes of its configuration.
 
 With `--xds HOST:PORT` it writes instead the bootstrap that points Envoy at the xDS server
 (gateway/xds.py, over ADS; mTLS with `--extproc-tls-dir`) and, with `--topology-out`, the
@@ -22,59 +22,11 @@ from pathlib import Path
 
 import yaml
 
-from gateway import deploy_pools
 from gateway.config import GatewayConfig, load_config
 from gateway.envoy.blocks import host_port_argument
 from gateway.envoy.bootstrap import render_bootstrap
 from gateway.envoy.topology import ExtProcTls, Topology
 from gateway.envoy.xds_resources import topology_to_json, xds_bootstrap
-
-NAMESPACE = deploy_pools.NAMESPACE
-_REPO = Path(__file__).resolve().parents[1]
-_SVC = f"{NAMESPACE}.svc.cluster.local"
-# In a cluster the listener must take the Service's traffic (0.0.0.0) and TLS terminates at the
-# load balancer in front (deploy/overlays/eks-hyperpod/envoy-nlb.yaml), hence explicit plain HTTP.
-_BASE_ARGS = [
-    "--config", "deploy/base/config/gateway.yaml",
-    "--listen", "0.0.0.0:8080",
-    "--plain-http",
-    "--bbr", f"bbr.{_SVC}:9004",
-    # Every pool's EPP (gateway/deploy_pools.py): `epp` for the first pool, `epp-<pool>` after.
-    *deploy_pools.epp_arguments(_REPO),
-    "--buffer-bytes", str(16 * 1024 * 1024),
-]  # fmt: skip
-# The readable example next to the Envoy docs: local services, HTTPS on loopback.
-_EXAMPLE_ARGS = [
-    "--config", "envoy/example-gateway.yaml",
-    "--tls-cert", "/etc/gateway/tls/tls.crt",
-    "--tls-key", "/etc/gateway/tls/tls.key",
-    "--bbr", "127.0.0.1:9004",
-    "--epp", "llama=127.0.0.1:9002",
-    "--epp", "qwen=127.0.0.1:9003",
-]  # fmt: skip
-# (output, arguments): the bootstraps the kustomizations mount, and the example.
-# mTLS to BBR/EPP is the default; overlays/dev alone is plaintext.
-DEPLOY_BOOTSTRAPS: list[tuple[str, list[str]]] = [
-    ("deploy/base/envoy/envoy.yaml", [*_BASE_ARGS, "--extproc-tls-dir", "/etc/envoy-tls"]),
-    ("deploy/overlays/dev/envoy-plaintext-bootstrap.yaml", _BASE_ARGS),
-    ("envoy/example-bootstrap.yaml", _EXAMPLE_ARGS),
-]
-# Where the xDS server (deploy/base/xds.yaml) listens, for Envoy's bootstrap.
-XDS_SERVICE = f"xds.{_SVC}:18000"
-# (bootstrap, topology, arguments): what Envoy and the xDS server of deploy/ mount by default;
-# mTLS in the base (Envoy's client certificate for the xDS server too), plaintext in overlays/dev.
-DEPLOY_XDS: list[tuple[str, str, list[str]]] = [
-    (
-        "deploy/base/envoy/envoy-xds.yaml",
-        "deploy/base/xds/topology.json",
-        [*_BASE_ARGS, "--extproc-tls-dir", "/etc/envoy-tls", "--xds", XDS_SERVICE],
-    ),
-    (
-        "deploy/overlays/dev/envoy-xds-plaintext.yaml",
-        "deploy/overlays/dev/topology-plaintext.json",
-        [*_BASE_ARGS, "--xds", XDS_SERVICE],
-    ),
-]
 
 
 def _pool_address(value: str) -> tuple[str, tuple[str, int]]:
@@ -121,7 +73,6 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--topology-out", type=Path, help="with --xds: write the xDS server's --topology here")
     p.add_argument("--out", type=Path, help="output file (YAML)")
-    p.add_argument("--deploy", action="store_true", help="regenerate every bootstrap under deploy/")
     return p
 
 
@@ -188,19 +139,6 @@ def _topology(args: argparse.Namespace) -> tuple[GatewayConfig, Topology]:
 
 def main() -> None:
     args = parser().parse_args()
-    if args.deploy:
-        for out, render in deploy_pools.GENERATED:
-            Path(out).write_text(render(Path(".")))
-            print(f"wrote {out}")
-        for out, argv in DEPLOY_BOOTSTRAPS:
-            Path(out).write_text(render_yaml(argv))
-            print(f"wrote {out}")
-        for out, topology, argv in DEPLOY_XDS:
-            Path(out).write_text(render_yaml(argv))
-            Path(topology).parent.mkdir(parents=True, exist_ok=True)
-            Path(topology).write_text(render_topology(argv))
-            print(f"wrote {out} and {topology}")
-        return
     import sys
 
     text = render_yaml(sys.argv[1:])

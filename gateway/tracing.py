@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 AttributeValue = Union[str, bool, int, float, Sequence[str], Sequence[int], Sequence[float]]  # noqa: UP007
 Attributes = Mapping[str, AttributeValue]
 
-TRACE_HEADERS = ("traceparent", "tracestate")  # W3C Trace Context
-
 
 def tracing_wanted(config: TracingConfig, environ: Mapping[str, str] = os.environ) -> bool:
     """The config's switch or the standard exporter variable; the SDK's kill switch wins."""

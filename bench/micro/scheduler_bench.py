@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 from bench.micro.parse_metrics_bench import per_call_us
 from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
-from epp.scheduling import BUILTIN_PROFILES, WeightedScheduler, prompt_hashes
+from epp.datalayer.prefix_index import prompt_hashes
 from epp.scheduling.request import InferenceRequest
+from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import BUILTIN_PROFILES
 
 
 def make_snapshot(pods: int, rng: random.Random) -> PoolSnapshot:

@@ -3,13 +3,18 @@
     python -m bench.vtime.decisions dump BEFORE.json     # at the branch point
     python -m bench.vtime.decisions dump AFTER.json      # after the change
     python -m bench.vtime.decisions diff BEFORE.json AFTER.json   # exit 1 on any difference
+    python -m bench.vtime.decisions dump OUT.json --scenario lora --policy epp-chat \\
+        --policy-module bench.harness.flow_policies --pd pd-mixed-chat   # a chosen subset
 
 `dump` runs each scenario x policy of `SCENARIOS` x `POLICIES` at seed 1 (quick mode, the
 scenario's full duration) and records, per request, the pod it went to, its status, its TTFT,
 E2E and inter-token times (as `repr`, every bit), its output tokens and error, plus the run's
 decision count, engine steps, simulated time and flow-control outcomes. The virtual clock makes
 a run a function of the code and the seed, so two dumps of the same code are identical
-(about a minute on one core for the 15 runs).
+(about a minute on one core for the 15 runs). `--scenario` / `--policy` choose others (any
+`epp-<built-in profile>`, or a policy of a `--policy-module`); `--pd NAME` adds the P/D probe's
+scenario NAME (bench/probes/pd_sim.py) with `epp-pd`, every request through
+`pick_disaggregated`, recorded as its run's latency quantiles and split shares to the bit.
 """
 
 from __future__ import annotations
@@ -18,22 +23,30 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bench.harness.scenario import load_scenario
-from bench.vtime.cli import run_one
+from bench.vtime.cli import epp_extra, load_policy_modules, run_one
 
 SCENARIOS = ("uniform", "mixed-gpu", "shared-prefix", "lora", "bursty")
 POLICIES = ("epp-default", "epp-predicted", "epp-best")
 
 
-def dump(seed: int = 1) -> dict[str, Any]:
+def dump(
+    seed: int = 1,
+    scenarios: Sequence[str] = SCENARIOS,
+    policies: Sequence[str] = POLICIES,
+    modules: Sequence[str] = (),
+    pd: Sequence[str] = (),
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for scenario in SCENARIOS:
+    extra = load_policy_modules(list(modules))
+    for scenario in scenarios:
         seeded = load_scenario(f"bench/scenarios/{scenario}.yaml", "quick").with_seed(seed)
-        for policy in POLICIES:
+        for policy in policies:
             started = time.monotonic()
-            results, stats, router = run_one(seeded, policy)
+            results, stats, router = run_one(seeded, policy, extra=epp_extra(policy, extra))
             rows = [
                 [
                     r.index,
@@ -58,7 +71,22 @@ def dump(seed: int = 1) -> dict[str, Any]:
             print(
                 f"{scenario}/{policy}: {len(rows)} requests, {time.monotonic() - started:.1f} s", flush=True
             )
+    for name in pd:
+        out[f"{name}/epp-pd"] = _pd_run(name, seed)
     return out
+
+
+def _pd_run(name: str, seed: int) -> dict[str, Any]:
+    """The P/D probe's `epp-pd` run of scenario `name`: its figures as `repr`, every bit."""
+    from bench.probes import pd_sim  # only when asked: it builds its own engines
+
+    scenario = next(s for s in pd_sim.SCENARIOS if s.name == name)
+    started = time.monotonic()
+    figures = pd_sim.run(scenario, "epp-pd", seed)
+    print(
+        f"{name}/epp-pd: {figures['requests']:.0f} requests, {time.monotonic() - started:.1f} s", flush=True
+    )
+    return {"rows": [[k, repr(v)] for k, v in sorted(figures.items())], "decisions": int(figures["requests"])}
 
 
 def _bits(values: list[float]) -> list[str]:
@@ -90,14 +118,31 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.vtime.decisions", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("dump").add_argument("out")
+    out = sub.add_parser("dump")
+    out.add_argument("out")
+    out.add_argument("--scenario", action="append", help=f"bench/scenarios/NAME.yaml (default {SCENARIOS})")
+    out.add_argument("--policy", action="append", help=f"an epp-* policy (default {POLICIES})")
+    out.add_argument(
+        "--policy-module", action="append", default=[], help="module whose VIRTUAL_POLICIES adds some"
+    )
+    out.add_argument(
+        "--pd", action="append", default=[], help="a P/D probe scenario (bench/probes/pd_sim.py)"
+    )
     cmp = sub.add_parser("diff")
     cmp.add_argument("before")
     cmp.add_argument("after")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
         with open(args.out, "w") as f:
-            json.dump(dump(), f)
+            json.dump(
+                dump(
+                    scenarios=args.scenario or SCENARIOS,
+                    policies=args.policy or POLICIES,
+                    modules=args.policy_module,
+                    pd=args.pd,
+                ),
+                f,
+            )
         return 0
     with open(args.before) as f:
         before = json.load(f)

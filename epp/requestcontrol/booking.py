@@ -6,7 +6,9 @@ indexes), the data-parallel ranks (the rank pinned on the pod, epp/requestcontro
 and, for a disaggregated request, the pool and the scheduler again for its prefill pod. A
 `Booking` makes those records (`book`), moves them when a retry lands on another pod (`move`),
 releases the prefill pod's once its prefill is over (`release_prefill`) and releases all of
-them exactly once (`release`), whatever ends the stream. The processor keeps only the request's
+them exactly once (`release`), whatever ends the stream. The scheduler's lifecycle hooks
+(its plugins', epp/scheduling/plugins/base.py) go out from here: routed (`book`, `move`),
+first token (`responded`), finished or aborted (`release`). The processor keeps only the request's
 protocol state.
 
 The scheduler is the context's current one at each step (a configuration reload replaces it;
@@ -86,12 +88,19 @@ class Booking:
             routed_at=self.counted_at,
             commitment=self._commitment,
         )
-        self._ctx.scheduler.on_finished(self.request, self.address)
+        self._ctx.scheduler.on_aborted(self.request, self.address)
         self._ctx.scheduler.on_routed(self.request, served)  # it runs (and caches) there
         self.address, self.counted_at = served, -math.inf  # not routed since `served`'s scrape
 
-    def release(self) -> bool:
-        """Every record, exactly once; False when already released."""
+    def responded(self, status: int) -> None:
+        """The pod began its response (its headers: the first the EPP sees of it); a 5xx is no
+        first token (the request ends aborted)."""
+        if status < 500 and not self.released:
+            self._ctx.scheduler.on_first_token(self.request, self.address)
+
+    def release(self, aborted: bool = False) -> bool:
+        """Every record, exactly once; False when already released. `aborted`: the request
+        ended without a response (the scheduler's plugins hear `on_aborted`, not `on_finished`)."""
         if self.released:
             return False
         self.released = True
@@ -105,6 +114,9 @@ class Booking:
             routed_at=self.counted_at,
             commitment=self._commitment,
         )
-        self._ctx.scheduler.on_finished(self.request, self.address)
+        if aborted:
+            self._ctx.scheduler.on_aborted(self.request, self.address)
+        else:
+            self._ctx.scheduler.on_finished(self.request, self.address)
         self._commitment = None
         return True

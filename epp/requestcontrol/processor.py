@@ -27,7 +27,7 @@ from epp.requestcontrol.flow_queue import band_of
 from epp.requestcontrol.parse import ParsedBody, parse_body
 from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.decision import Decision
-from epp.scheduling.disaggregation import pick_disaggregated
+from epp.scheduling.registry import cached_share
 from epp.scheduling.request import InferenceRequest, RequestError, request_from_fields
 from extproc.errors import (
     COUNT_TOKENS_PATH,
@@ -204,11 +204,7 @@ class EppProcessor:
 
     def _pick(self, request: InferenceRequest, headers: dict[str, str]) -> Decision:
         """The scheduler's decision; in a disaggregated pool, a decode pod and maybe a prefill pod."""
-        snapshot = self._snapshot(request, headers)
-        pd = self._ctx.config().pool(self._ctx.pool_name).disaggregation
-        if pd is None:
-            return self._ctx.scheduler.pick(request, snapshot)
-        return pick_disaggregated(self._ctx.scheduler, pd, request, snapshot)
+        return self._ctx.scheduler.pick(request, self._snapshot(request, headers))
 
     def _snapshot(self, request: InferenceRequest, headers: dict[str, str]) -> PoolSnapshot:
         """The pool, or only the pod holding `previous_response_id` (epp/scheduling/affinity.py),
@@ -257,7 +253,7 @@ class EppProcessor:
         address = decision.ranked[0]
         destination = ",".join(decision.ranked[: 1 + self._ctx.fallback_endpoints])
         scores = decision.scores.get(address, {})
-        prefix = scores.get("precise-prefix-cache", scores.get("prefix-cache"))
+        prefix = cached_share(scores)
         if prefix is not None:
             self._ctx.telemetry.prefix_lookup(prefix)
         booking = self._booking = Booking.book(self._ctx, request, decision)
@@ -400,6 +396,7 @@ class EppProcessor:
         served = headers.get(SERVED_HEADER)
         if served:
             booking.move(served)
+        booking.responded(self._status)
         out = {DECISION_HEADER: self._explain} if self._explain else {}
         if self._ctx.conformance_test_mode:
             out[conformance_mode.SERVED_RESULT_HEADER] = (
@@ -412,7 +409,9 @@ class EppProcessor:
 
     def on_close(self, completed: bool) -> None:
         booking, self._booking = self._booking, None  # exactly once, even if called again
-        if booking is None or not booking.release():
+        # Aborted: a 5xx, or closed before any response (with the response headers watched).
+        aborted = self._status >= 500 if self._status is not None else not completed
+        if booking is None or not booking.release(aborted):
             return
         request = booking.request
         # Response bodies are not streamed to the EPP (a gRPC round trip per SSE chunk would

@@ -86,8 +86,17 @@ class Scheduler(Protocol):
         """Learn from a routing decision (e.g. remember its prefix on that pod)."""
         ...
 
+    def on_first_token(self, request: InferenceRequest, address: str) -> None:
+        """The pod at `address` began the request's response."""
+        ...
+
     def on_finished(self, request: InferenceRequest, address: str) -> None:
-        """The request routed to `address` (`on_routed`) ended there; once per `on_routed`."""
+        """The request routed to `address` (`on_routed`) ended there; once per `on_routed`, or
+        `on_aborted` instead."""
+        ...
+
+    def on_aborted(self, request: InferenceRequest, address: str) -> None:
+        """The request routed to `address` ended there without a response."""
         ...
 
     def wants_tokens(self, request: InferenceRequest) -> bool:

@@ -14,19 +14,51 @@ pods other than the decode pod, when splitting is worth it:
 
 Otherwise the request stays aggregated on the decode pod. The decision names the prefill pod
 in `Decision.prefill`; the processor sends it in the prefiller header (epp/requestcontrol/processor.py).
+
+`Disaggregated` is the handler a pool with `disaggregation` gets (epp/app.py `build_scheduler`),
+`SinglePick` the one every other pool gets: `WeightedScheduler.pick` runs its handler over its
+own single ranking (`WeightedScheduler.rank`), so no caller branches on the pool's shape.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from epp.datalayer.endpoint_records import PoolSnapshot
-from epp.scheduling.decision import Decision, Scheduler
+from epp.scheduling.decision import Decision
+from epp.scheduling.registry import cached_share
 from epp.scheduling.request import InferenceRequest
 from gateway.pool_config import DisaggregationConfig
 
 PREFILL, DECODE, BOTH = "prefill", "decode", "both"
-PREFIX_SCORES = ("precise-prefix-cache", "prefix-cache")
+
+# One ranking of a profile over a snapshot (`WeightedScheduler.rank`).
+Rank = Callable[[InferenceRequest, PoolSnapshot], Decision]
+
+
+class Handler(Protocol):
+    def decide(self, rank: Rank, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
+        """The decision, from as many rankings as the pool's shape needs."""
+        ...
+
+
+class SinglePick:
+    """One ranking over the whole pool: an aggregated pool."""
+
+    def decide(self, rank: Rank, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
+        return rank(request, snapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class Disaggregated:
+    """The P/D profile (the module doc): a decode ranking, then maybe a prefill ranking."""
+
+    config: DisaggregationConfig
+
+    def decide(self, rank: Rank, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
+        return pick_disaggregated(rank, self.config, request, snapshot)
 
 
 def with_roles(snapshot: PoolSnapshot, label: str, roles: tuple[str, ...]) -> PoolSnapshot:
@@ -37,18 +69,17 @@ def with_roles(snapshot: PoolSnapshot, label: str, roles: tuple[str, ...]) -> Po
 
 def uncached_tokens(request: InferenceRequest, decision: Decision) -> int:
     """The prompt tokens the chosen decode pod would have to prefill itself (estimate)."""
-    scores = decision.scores.get(decision.ranked[0], {})
-    hit = next((scores[name] for name in PREFIX_SCORES if name in scores), 0.0)
+    hit = cached_share(decision.scores.get(decision.ranked[0], {})) or 0.0
     hit = min(max(hit, 0.0), 1.0)
     return round(request.prompt_tokens * (1.0 - hit))
 
 
 def pick_disaggregated(
-    scheduler: Scheduler, config: DisaggregationConfig, request: InferenceRequest, snapshot: PoolSnapshot
+    rank: Rank, config: DisaggregationConfig, request: InferenceRequest, snapshot: PoolSnapshot
 ) -> Decision:
     """A decode pick, with a prefill pod when the split is worth it (see the module doc)."""
     label = config.role_label
-    decision = scheduler.pick(request, with_roles(snapshot, label, (DECODE, BOTH)))
+    decision = rank(request, with_roles(snapshot, label, (DECODE, BOTH)))
     if not decision.ranked or uncached_tokens(request, decision) < config.min_uncached_tokens:
         return decision
     decode = decision.ranked[0]
@@ -58,7 +89,7 @@ def pick_disaggregated(
     )
     if not prefillers.endpoints:
         return decision
-    prefill = scheduler.pick(request, prefillers)
+    prefill = rank(request, prefillers)
     if not prefill.ranked or prefill.saturated:
         return decision
     state = prefillers.by_address()[prefill.ranked[0]]

@@ -21,6 +21,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from epp.datalayer.endpoint_records import EndpointState
+from epp.scheduling.request import InferenceRequest
+from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.ttft_prediction import predict_ttft
+
+
+class LatencyObjective:
+    """The last step of every ranking (`WeightedScheduler.rank`): a request with an objective
+    gets `slo_order` over the candidates' predictions (made once per decision: the
+    `predicted-ttft` scorer's, whether the profile weighs it or not)."""
+
+    def order(
+        self,
+        request: InferenceRequest,
+        order: list[int],
+        candidates: Sequence[EndpointState],
+        ctx: ScoringContext,
+    ) -> tuple[list[int], bool | None]:
+        """The order to route by, and whether its first pod is predicted to meet the objective
+        (None: the request has none)."""
+        if request.slo_ttft_s is None or not order:
+            return order, None
+        predicted = [None if t is None else t.total_s for t in predict_ttft(request, candidates, ctx)]
+        return slo_order(order, predicted, request.slo_ttft_s)
+
 
 def slo_order(
     order: Sequence[int], predicted_s: Sequence[float | None], slo_s: float

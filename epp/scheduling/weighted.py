@@ -1,38 +1,50 @@
 """`WeightedScheduler`: filter, score with a profile's weights, pick. Pure and synchronous.
 
-pick(): the catalogue's filters in its order (serving -> healthy -> fresh (stale) -> unsaturated
-(or all, flagged) -> adapter-slots) -> each weighted scorer once over all candidates ->
-total = sum(weight x score) -> picker.
-The prompt is hashed at most once per request, with one block size chosen in `pick` from the
-candidates' reported KV block size; `on_routed` reuses those hashes, or that block size when
-the profile did not need them (a prefix weight of 0), so what is learned is what later picks
-look up. Hashes are keyed by (base model, adapter): a hit needs the same adapter.
+pick(): the profile's filters (by default the catalogue's, in its order: serving -> healthy ->
+fresh (stale) -> unsaturated (or all, flagged) -> adapter-slots) -> `prepare` of the profile's
+plugins that have one -> each weighted scorer once over all candidates ->
+total = sum(weight x score) -> picker -> the latency objective's order (epp/scheduling/slo.py)
+for a request that has one. That is one ranking (`rank`); `pick` is the pool's handler over
+rankings: one, or P/D's decode and prefill rankings (epp/scheduling/disaggregation.py). The plugins are objects (epp/scheduling/plugins/base.py),
+one per catalogue row, owning their state; the request control's lifecycle hooks (`on_routed`,
+`on_first_token`, `on_finished`, `on_aborted`) reach every plugin of the profiles that has one.
+The prompt is hashed at most once per request, with one block size chosen in `rank` from the
+candidates' reported KV block size, which the prefix learner (epp/scheduling/learning.py)
+reuses at `on_routed`. The lifecycle hooks go to the two learners of the shared indexes, then
+to the plugins that override them.
 """
 
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from epp.datalayer.adapter_residency import AdapterResidency
 from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
-from epp.datalayer.session_memory import SessionMemory, checkpoints
+from epp.datalayer.session_memory import SessionMemory
 from epp.scheduling.decision import Decision, ScoreTable
-from epp.scheduling.filters import Filter, FilterContext
+from epp.scheduling.disaggregation import Disaggregated, Handler, SinglePick
+from epp.scheduling.filters import FilterContext
+from epp.scheduling.learning import AdapterLearning, MemoryLearning, PrefixLearning
 from epp.scheduling.picker import exact_load
-from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
+from epp.scheduling.plugins.base import (
+    HOOKS,
+    FilterPlugin,
+    LifecycleHooks,
+    PickerPlugin,
+    Plugin,
+    ScorerPlugin,
+)
+from epp.scheduling.registry import FILTERS, SCORERS, Plugins
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from epp.scheduling.scorers import ScoringContext
-from epp.scheduling.slo import slo_order
+from epp.scheduling.slo import LatencyObjective
 from epp.scheduling.ttft_prediction import predict_ttft
+from gateway.config import GatewayConfig
 from gateway.profiles import BUILTIN_PROFILES, Profile
-
-# Block size and hashes of recently picked requests kept for `on_routed` (bounded: a request
-# that is picked but never routed must not leak).
-_RECENT_HASHES = 4096
 
 
 def block_chars_for(candidates: Sequence[EndpointState], default: int = DEFAULT_BLOCK_CHARS) -> int:
@@ -41,6 +53,37 @@ def block_chars_for(candidates: Sequence[EndpointState], default: int = DEFAULT_
     if len(sizes) == 1:
         return int(sizes.pop()) * CHARS_PER_TOKEN
     return default
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One profile's plugins, resolved once: what `pick` runs for it."""
+
+    profile: Profile
+    filters: tuple[FilterPlugin, ...]
+    scorers: tuple[tuple[str, float, ScorerPlugin], ...]  # weighted above 0, in the profile's order
+    picker: PickerPlugin
+    prepare: tuple[Plugin, ...]  # those with a `prepare`
+    uses_prefix: bool
+    uses_tokens: bool
+
+    @classmethod
+    def of(cls, profile: Profile, plugins: Plugins) -> _Plan:
+        filters = tuple(FILTERS if profile.filters is None else profile.filters)
+        scorers = [(name, w) for name, w in profile.weights.items() if w > 0]
+        resolved = tuple((name, w, plugins.scorer(name)) for name, w in scorers)
+        chain = tuple(plugins.filter(name) for name in filters)
+        picker = plugins.picker(profile.picker)
+        everything: tuple[Plugin, ...] = (*chain, *(p for _, _, p in resolved), picker)
+        return cls(
+            profile=profile,
+            filters=chain,
+            scorers=resolved,
+            picker=picker,
+            prepare=tuple(p for p in everything if p.prepares()),
+            uses_prefix=any(SCORERS[name].uses_prefix for name, _ in scorers),
+            uses_tokens=any(SCORERS[name].uses_tokens for name, _ in scorers),
+        )
 
 
 class WeightedScheduler:
@@ -52,43 +95,74 @@ class WeightedScheduler:
         prefix_index: PrefixIndex | None = None,
         residency: AdapterResidency | None = None,
         kv_index: KVIndex | None = None,
+        plugins: Plugins | None = None,
+        handler: Handler | None = None,
         memory: SessionMemory | None = None,
     ) -> None:
+        """`plugins`: the plugin objects of a scheduler this one replaces (a configuration
+        reload), whose state carries over; None: new ones. `handler`: how a decision uses
+        rankings (epp/scheduling/disaggregation.py; None: `SinglePick`)."""
         if default_profile not in profiles:
             raise ValueError(f"default profile {default_profile!r} is not among {sorted(profiles)}")
-        self.profiles = dict(profiles)
         self.default_profile = default_profile
         self.rng = rng or random.Random()
         self.prefix_index = prefix_index if prefix_index is not None else PrefixIndex()
         self.residency = residency if residency is not None else AdapterResidency()
-        self._filters: tuple[Filter, ...] = tuple(entry.fn for entry in FILTERS.values())
-        self.kv_index = kv_index  # the pods' own KV events; None: precise-prefix-cache = prefix-cache
+        self.plugins = plugins if plugins is not None else Plugins()
+        self._prefix = PrefixLearning(self.prefix_index)
         self.memory = memory if memory is not None else SessionMemory()  # whole conversations per pod
-        # request_id -> (the prompt object picked, its checkpoints, tokens per checkpoint)
-        self._recent_checkpoints: OrderedDict[str, tuple[str, tuple[int, ...], float]] = OrderedDict()
-        # request_id -> (the prompt object picked, its block size in characters, its hashes
-        # if the profile computed them); the identity check guards against two requests that
-        # share a client-chosen id.
-        self._recent: OrderedDict[str, tuple[str, int, tuple[int, ...] | None]] = OrderedDict()
+        self._memory = MemoryLearning(self.memory)
+        self._learners: tuple[LifecycleHooks, ...] = (
+            AdapterLearning(self.residency),
+            self._prefix,
+            self._memory,
+        )
+        self.handler = handler if handler is not None else SinglePick()
+        self.objective = LatencyObjective()
+        self.profiles = profiles
+        self.kv_index = kv_index  # the pods' own KV events; None: precise-prefix-cache = prefix-cache
+
+    @property
+    def profiles(self) -> dict[str, Profile]:
+        return self._profiles
+
+    @profiles.setter
+    def profiles(self, profiles: Mapping[str, Profile]) -> None:
+        """Each profile's plugins resolved once, and which plugins hear which lifecycle hook."""
+        self._profiles = dict(profiles)
+        self._plans = {name: _Plan.of(p, self.plugins) for name, p in self._profiles.items()}
+        used: dict[int, LifecycleHooks] = {id(p): p for p in self._learners}
+        for plan in self._plans.values():
+            for plugin in (*plan.filters, *(p for _, _, p in plan.scorers), plan.picker):
+                used[id(plugin)] = plugin
+        self._hooked = {hook: tuple(p for p in used.values() if hook in p.hooks()) for hook in HOOKS}
 
     def profile_for(self, request: InferenceRequest) -> Profile:
+        return self._plan_for(request).profile
+
+    def _plan_for(self, request: InferenceRequest) -> _Plan:
         objective = request.objective
-        if objective is not None and objective in self.profiles:
-            return self.profiles[objective]
-        return self.profiles[self.default_profile]
+        if objective is not None and objective in self._plans:
+            return self._plans[objective]
+        return self._plans[self.default_profile]
 
     def wants_tokens(self, request: InferenceRequest) -> bool:
         """True when the request's profile weighs a scorer that reads token ids."""
-        weights = self.profile_for(request).weights
-        return any(SCORERS[name].uses_tokens for name, w in weights.items() if w > 0)
+        return self._plan_for(request).uses_tokens
 
     def pick(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
-        profile = self.profile_for(request)
+        """The pool's handler over this scheduler's rankings (one, or P/D's two)."""
+        return self.handler.decide(self.rank, request, snapshot)
+
+    def rank(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision:
+        """One ranking of the request's profile over `snapshot`."""
+        plan = self._plan_for(request)
+        profile = plan.profile
         th = profile.thresholds
         filtered = FilterContext(th, self.residency)
         candidates: Sequence[EndpointState] = snapshot.endpoints
-        for keep in self._filters:  # the catalogue's filters, in its order
-            candidates = keep(request, candidates, filtered)
+        for keep in plan.filters:  # the profile's filters (by default the catalogue's), in order
+            candidates = keep.filter(request, candidates, filtered)
             if not candidates:  # only `serving` refuses: the others keep all rather than none
                 what = f"adapter {request.adapter!r} of " if request.adapter else ""
                 reason = f"no endpoint serves {what}model {request.target_model!r}"
@@ -100,11 +174,11 @@ class WeightedScheduler:
         cps: tuple[int, ...] = ()
         per_cp = 0.0
         addresses = [s.endpoint.address for s in candidates]
-        if any(SCORERS[name].uses_prefix for name, w in profile.weights.items() if w > 0):
-            hashes = self._hashes(request, block_chars)
-            cps, per_cp = self._checkpoints(request)
-            self._bound_memory(candidates, addresses)
-        self._remember(request, block_chars, hashes)
+        if plan.uses_prefix:
+            hashes = self._prefix.hashes(request, block_chars)
+            cps, per_cp = self._memory.checkpoints(request)
+            self._memory.bound(candidates, addresses)
+        self._prefix.remember(request, block_chars, hashes)
         ctx = ScoringContext(
             thresholds=th,
             prefix_hashes=hashes or (),
@@ -118,12 +192,12 @@ class WeightedScheduler:
             checkpoint_tokens=per_cp,
         )
 
+        for plugin in plan.prepare:
+            plugin.prepare(request, candidates, ctx)
         totals = [0.0] * len(candidates)
         columns: list[tuple[str, list[float]]] = []
-        for name, weight in profile.weights.items():
-            if weight <= 0:
-                continue
-            values = SCORERS[name].score(request, candidates, ctx)
+        for name, weight, scorer in plan.scorers:
+            values = scorer.score(request, candidates, ctx)
             columns.append((name, values))
             # clamped to [0, 1], NaN -> 0
             totals = [
@@ -132,11 +206,8 @@ class WeightedScheduler:
             ]
 
         loads = (lambda i: exact_load(candidates[i])) if th.tie_band > 0.0 else None
-        order = PICKERS[profile.picker].fn(totals, self.rng, loads, th.tie_band)
-        slo_met: bool | None = None
-        if request.slo_ttft_s is not None and order:  # predicted whether the profile weighs it or not
-            predicted = [None if t is None else t.total_s for t in predict_ttft(request, candidates, ctx)]
-            order, slo_met = slo_order(order, predicted, request.slo_ttft_s)
+        order = plan.picker.pick(totals, self.rng, loads, th.tie_band)
+        order, slo_met = self.objective.order(request, order, candidates, ctx)
         prefill_s = 0.0
         if order:  # the pod most likely routed to: bound its prefix LRU by its KV cache
             self._bound_prefix_lru(candidates[order[0]], block_chars)
@@ -153,29 +224,24 @@ class WeightedScheduler:
         )
 
     def on_routed(self, request: InferenceRequest, address: str) -> None:
-        """Remember the request's prefix blocks, and its adapter, on the pod it was sent to."""
-        if request.adapter is not None:
-            self.residency.on_routed(address, request.adapter, request.expected_output_tokens)
-        block_chars, hashes = self.prefix_index.block_chars, None
-        cached = self._recent.pop(request.request_id, None)
-        if cached is not None and cached[0] is request.prompt:
-            _, block_chars, hashes = cached
-        if hashes is None:
-            hashes = self._hashes(request, block_chars)
-        if hashes:
-            self.prefix_index.add(address, hashes)
-        recent = self._recent_checkpoints.pop(request.request_id, None)
-        if recent is not None and recent[0] is request.prompt:
-            _, cps, per_cp = recent
-        else:
-            cps, per_cp = self._checkpoints(request)
-        self.memory.routed(address, cps, per_cp, request.prompt_tokens, request.expected_output_tokens)
+        """The request was sent to `address`: its prefix and adapter there, and the plugins'."""
+        for plugin in self._hooked["on_routed"]:
+            plugin.on_routed(request, address)
+
+    def on_first_token(self, request: InferenceRequest, address: str) -> None:
+        """The pod at `address` began the request's response."""
+        for plugin in self._hooked["on_first_token"]:
+            plugin.on_first_token(request, address)
 
     def on_finished(self, request: InferenceRequest, address: str) -> None:
-        """The request routed to `address` ended there (once per `on_routed`): its adapter's
-        slot there is one request less pinned."""
-        if request.adapter is not None:
-            self.residency.on_finished(address, request.adapter)
+        """The request routed to `address` ended there (once per `on_routed`)."""
+        for plugin in self._hooked["on_finished"]:
+            plugin.on_finished(request, address)
+
+    def on_aborted(self, request: InferenceRequest, address: str) -> None:
+        """As `on_finished`, for a request that ended without a response (plugins may tell)."""
+        for plugin in self._hooked["on_aborted"]:
+            plugin.on_aborted(request, address)
 
     def _bound_prefix_lru(self, state: EndpointState, block_chars: int) -> None:
         """The pod's KV cache in index blocks (its reported blocks x block size, in characters
@@ -186,31 +252,23 @@ class WeightedScheduler:
         tokens = m.num_gpu_blocks * m.block_size
         self.prefix_index.set_capacity(state.endpoint.address, tokens * CHARS_PER_TOKEN // block_chars)
 
-    def _checkpoints(self, request: InferenceRequest) -> tuple[tuple[int, ...], float]:
-        """The prompt's KV-memory checkpoints and the tokens one stands for (the request's
-        own token density), remembered for `on_routed`."""
-        cps, _ = checkpoints(request.target_model, request.adapter, request.prompt, self.memory.stride)
-        per_cp = self.memory.stride * request.prompt_tokens / max(1, len(request.prompt))
-        recent = self._recent_checkpoints
-        recent[request.request_id] = (request.prompt, cps, per_cp)
-        if len(recent) > _RECENT_HASHES:
-            recent.popitem(last=False)
-        return cps, per_cp
 
-    def _bound_memory(self, candidates: Sequence[EndpointState], addresses: Sequence[str]) -> None:
-        """Each candidate's KV capacity in tokens, from its reported blocks."""
-        for state, address in zip(candidates, addresses, strict=True):
-            m = state.metrics
-            if m is not None and m.num_gpu_blocks and m.block_size:
-                self.memory.set_capacity(address, float(m.num_gpu_blocks * m.block_size))
-
-    def _hashes(self, request: InferenceRequest, block_chars: int) -> tuple[int, ...]:
-        return self.prefix_index.hashes(
-            request.target_model, request.prompt, block_chars, request.adapter, request.prefix
-        )
-
-    def _remember(self, request: InferenceRequest, block_chars: int, hashes: tuple[int, ...] | None) -> None:
-        recent = self._recent
-        recent[request.request_id] = (request.prompt, block_chars, hashes)
-        if len(recent) > _RECENT_HASHES:
-            recent.popitem(last=False)
+def build_scheduler(
+    config: GatewayConfig,
+    previous: WeightedScheduler | None = None,
+    kv_index: KVIndex | None = None,
+    pool_name: str | None = None,
+) -> WeightedScheduler:
+    """The scheduler of `config` for pool `pool_name` (None: an aggregated pool), taking over
+    what `previous` learned."""
+    pd = config.pool(pool_name).disaggregation if pool_name is not None else None
+    return WeightedScheduler(
+        config.scheduler_profiles(),
+        default_profile=config.default_profile,
+        prefix_index=previous.prefix_index if previous is not None else None,
+        residency=previous.residency if previous is not None else None,
+        kv_index=kv_index if kv_index is not None else previous.kv_index if previous is not None else None,
+        plugins=previous.plugins if previous is not None else None,
+        handler=Disaggregated(pd) if pd is not None else None,
+        memory=previous.memory if previous is not None else None,
+    )

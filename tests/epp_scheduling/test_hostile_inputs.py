@@ -31,11 +31,12 @@ from epp.datalayer.metric_dialects import DIALECTS, Rejection, parse_metrics
 from epp.datalayer.metric_lines import MetricsParseError
 from epp.datalayer.pool import Pool
 from epp.datalayer.scrape import SpeedTracker, _ratio_totals, histogram
-from epp.scheduling import BUILTIN_PROFILES, Profile, WeightedScheduler, profile
 from epp.scheduling.registry import SCORER_NAMES, SCORERS
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import is_saturated
 from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import BUILTIN_PROFILES, Profile, profile
 
 from .factories import assert_ranked, req, snap
 

@@ -12,7 +12,8 @@ from epp.datalayer.adapter_residency import AdapterResidency, LoraIds, event_tim
 from epp.datalayer.endpoint_records import Endpoint
 from epp.datalayer.pool import Pool
 from epp.datalayer.scrape import Scraper
-from epp.scheduling import WeightedScheduler, profile
+from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import profile
 from modelsim.fleet import FleetSpec, run_fleet
 
 from .factories import req, snap, state

@@ -13,10 +13,11 @@ from epp.datalayer.prefix_index import PrefixIndex, prompt_hashes
 from epp.scheduling.scorers import ScoringContext
 from epp.scheduling.ttft_prediction import DEFAULT_TPOT_S, predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
-from gateway.profiles import PREDICTED, profile
+from gateway.profiles import BUILTIN_PROFILES, profile
 
 from .factories import req, snap, state
 
+PREDICTED = BUILTIN_PROFILES["predicted"]
 CTX = ScoringContext()
 # The per-request adapter terms, without adapter placement (`adapterPlacement: false`).
 GREEDY = profile("greedy", {"predicted-ttft": 1}, thresholds={"adapterPlacement": False}).thresholds

@@ -10,9 +10,10 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from epp.datalayer.metric_dialects import DIALECTS, parse_metrics
 from epp.datalayer.metric_lines import MetricsParseError
-from epp.scheduling import BUILTIN_PROFILES, WeightedScheduler
 from epp.scheduling.registry import SCORERS
 from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import BUILTIN_PROFILES
 
 from .factories import assert_ranked, req, snap, state
 

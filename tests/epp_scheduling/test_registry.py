@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from epp.datalayer.endpoint_records import EndpointState
-from epp.scheduling import WeightedScheduler, affinity, scorers, ttft_prediction
+from epp.scheduling import affinity, scorers, ttft_prediction
 from epp.scheduling.filters import FilterContext
 from epp.scheduling.registry import FILTERS, PICKERS, SCORERS
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.scorers import ScoringContext
+from epp.scheduling.weighted import WeightedScheduler
 from gateway import plugin_catalogue
 from gateway.plugin_catalogue import PluginRow
 from gateway.profiles import Profile, ProfileError, profile

@@ -6,7 +6,9 @@ import pytest
 
 from epp.datalayer.endpoint_records import Endpoint
 from epp.datalayer.pool import Pool
-from epp.scheduling import BUILTIN_PROFILES, Profile, Scheduler, WeightedScheduler, profile
+from epp.scheduling.decision import Scheduler
+from epp.scheduling.weighted import WeightedScheduler
+from gateway.profiles import BUILTIN_PROFILES, Profile, profile
 
 from .factories import req, snap, state
 

@@ -6,7 +6,7 @@ kubectl with kustomize >= 4 is on PATH), and the Helm chart's default rendering
 names both pools, each pool has its own EPP (Deployment, headless Service, PodDisruptionBudget,
 certificate where mTLS is on) following that resource, and the xDS server renders both pools'
 routes and clusters from it for Envoy, whose bootstrap names the xDS server alone. The files a
-kustomize user does not edit are generated from the configuration (gateway/deploy_pools.py),
+kustomize user does not edit are generated from the configuration (tools/deploy_pools.py),
 so adding a pool is one edit: the last test fails when a committed one is stale.
 """
 
@@ -22,11 +22,11 @@ import yaml
 from envoy_data_plane.envoy.config.cluster.v3 import Cluster
 from envoy_data_plane.envoy.config.route.v3 import RouteConfiguration
 
-from gateway import deploy_pools
 from gateway.config import parse_config
 from gateway.envoy.xds_resources import CLUSTER, ROUTE, XDS_CLUSTER, snapshot, topology_from_json
 from tests.k8s.kustomize_lite import build
 from tests.k8s.test_manifests import DEPLOY, OVERLAYS, _kubectl, render
+from tools import deploy_pools
 
 Obj = dict[str, Any]
 RESOURCE = "inference-gateway"
@@ -133,7 +133,7 @@ def test_kubectl_kustomize_serves_two_pools_from_one_resource_over_xds(target: s
 @pytest.mark.parametrize(("out", "make"), deploy_pools.GENERATED, ids=[o for o, _ in deploy_pools.GENERATED])
 def test_generated_deploy_files_are_what_the_configuration_makes(out: str, make: Any) -> None:
     root = DEPLOY.parent
-    assert (root / out).read_text() == make(root), "run `python -m gateway.render_envoy --deploy` and commit"
+    assert (root / out).read_text() == make(root), "run `python -m tools.deploy_configs` and commit"
 
 
 def test_a_later_pool_must_name_its_epp(tmp_path: Path) -> None:

@@ -30,11 +30,12 @@ from gateway.envoy.blocks import validate_bootstrap
 from gateway.envoy.bootstrap import render_bootstrap
 from gateway.envoy.xds_resources import XDS_CLUSTER, snapshot, topology_from_json
 from gateway.kube import llmd_api
-from gateway.render_envoy import DEPLOY_BOOTSTRAPS, DEPLOY_XDS, XDS_SERVICE, render_topology, render_yaml
+from gateway.render_envoy import render_topology, render_yaml
 from tests.integration.test_autoscaling_metrics import AUTOSCALING_SERIES
 from tests.integration.test_envoy_config import epp_processing_modes
 from tests.k8s.kustomize_lite import build
 from tests.unit.test_xds_resources import assert_snapshot_is_the_bootstrap
+from tools.deploy_configs import DEPLOY_BOOTSTRAPS, DEPLOY_XDS, XDS_SERVICE
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 AUTOSCALING = ["examples/autoscaling/keda", "examples/autoscaling/hpa", "examples/autoscaling/keda-from-zero"]
@@ -686,9 +687,7 @@ def test_committed_bootstraps_are_what_the_renderer_makes(
     out: str, argv: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(DEPLOY.parent)  # the recorded arguments are relative to the repository
-    assert Path(out).read_text() == render_yaml(argv), (
-        "run `python -m gateway.render_envoy --deploy` and commit"
-    )
+    assert Path(out).read_text() == render_yaml(argv), "run `python -m tools.deploy_configs` and commit"
 
 
 @pytest.mark.parametrize("key", ["envoy.yaml", "envoy-xds.yaml"])
@@ -780,12 +779,8 @@ def test_committed_xds_bootstraps_and_topologies_are_what_the_renderer_makes(
 ) -> None:
     monkeypatch.chdir(DEPLOY.parent)
     assert f"--xds {XDS_SERVICE}" in " ".join(argv)
-    assert Path(out).read_text() == render_yaml(argv), (
-        "run `python -m gateway.render_envoy --deploy` and commit"
-    )
-    assert Path(topology).read_text() == render_topology(argv), (
-        "run `python -m gateway.render_envoy --deploy`"
-    )
+    assert Path(out).read_text() == render_yaml(argv), "run `python -m tools.deploy_configs` and commit"
+    assert Path(topology).read_text() == render_topology(argv), "run `python -m tools.deploy_configs`"
 
 
 # -- secure defaults: mTLS, NetworkPolicies, bindings ---------------------------------------

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from gateway.config import API_PATHS
-from gateway.render_envoy import DEPLOY_BOOTSTRAPS, render_yaml
+from gateway.render_envoy import render_yaml
+from tools.deploy_configs import DEPLOY_BOOTSTRAPS
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = [
