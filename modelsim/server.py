@@ -21,7 +21,7 @@ from aiohttp import web
 
 from modelsim import anthropic_api
 from modelsim.clock import SimClock
-from modelsim.engine import Engine, Seq
+from modelsim.engine import Engine
 from modelsim.extra_api import (
     ResponseStore,
     embedding_response,
@@ -49,6 +49,7 @@ from modelsim.openai_api import (
 )
 from modelsim.pd import HOLD_TIMEOUT_S, ROLES, TransferParams, parse_transfer_params, prefill_answer
 from modelsim.profiles import GpuProfile
+from modelsim.sequence import Seq
 from modelsim.tokenizer import ApproxTokenizer, HFTokenizer, PromptTokenizer
 
 log = logging.getLogger("modelsim")

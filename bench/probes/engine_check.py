@@ -31,9 +31,10 @@ from bench.harness.scenario import ScenarioError, load_scenario
 from bench.harness.stats import WARMUP_FRACTION, percentile
 from bench.harness.workloads import TraceRequest, generate_trace
 from modelsim.clock import SimClock
-from modelsim.engine import Engine, Seq, StepPlan
+from modelsim.engine import Engine
 from modelsim.fleet import FleetSpec
 from modelsim.kvcache import block_hash
+from modelsim.sequence import Seq, StepPlan
 from modelsim.server import PodConfig
 from modelsim.tokenizer import ApproxTokenizer
 

@@ -63,9 +63,10 @@ from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
 from extproc.headers import DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
 from gateway.pool_config import DisaggregationConfig
-from modelsim.engine import Engine, Seq
+from modelsim.engine import Engine
 from modelsim.metrics import make_registry, render
 from modelsim.profiles import get_profile
+from modelsim.sequence import Seq
 
 PROFILE = "h100-llama3.1-8b"
 MODEL = "llama-3.1-8b"  # the model the EPP's pool serves (the engines' pages name it)

@@ -23,8 +23,8 @@ from bench.harness.loadgen import RequestResult
 from bench.harness.workloads import TraceRequest
 from bench.probes.engine_check import VirtualClock
 from bench.vtime.pods import SimPod
-from modelsim.engine import Seq, StepPlan
 from modelsim.openai_api import ApiError
+from modelsim.sequence import Seq, StepPlan
 
 STEP, TIMER, LAND = 0, 1, 2  # tie order at one instant
 

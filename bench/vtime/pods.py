@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.probes.engine_check import VirtualClock
-from modelsim.engine import StepPlan
 from modelsim.fleet import FleetSpec
 from modelsim.metrics import render
+from modelsim.sequence import StepPlan
 from modelsim.server import Pod
 
 

@@ -97,6 +97,3 @@ def rank_weighted_random(
         first = rng.choices(range(len(totals)), weights=weights)[0]
     rest = [i for i in rank_max(totals, rng, loads, band) if i != first]
     return [first, *rest]
-
-
-PICKERS = {"max": rank_max, "weighted-random": rank_weighted_random}

@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from modelsim.clock import SimClock
-from modelsim.engine import Engine, Seq, StepPlan
+from modelsim.engine import Engine
 from modelsim.profiles import get_profile
+from modelsim.sequence import Seq, StepPlan
 
 SCALE = 100.0
 H100 = get_profile("h100-llama3.1-8b")

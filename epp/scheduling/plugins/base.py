@@ -11,10 +11,11 @@ A plugin runs in three places:
   before any response; by default the same as finished). A retry that lands on another pod
   is `on_aborted` on the first and `on_routed` on the second.
 
-State lives on the plugin object; the scheduler hands the same objects to its successor when
-a configuration reload rebuilds it (`WeightedScheduler(previous=...)`), so what a plugin
-learned survives reloads. Its typed parameters are its catalogue row's pydantic model
-(gateway/scheduling_params.py), which a profile's `thresholds` carry: `params(ctx)`.
+State lives on the plugin object; a configuration reload's scheduler takes over the same
+objects (`build_scheduler(config, previous)`: `WeightedScheduler(plugins=previous.plugins)`), so
+what a plugin learned survives reloads. Its typed parameters are its catalogue row's pydantic
+model (gateway/scheduling_params.py), whose fields a profile's `thresholds` carry (`Thresholds`
+is the union of those models): `params(ctx)`.
 
 Today's stateless plugins are functions: `FunctionFilter` / `FunctionScorer` / `FunctionPicker`
 wrap them without changing them. A new plugin with state is one class in one module and one
