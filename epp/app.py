@@ -326,9 +326,7 @@ class EppApp:
                 for ep in endpoints
             ]
         self.pool.set_endpoints(endpoints)
-        self.scheduler.prefix_index.retain(ep.address for ep in endpoints)
-        self.scheduler.residency.retain(ep.address for ep in endpoints)
-        self.scheduler.memory.retain([ep.address for ep in endpoints])
+        self.scheduler.retain([ep.address for ep in endpoints])
         self.ctx.ranks.retain(
             {ep.address: ep.data_parallel_size for ep in endpoints if ep.data_parallel_size > 1}
         )

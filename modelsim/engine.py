@@ -254,8 +254,7 @@ class Engine:
                     hit_blocks = self.kv.lookup(self._hashes(seq, seq.num_tokens - 1))
                     self.kv.touch(hit_blocks)
                     seq.blocks = list(hit_blocks)
-                    seq.num_registered = len(hit_blocks)  # blocks, as _complete counts them
-                    seq.num_computed = seq.num_registered * self.block_size
+                    seq.num_registered, seq.num_computed = len(hit_blocks), len(hit_blocks) * self.block_size
                 hits = seq.num_computed
                 if seq.kv_from_remote and seq.first_scheduled is None:
                     # The transferred KV lands in newly allocated blocks; the last prompt token

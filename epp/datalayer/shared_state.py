@@ -57,9 +57,11 @@ from epp.datalayer.redis_script import ScriptConnection, Subscription, encode_co
 from epp.datalayer.session_memory import SessionMemory
 from epp.datalayer.shared_state_wire import (
     ROUND_TRIP_SCRIPT,
+    apply_scrapes,
     as_text,
-    decode_scrape,
     encode_scrape,
+    learn_decisions,
+    memory_decision,
     parse_busy,
     parse_lora,
     parse_totals,
@@ -152,8 +154,7 @@ class SharedState:
         self.prefix_index = prefix_index if config.prefix_index else None
         # A peer's scrape (address, metrics, sent_at): applied as if this replica had read it.
         self.on_scrape = on_scrape if config.share_scrapes else None
-        # Routing decisions to publish: prefix-index hashes, or a KV-memory routing as a map
-        # (`_on_memory`: an older replica reads a map as no hashes, and learns nothing).
+        # Routing decisions to publish: prefix hashes, or a KV-memory routing (`memory_decision`).
         self._outbox: deque[tuple[str, Sequence[int] | dict[str, Any]]] = deque(maxlen=MAX_OUTBOX)
         self._scrapes: dict[str, tuple[Metrics, float]] = {}  # this replica's, latest per pod
         self.scrapes_learned = 0
@@ -162,8 +163,7 @@ class SharedState:
         self.bad_entries = 0
         if self.prefix_index is not None:
             self.prefix_index.on_add = self._on_add
-        # The KV-memory model of whole conversations (epp/datalayer/session_memory.py), shared
-        # like the prefix index: every replica learns where every conversation went.
+        # The KV memory (epp/datalayer/session_memory.py) is shared like the prefix index.
         self.memory = memory if config.prefix_index else None
         if self.memory is not None:
             self.memory.on_routed = self._on_memory
@@ -241,10 +241,8 @@ class SharedState:
     def _on_add(self, address: str, hashes: Sequence[int]) -> None:
         self._outbox.append((address, hashes))
 
-    def _on_memory(
-        self, address: str, hashes: tuple[int, ...], per: float, prompt_tokens: float, output: float
-    ) -> None:
-        self._outbox.append((address, {"cp": list(hashes), "per": per, "p": prompt_tokens, "o": output}))
+    def _on_memory(self, address: str, *routing: Any) -> None:
+        self._outbox.append((address, memory_decision(*routing)))
 
     def _on_pick(self, address: str, prefill_s: float, tokens: int) -> None:
         """A pick of this replica (Pool.pick_hook): published with the next round trip, which
@@ -389,44 +387,19 @@ class SharedState:
         return True
 
     def _learn(self, blobs: list[bytes]) -> None:
-        """Teach the prefix index and the KV memory the other replicas' routing decisions from
-        the stream."""
-        index, memory = self.prefix_index, self.memory
-        if index is None:
-            return
-        for blob in blobs:
-            try:
-                for address, hashes in msgpack.unpackb(blob):
-                    if not isinstance(address, str) or address not in self.pool:
-                        continue
-                    if isinstance(hashes, dict):
-                        if memory is not None:
-                            cps = tuple(h for h in hashes["cp"] if isinstance(h, int))
-                            memory.learn(
-                                address, cps, float(hashes["per"]), float(hashes["p"]), float(hashes["o"])
-                            )
-                    else:
-                        index.learn(address, [h for h in hashes if isinstance(h, int)])
-                    self.learned += 1
-            except (ValueError, TypeError, KeyError, msgpack.UnpackException):  # not ours: skip the entry
-                self.bad_entries += 1
+        """Teach the prefix index and the KV memory the other replicas' routing decisions."""
+        if self.prefix_index is not None:
+            learned, bad = learn_decisions(blobs, self.pool, self.prefix_index, self.memory)
+            self.learned += learned
+            self.bad_entries += bad
 
     def _apply_scrapes(self, blobs: list[bytes]) -> None:
         """Hand the other replicas' scrapes, oldest first, to `on_scrape`."""
-        apply = self.on_scrape
-        if apply is None or not blobs:
-            return
-        wall, mono = self.wall_clock(), self.mono_clock()
-        for blob in blobs:
-            try:
-                decoded = [decode_scrape(entry, wall, mono) for entry in msgpack.unpackb(blob)]
-            except (ValueError, TypeError, msgpack.UnpackException):  # not ours: skip the entry
-                self.bad_entries += 1
-                continue
-            for address, metrics, sent_at in decoded:
-                if address in self.pool:
-                    apply(address, metrics, sent_at)
-                    self.scrapes_learned += 1
+        if self.on_scrape is not None and blobs:
+            now = (self.wall_clock(), self.mono_clock())
+            learned, bad = apply_scrapes(blobs, now, self.pool, self.on_scrape)
+            self.scrapes_learned += learned
+            self.bad_entries += bad
 
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1

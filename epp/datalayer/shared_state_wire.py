@@ -5,9 +5,16 @@ epp/datalayer/shared_state.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
+import msgpack
+
 from epp.datalayer.endpoint_records import Metrics
+from epp.datalayer.prefix_index import PrefixIndex
+from epp.datalayer.session_memory import SessionMemory
+
+_NOT_OURS = (ValueError, TypeError, KeyError, msgpack.UnpackException)
 
 # KEYS: 1 the pool's replica set, 2 this replica's hash, 3 the pool's routing-decision stream.
 # ARGV: 1 ttl_ms, 2 this replica's id, 3 the prefix of every replica's hash key, 4 the last
@@ -199,3 +206,53 @@ def parse_totals(flat: list[Any]) -> dict[str, tuple[int, int]]:
     """The script's summed counts (pod, requests, tokens, ...) -> pod -> (requests, tokens)."""
     it = iter(flat)
     return {pod.decode(): (requests, tokens) for pod, requests, tokens in zip(it, it, it, strict=False)}
+
+
+def memory_decision(hashes: Sequence[int], per: float, prompt_tokens: float, output: float) -> dict[str, Any]:
+    """A KV-memory routing as it travels beside the prefix hashes on the decision stream: a map,
+    which a replica that predates it reads as no hashes (it learns nothing from it)."""
+    return {"cp": list(hashes), "per": per, "p": prompt_tokens, "o": output}
+
+
+def learn_decisions(
+    blobs: list[bytes], known: Container[str], index: PrefixIndex, memory: SessionMemory | None
+) -> tuple[int, int]:
+    """Teach the prefix index and the KV memory the other replicas' routing decisions (stream
+    entries) for the pods in `known`: (decisions learned, entries that are not ours)."""
+    learned = bad = 0
+    for blob in blobs:
+        try:
+            for address, hashes in msgpack.unpackb(blob):
+                if not isinstance(address, str) or address not in known:
+                    continue
+                if not isinstance(hashes, dict):
+                    index.learn(address, [h for h in hashes if isinstance(h, int)])
+                elif memory is not None:
+                    cps = tuple(h for h in hashes["cp"] if isinstance(h, int))
+                    memory.learn(address, cps, float(hashes["per"]), float(hashes["p"]), float(hashes["o"]))
+                learned += 1
+        except _NOT_OURS:  # not ours: skip the entry
+            bad += 1
+    return learned, bad
+
+
+def apply_scrapes(
+    blobs: list[bytes],
+    now: tuple[float, float],
+    known: Container[str],
+    apply: Callable[[str, Metrics, float], None],
+) -> tuple[int, int]:
+    """Hand the other replicas' scrapes (stream entries, oldest first) of the pods in `known` to
+    `apply`, on this replica's clocks `now` (wall, monotonic): (applied, entries not ours)."""
+    applied = bad = 0
+    for blob in blobs:
+        try:
+            decoded = [decode_scrape(entry, *now) for entry in msgpack.unpackb(blob)]
+        except _NOT_OURS:
+            bad += 1
+            continue
+        for address, metrics, sent_at in decoded:
+            if address in known:
+                apply(address, metrics, sent_at)
+                applied += 1
+    return applied, bad

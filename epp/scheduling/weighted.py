@@ -223,6 +223,12 @@ class WeightedScheduler:
             slo_met=slo_met,
         )
 
+    def retain(self, addresses: Sequence[str]) -> None:
+        """Forget the pods that left the pool in every model of them this scheduler keeps."""
+        self.prefix_index.retain(addresses)
+        self.residency.retain(addresses)
+        self.memory.retain(addresses)
+
     def on_routed(self, request: InferenceRequest, address: str) -> None:
         """The request was sent to `address`: its prefix and adapter there, and the plugins'."""
         for plugin in self._hooked["on_routed"]:
