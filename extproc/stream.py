@@ -4,7 +4,7 @@ Envoy runs the request body in FULL_DUPLEX_STREAMED mode: it sends the request h
 then body chunks (and possibly trailers). We hold the headers until the body is complete,
 hand the whole request to the service's `Processor`, then answer with a headers response
 (header changes, corrected content-length, routing metadata) followed by the body
-re-emitted in chunks of at most 62,000 bytes.
+re-emitted in chunks of at most 1 MiB (`messages.MAX_CHUNK_BYTES`).
 
 BUFFERED mode is supported too, because Envoy honours `failure_mode_allow` (FailOpen) only
 there: headers are acknowledged at once, the whole body arrives in one message, and the
