@@ -3,6 +3,7 @@
     python -m bench.vtime.decisions dump BEFORE.json     # at the branch point
     python -m bench.vtime.decisions dump AFTER.json      # after the change
     python -m bench.vtime.decisions diff BEFORE.json AFTER.json   # exit 1 on any difference
+    python -m bench.vtime.decisions dump OUT.json --scenarios uniform,shared-prefix --policies epp-chat,epp-batch
 
 `dump` runs each scenario x policy of `SCENARIOS` x `POLICIES` at seed 1 (quick mode, the
 scenario's full duration) and records, per request, the pod it went to, its status, its TTFT,
@@ -18,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from bench.harness.scenario import load_scenario
@@ -27,11 +29,14 @@ SCENARIOS = ("uniform", "mixed-gpu", "shared-prefix", "lora", "bursty")
 POLICIES = ("epp-default", "epp-predicted", "epp-best")
 
 
-def dump(seed: int = 1) -> dict[str, Any]:
+def dump(
+    seed: int = 1, scenarios: Sequence[str] = SCENARIOS, policies: Sequence[str] = POLICIES
+) -> dict[str, Any]:
+    """`policies`: `epp-<name>` for any built-in profile (bench/vtime/cli.py `epp_extra`)."""
     out: dict[str, Any] = {}
-    for scenario in SCENARIOS:
+    for scenario in scenarios:
         seeded = load_scenario(f"bench/scenarios/{scenario}.yaml", "quick").with_seed(seed)
-        for policy in POLICIES:
+        for policy in policies:
             started = time.monotonic()
             results, stats, router = run_one(seeded, policy)
             rows = [
@@ -90,14 +95,17 @@ def diff(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.vtime.decisions", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("dump").add_argument("out")
+    dumper = sub.add_parser("dump")
+    dumper.add_argument("out")
+    dumper.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario names")
+    dumper.add_argument("--policies", default=",".join(POLICIES), help="comma-separated EPP policies")
     cmp = sub.add_parser("diff")
     cmp.add_argument("before")
     cmp.add_argument("after")
     args = ap.parse_args(argv)
     if args.cmd == "dump":
         with open(args.out, "w") as f:
-            json.dump(dump(), f)
+            json.dump(dump(1, args.scenarios.split(","), args.policies.split(",")), f)
         return 0
     with open(args.before) as f:
         before = json.load(f)
