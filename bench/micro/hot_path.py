@@ -5,7 +5,7 @@ one fast stub pod (bench/micro/overhead_gateway.py's: it answers at once with a 
 so what is left is the proxy path. Each round runs, in turn: Envoy alone (round-robin to the
 stub, the latency baseline), direct to the stub (the rate sweep's baseline), then each side
 (`--base CHECKOUT`: the gateway's services run from that checkout, by PYTHONPATH; "this": this
-tree), the sides' order alternating between rounds. Per side and body size, at concurrency 1:
+file's checkout), the sides' order alternating between rounds. Per side and body size, at concurrency 1:
 p50/p99, added over Envoy alone, CPU per request of the EPP and of Envoy (/proc utime+stime),
 Envoy's ext_proc messages per request; then an open-loop rate sweep at 1 KB (workers_bench's
 steps): the highest rate held with p99 added (over direct-to-stub at that rate) under 10 ms.
@@ -143,6 +143,7 @@ async def run_round(args: argparse.Namespace, index: int) -> dict[str, Any]:
     if index % 2:
         sides.reverse()
     result: dict[str, Any] = {"round": index, "order": [s for s, _ in sides], "load": [os.getloadavg()[0]]}
+    result["code"] = {"this": os.environ["PYTHONPATH"].split(os.pathsep)[0], "base": args.base}
     try:
         result["envoy_alone"] = await envoy_alone(work / "envoy", stub, args.sizes, args.requests)
         direct = {}
@@ -225,6 +226,15 @@ def report(paths: Sequence[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def own_code() -> None:
+    """Every service started from here runs the code of this file's checkout (or, by `--base`,
+    another's): its root goes first on PYTHONPATH, and the working directory becomes one without
+    packages, since `python -m` puts the working directory ahead of PYTHONPATH."""
+    root = str(Path(__file__).resolve().parents[2])
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    os.chdir(tempfile.mkdtemp(prefix="bench-hot-path-"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.micro.hot_path", description=__doc__.split("\n")[0])
     ap.add_argument("--base", help="a checkout of the code to compare against (its services run from it)")
@@ -242,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(report(args.report), end="")
         return 0
     args.base = str(Path(args.base).resolve()) if args.base else None
+    args.out = args.out.resolve() if args.out else None
+    own_code()
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.rates = [int(r) for r in args.rates.split(",") if r]
     paths = []
