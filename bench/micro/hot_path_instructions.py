@@ -4,7 +4,7 @@ tens of percent on a shared machine).
 
 The shipped default shape (single-hop EPP, streamed bodies, one fast stub pod) as in hot_path,
 except that the EPP is restarted under `valgrind --tool=callgrind` on its own port (Envoy
-reconnects) and the pod's metrics are scraped only every few seconds (a scrape is not a
+reconnects) and the pod's metrics are scraped only every 0.5-0.8 s (a scrape is not a
 request's cost, and under valgrind a request lasts ~50x longer). Per side and body size: warm
 up, zero the counters (`callgrind_control -z`), send `--requests` at concurrency 1, dump
 (`callgrind_control -d`): instructions of every EPP thread per request.
@@ -32,7 +32,7 @@ from bench.micro.hot_path import SIZES, bodies_for, own_code
 from bench.micro.overhead_gateway import MODEL, load, start_stub
 from devstack.launch import Proc, grpc_serving, start_local_gateway
 
-QUIET_SCRAPE = {"scrape": {"intervalMs": 5000, "maxIntervalMs": 60000, "timeoutMs": 5000}}
+QUIET_SCRAPE = {"scrape": {"intervalMs": 500, "maxIntervalMs": 800, "timeoutMs": 5000}}  # below staleAfterMs
 
 
 def control(flag: str, pid: int, stem: Path) -> set[Path]:
