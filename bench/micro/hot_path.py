@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import ssl
+import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -143,7 +144,10 @@ async def run_round(args: argparse.Namespace, index: int) -> dict[str, Any]:
     if index % 2:
         sides.reverse()
     result: dict[str, Any] = {"round": index, "order": [s for s, _ in sides], "load": [os.getloadavg()[0]]}
-    result["code"] = {"this": os.environ["PYTHONPATH"].split(os.pathsep)[0], "base": args.base}
+    result["code"] = {
+        "this": code_label(os.environ["PYTHONPATH"].split(os.pathsep)[0]),
+        "base": code_label(args.base),
+    }
     try:
         result["envoy_alone"] = await envoy_alone(work / "envoy", stub, args.sizes, args.requests)
         direct = {}
@@ -224,6 +228,20 @@ def report(paths: Sequence[Path]) -> str:
         f"1-minute load average over the rounds: {min(loads):.1f}-{max(loads):.1f} (2 shared cores).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def code_label(checkout: str | None) -> str | None:
+    """A checkout's commit (and whether its tree differs from it): no machine paths in results."""
+    if checkout is None:
+        return None
+    git = ["git", "-C", checkout]
+    head = subprocess.run(
+        [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    )
+    return f"{head or 'unknown'}{' (modified)' if dirty.stdout.strip() else ''}"
 
 
 def own_code() -> None:

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from bench.micro.hot_path import SIZES, bodies_for, own_code
+from bench.micro.hot_path import SIZES, bodies_for, code_label, own_code
 from bench.micro.overhead_gateway import MODEL, load, start_stub
 from devstack.launch import Proc, grpc_serving, start_local_gateway
 
@@ -120,7 +120,8 @@ async def count_side(
 async def run(base: str | None, sizes: Sequence[int], requests: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-hot-path-instr-"))
     stub_proc, stub = await start_stub(4)
-    result: dict[str, Any] = {"code": {"this": os.environ["PYTHONPATH"].split(os.pathsep)[0], "base": base}}
+    this = os.environ["PYTHONPATH"].split(os.pathsep)[0]
+    result: dict[str, Any] = {"code": {"this": code_label(this), "base": code_label(base)}}
     try:
         if base:
             result["base"] = await count_side("base", {"PYTHONPATH": base}, work, stub, sizes, requests)
