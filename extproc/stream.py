@@ -4,7 +4,7 @@ Envoy runs the request body in FULL_DUPLEX_STREAMED mode: it sends the request h
 then body chunks (and possibly trailers). We hold the headers until the body is complete,
 hand the whole request to the service's `Processor`, then answer with a headers response
 (header changes, corrected content-length, routing metadata) followed by the body
-re-emitted in chunks of at most 62,000 bytes.
+re-emitted in chunks of at most 1 MiB (`messages.MAX_CHUNK_BYTES`).
 
 BUFFERED mode is supported too, because Envoy honours `failure_mode_allow` (FailOpen) only
 there: headers are acknowledged at once, the whole body arrives in one message, and the
@@ -29,7 +29,7 @@ import enum
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -272,6 +272,11 @@ class ExtProcStream:
         return self._phase is _Phase.FORWARDED
 
 
+def _message(read: Any) -> pb.ProcessingRequest | None:
+    """A `context.read()` result: the message, or None at the end of the stream."""
+    return None if read is grpc.aio.EOF else read
+
+
 class ExtProcServicer:
     """The gRPC `ExternalProcessor` service: one `ExtProcStream` per call.
 
@@ -286,25 +291,28 @@ class ExtProcServicer:
         self._factory = factory
         self._name = name
         self.active_streams = 0
-        self._held: set[asyncio.Future[pb.ProcessingRequest | None]] = set()
+        self._held: set[asyncio.Future[Any]] = set()
         self._draining = False
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> None:
+        """One stream, read and written through the call's `context` (`read` / `write`) rather
+        than the request iterator and an async generator of responses: one layer less per
+        message each way (docs/benchmarks/costs.md, "The request path's own cost")."""
         stream = ExtProcStream(self._factory())
         self.active_streams += 1
-        incoming = aiter(request_iterator)
+        read, write = context.read, context.write
         try:
             while True:
                 if stream.forwarded:
-                    msg = await self._next_held(incoming, releasable=not stream.echoes_response_body)
+                    msg = await self._next_held(read, releasable=not stream.echoes_response_body)
                 else:
-                    msg = await anext(incoming, None)
-                if msg is None:
+                    msg = await read()
+                if msg is None or msg is grpc.aio.EOF:
                     return
                 async for response in stream.handle(msg):
-                    yield response
+                    await write(response)
                 if stream.refused:
                     return
         except ProtocolViolation as exc:
@@ -320,7 +328,7 @@ class ExtProcServicer:
                 log.exception("%s: on_close failed", self._name)
 
     async def _next_held(
-        self, incoming: AsyncIterator[pb.ProcessingRequest], *, releasable: bool = True
+        self, read: Callable[[], Awaitable[Any]], *, releasable: bool = True
     ) -> pb.ProcessingRequest | None:
         """The next response event of a forwarded request; None once Envoy ends the stream or
         the service drains. A stream that hands response bodies back (FULL_DUPLEX_STREAMED) is
@@ -328,12 +336,12 @@ class ExtProcServicer:
         or the server's grace period does."""
         if self._draining and releasable:
             return None
-        waiter: asyncio.Future[pb.ProcessingRequest | None] = asyncio.ensure_future(anext(incoming, None))
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(read())
         if not releasable:
-            return await waiter
+            return _message(await waiter)
         self._held.add(waiter)
         try:
-            return await waiter
+            return _message(await waiter)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._draining and waiter.cancelled() and task is not None and not task.cancelling():

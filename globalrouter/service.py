@@ -35,16 +35,15 @@ class GlobalExtProcServicer:
 
     async def Process(
         self, request_iterator: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProcessingResponse]:
+    ) -> None:
         role = dict(context.invocation_metadata() or ()).get(ROLE_METADATA, "router")
         self.active_streams += 1
         try:
             if role == "observer":
                 async for response in observe(self._ctx, request_iterator):
-                    yield response
-            else:  # the shared stream state machine, as in BBR and the EPP
-                async for response in self._router.Process(request_iterator, context):
-                    yield response
+                    await context.write(response)
+            else:  # the shared stream state machine, as in BBR and the EPP (reads `context`)
+                await self._router.Process(request_iterator, context)
         finally:
             self.active_streams -= 1
 
