@@ -108,14 +108,16 @@ class SessionMemory:
 
     def shared_prefix(self, hashes: Sequence[int]) -> tuple[int, int, int]:
         """The deepest of the prompt's checkpoints that two or more conversations hold (depth),
-        how many entries hold it and on how many pods; (0, 0, 0) when none is shared."""
+        how many entries hold it and on how many pods; (0, 0, 0) when none is shared.
+
+        Shared means two entries on one pod: a pod holds one entry per conversation (its next
+        turn supersedes it), whereas a conversation that moved leaves copies on several pods,
+        which are one conversation, not a popular prefix."""
         holders = self._holders
         for depth in range(len(hashes), 0, -1):
             held = holders.get(hashes[depth - 1])
-            if held:
-                n = sum(held.values())
-                if n >= 2:
-                    return depth, n, len(held)
+            if held and max(held.values()) >= 2:
+                return depth, sum(held.values()), len(held)
         return 0, 0, 0
 
     def horizon_s(self) -> float:

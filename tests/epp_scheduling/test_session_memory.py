@@ -164,3 +164,17 @@ def test_a_new_conversation_seeds_an_idle_pod_with_a_popular_system_prompt() -> 
     )  # type: ignore[arg-type, union-attr]
     decision = sched.pick(new, snap(short_queue, pod("idle")))  # type: ignore[arg-type]
     assert decision.ranked[0] == "idle"
+
+
+def test_a_conversation_that_moved_is_no_shared_prefix() -> None:
+    """Copies of one conversation on two pods (it moved) earn no seeding credit for a third:
+    only conversations that diverge after a prefix, on one pod, make it shared."""
+    memory = SessionMemory(STRIDE)
+    history = text(60_000, 70)
+    routed(memory, "a", history)
+    routed(memory, "b", history + text(4_000, 71))  # its next turn went to b: two copies
+    cps, _ = checkpoints("m", None, history + text(8_000, 72), STRIDE)
+    assert memory.shared_prefix(cps) == (0, 0, 0)
+    routed(memory, "a", history[:20_000] + text(40_000, 73))  # another conversation shares 20 KB on a
+    depth, n, pods = memory.shared_prefix(cps)
+    assert depth == 20_000 // STRIDE and (n, pods) == (3, 2)
