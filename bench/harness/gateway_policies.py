@@ -97,7 +97,10 @@ SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first req
 # 3 (issue #40): near-equal pods ordered by this EPP's exact load (`tieBand`), the ledger keeps a
 # prefill the page shows started until its first token, the prefill pace bounded by the requests'
 # span rather than the scrape interval.
-DEFAULT_REVISION = 3
+# 4 (issue #51): the KV memory of whole conversations (epp/datalayer/session_memory.py) in
+# predicted-ttft: a pod's cached tokens at any prompt length, the eviction a pick causes and the
+# seeding credit of a popular shared prefix priced in its ranking (`evictionWeight` 1).
+DEFAULT_REVISION = 4
 
 
 async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:
