@@ -238,13 +238,28 @@ def family_table(virtual_root: str | Path, mode: str, prefix: str) -> str:
     """Every policy on every scenario whose name starts with `prefix` (a family's page), reporting
     seeds: TTFT P50 / P95, the pods' prefix-cache hit rate, KV use per pod, pod shares."""
     data = load_summaries(virtual_root, mode, REPORTING_SEEDS)
+    return policy_table({s: data[s] for s in sorted(data) if s.startswith(prefix) and "@" not in s})
+
+
+def sessions_table(campaign: str | Path, scenarios: Sequence[str]) -> str:
+    """Issue #51's table: `policy_table` over a campaign folder whose scenarios ran in either
+    mode (each long enough for >= 400 steady requests), in `scenarios`' order, with the share of
+    a session's turns sent where its previous turn went."""
+    data = {**load_summaries(campaign, "quick"), **load_summaries(campaign, "full")}
+    return policy_table({s: data[s] for s in scenarios if s in data}, stickiness=True)
+
+
+def policy_table(
+    data: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], stickiness: bool = False
+) -> str:
+    """One row per scenario and policy (round-robin, then the oracle, then the rest by name)."""
+    extra = " session stickiness % |" if stickiness else ""
     rows = [
         "| scenario | policy | seeds | requests (steady) | TTFT P50 ms | TTFT P95 ms | prefix-cache hit % "
-        "| KV use per pod, mean over steps % | KV peak % (highest pod) | pod share % | preemptions | goodput % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| KV use per pod, mean over steps % | KV peak % (highest pod) | pod share % | preemptions | goodput % |{extra}",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if stickiness else ""),
     ]
-    for scenario in sorted(s for s in data if s.startswith(prefix) and "@" not in s):
-        policies = data[scenario]
+    for scenario, policies in data.items():
         order = [p for p in ("round-robin", "oracle") if p in policies]
         for policy in order + sorted(p for p in policies if p not in order):
             runs = policies[policy]
@@ -257,6 +272,7 @@ def family_table(virtual_root: str | Path, mode: str, prefix: str) -> str:
                 ]
             )
             share = " / ".join(f"{v * 100:.0f}" for v in _shares(runs).values())
+            sticky = f" {_spread([s.get('session_stickiness') for s in steady], 100)} |" if stickiness else ""
             rows.append(
                 f"| {scenario} | {policy} | {','.join(str(r['seed']) for r in runs)} | "
                 f"{_median([s.get('requests') for s in steady]) or 0:.0f} | "
@@ -265,7 +281,7 @@ def family_table(virtual_root: str | Path, mode: str, prefix: str) -> str:
                 f"{_engine_figure(runs, 'prefix_hit_rate', 100)} | {kv_mean} | "
                 f"{'n/a' if kv_peak is None else f'{kv_peak * 100:.0f}'} | {share} | "
                 f"{_engine_figure(runs, 'preemptions', 1, total=True)} | "
-                f"{_spread([s.get('goodput') for s in steady], 100)} |"
+                f"{_spread([s.get('goodput') for s in steady], 100)} |{sticky}"
             )
     return "\n".join(rows)
 
