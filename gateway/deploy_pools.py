@@ -152,8 +152,10 @@ def render_resource(root: Path) -> str:
         "# The gateway's configuration in the cluster: BBR, the EPPs and the xDS server (hence Envoy)\n"
         "# follow this resource (`--config-resource $(POD_NAMESPACE)/inference-gateway`); `kubectl edit\n"
         "# igc inference-gateway` takes effect within a second, and its status says whether an edit is\n"
-        "# in force or why it was refused (the last good one staying). The gateway-config ConfigMap\n"
-        "# carries the same configuration (what the services start with and fall back to).\n"
+        "# in force or why it was refused (the last good one staying), but the next `kubectl apply -k`\n"
+        "# writes this spec back: make a lasting edit in config/gateway.yaml. While this resource exists\n"
+        "# it is the one source; the gateway-config ConfigMap (the same configuration, each service's\n"
+        "# --config file) is applied only while it is absent.\n"
     )
     resource = {
         "apiVersion": "gateway.inference.dev/v1alpha1",
