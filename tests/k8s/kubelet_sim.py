@@ -54,6 +54,7 @@ BINARIES: dict[str, Callable[[], str]] = {
             "inference-gateway-bbr",
             "inference-gateway-xds",
             "inference-gateway-globalrouter",
+            "inference-gateway-reporter",
             "inference-gateway-pdsidecar",
             "modelsim",
         )

@@ -46,6 +46,7 @@ TARGETS = [
     "overlays/dev",
     "overlays/sim",
     "overlays/eks-hyperpod",
+    "global",
 ]
 OVERLAYS = ["overlays/dev", "overlays/sim", "overlays/eks-hyperpod"]
 # The plaintext targets: dev, and sim (dev with simulated model servers).
