@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -88,11 +89,11 @@ class ConfigStore(Generic[Schema]):
             log.error("config from %s rejected, keeping the last good one: %s", source, exc)
             return False
         self.last_refusal = None
-        self._current = fresh
+        previous, self._current = self._current, fresh
         self.source = source
         CONFIG_RELOADS.labels(result="applied").inc()
         CONFIG_LAST_SUCCESS.set_to_current_time()
-        log.info("config from %s applied", source)
+        log.info("config from %s applied: %s", source, describe_change(previous, fresh))
         for listener in self._listeners:
             try:
                 listener(fresh)
@@ -130,6 +131,54 @@ class ConfigStore(Generic[Schema]):
 
     def load_file(self, path: str | Path) -> Schema:
         return load_config(path, self.schema)
+
+
+# How many changed settings an "applied" line names before it counts the rest.
+CHANGES_LOGGED = 8
+
+
+def describe_change(old: Any, new: Any) -> str:
+    """What a reload changed, for its log line: `path: old -> new` of each changed setting (the
+    configuration's own field names; list items by index; a whole item added or removed once),
+    or "no change"."""
+    changed = _diff(
+        old.model_dump(mode="json", by_alias=True), new.model_dump(mode="json", by_alias=True), ""
+    )
+    if not changed:
+        return "no change"
+    more = len(changed) - CHANGES_LOGGED
+    return "; ".join(changed[:CHANGES_LOGGED]) + (f"; and {more} more" if more > 0 else "")
+
+
+def _diff(before: Any, after: Any, path: str) -> list[str]:
+    if isinstance(before, dict) and isinstance(after, dict):
+        keys = list(before) + [k for k in after if k not in before]
+        pairs = [
+            (f"{path}.{k}" if path else str(k), before.get(k, _ABSENT), after.get(k, _ABSENT)) for k in keys
+        ]
+    elif isinstance(before, list) and isinstance(after, list):
+        n = max(len(before), len(after))
+        pairs = [
+            (
+                f"{path}[{i}]",
+                before[i] if i < len(before) else _ABSENT,
+                after[i] if i < len(after) else _ABSENT,
+            )
+            for i in range(n)
+        ]
+    elif before == after:
+        return []
+    else:
+        return [f"{path}: {_short(before)} -> {_short(after)}"]
+    return [line for sub, b, a in pairs if b != a for line in _diff(b, a, sub)]
+
+
+_ABSENT = object()
+
+
+def _short(value: Any) -> str:
+    text = "(absent)" if value is _ABSENT else json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _set_source(kind: str) -> None:
