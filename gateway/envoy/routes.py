@@ -218,7 +218,9 @@ def _no_route(match: RouteMatch, *, anthropic: bool = False) -> list[Route]:
         direct_response=DirectResponseAction(status=404, body_format=json_body(error)),
     )
     api = "an Anthropic Messages API" if anthropic else "an OpenAI-compatible"
-    no_model = f"no 'model' to route on (the body was empty): send {api} JSON request body with a 'model' field"
+    no_model = (
+        f"no 'model' to route on (the body was empty): send {api} JSON request body with a 'model' field"
+    )
     return [
         unknown_model,
         # A 400 as for a body of `{}` or whitespace: the request, not the path, is what is wrong.
