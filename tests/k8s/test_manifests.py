@@ -1102,3 +1102,21 @@ def test_scaledobject_schema_rejects_what_keda_would_reject_or_silently_drop() -
             node = node[part]
         node[path[-1]] = value
         assert not validator.is_valid(bad), path
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pods_start_on_a_clean_cluster(target: str) -> None:
+    """No container argument names a path inside an emptyDir (empty when the pod starts: a model
+    server told to load adapters from there fails to start), and no emptyDir is mounted read-only
+    (nothing could ever fill it)."""
+    for obj in render(target):
+        if obj["kind"] != "Deployment":
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        empty = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+        for container in pod["containers"]:
+            mounts = [m for m in container.get("volumeMounts", []) if m["name"] in empty]
+            assert not [m for m in mounts if m.get("readOnly")], (obj["metadata"]["name"], mounts)
+            for arg in [*container.get("command", []), *container.get("args", [])]:
+                for m in mounts:
+                    assert f"{m['mountPath']}/" not in arg, (obj["metadata"]["name"], arg)
