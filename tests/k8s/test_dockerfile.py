@@ -55,7 +55,7 @@ def test_every_command_run_in_the_image_is_a_script_of_a_copied_package() -> Non
         c["command"][0]
         for target in TARGETS
         for o in render(target)
-        if o["kind"] == "Deployment"
+        if o["kind"] in ("Deployment", "StatefulSet")
         for c in o["spec"]["template"]["spec"]["containers"]
         if c["image"].split(":")[0].rsplit("/", 1)[-1] == IMAGE and c.get("command")
     }

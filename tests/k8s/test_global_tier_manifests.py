@@ -28,8 +28,8 @@ def _one(objs: list[Obj] | tuple[Obj, ...], kind: str, name: str) -> Obj:
     return obj
 
 
-def _container(objs: list[Obj] | tuple[Obj, ...], name: str) -> Obj:
-    return dict(_one(objs, "Deployment", name)["spec"]["template"]["spec"]["containers"][0])
+def _container(objs: list[Obj] | tuple[Obj, ...], name: str, kind: str = "Deployment") -> Obj:
+    return dict(_one(objs, kind, name)["spec"]["template"]["spec"]["containers"][0])
 
 
 def _args(container: Obj) -> dict[str, list[str]]:
@@ -80,14 +80,14 @@ def member(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
 def test_the_routers_run_the_console_script_on_a_config_the_router_parses() -> None:
     objs = render("global")
     validate_objects(objs)
-    router = _container(objs, "global-router")
+    router = _container(objs, "global-router", "StatefulSet")
     _runs(router, "globalrouter.__main__")
     args = _args(router)
     (config_path,) = args["--config"]
     mount = next(m for m in router["volumeMounts"] if config_path.startswith(m["mountPath"] + "/"))
     volume = next(
         v
-        for v in _one(objs, "Deployment", "global-router")["spec"]["template"]["spec"]["volumes"]
+        for v in _one(objs, "StatefulSet", "global-router")["spec"]["template"]["spec"]["volumes"]
         if v["name"] == mount["name"]
     )
     text = _one(objs, "ConfigMap", volume["configMap"]["name"])["data"][Path(config_path).name]
@@ -113,9 +113,18 @@ def test_a_member_reports_its_epp_to_every_router(member: list[Obj]) -> None:
     policy = _one(member, "NetworkPolicy", "epp")
     assert {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "global-reporter"}}}],
             "ports": [{"protocol": "TCP", "port": "metrics"}]} in policy["spec"]["ingress"]  # fmt: skip
-    # The routers' headless Service (every replica gets every heartbeat), and a member name of theirs.
+    # Every router replica by its stable name (each must get every heartbeat; one channel to the
+    # Service name would reach one), and a member name of theirs.
+    statefulset = _one(routers, "StatefulSet", "global-router")
+    service = statefulset["spec"]["serviceName"]
+    namespace = statefulset["metadata"]["namespace"]
+    assert _one(routers, "Service", service)["spec"]["clusterIP"] == "None"
+    assert args["--router"] == [
+        f"global-router-{i}.{service}.{namespace}.svc.cluster.local:9100"
+        for i in range(statefulset["spec"]["replicas"])
+    ]
     for router in args["--router"]:
-        _service_port(routers, router)
+        _service_port(routers, router.split(".", 1)[1])
     config = _one(routers, "ConfigMap", "global-router-config")["data"]["router.yaml"]
     assert args["--cluster"][0] in {m.name for m in parse_router_config(yaml.safe_load(config)).members}
 
