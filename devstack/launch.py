@@ -546,6 +546,8 @@ def start_gateway_once(
 
         pool_names = sorted({pool_name_for(p["model"]) for p in pods})
         epp_ports = {name: free_port_run(epp_replicas) for name in pool_names}
+        if single_hop:  # one EPP process serves every pool: each pool's `epp` names its port
+            epp_ports = dict.fromkeys(pool_names, epp_ports[pool_names[0]])
         config = gateway_config_for(
             pods, epp_ports, config_extra, epp_replicas=epp_replicas, epp_workers=epp_workers
         )

@@ -33,7 +33,8 @@ def service_parser(
     parser.add_argument(
         "--config-resource",
         metavar="NAMESPACE/NAME",
-        help="also follow this InferenceGatewayConfig resource; its spec overrides --config when it changes",
+        help="follow this InferenceGatewayConfig resource: while it exists it is the configuration "
+        "(--config edits are not applied); absent or deleted, --config is",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=default_port, help="gRPC (ext_proc + health) port")

@@ -217,7 +217,7 @@ class Reporter:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="globalrouter.reporter", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="inference-gateway-reporter", description=__doc__.split("\n")[0])
     parser.add_argument("--cluster", required=True)
     parser.add_argument("--region", default="")
     parser.add_argument("--cost-per-1k-tokens", type=float, default=0.0)

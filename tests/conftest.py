@@ -19,7 +19,7 @@ settings.load_profile("loaded-machine")
 
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A private redis-server per test module (the EPP replicas' shared store)."""
+    """A private Valkey per test module (the EPP replicas' shared store, as deploy/ runs it)."""
     server = start_redis(tmp_path_factory.mktemp("redis"))
     try:
         yield server

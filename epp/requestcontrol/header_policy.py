@@ -91,6 +91,11 @@ class HeaderPolicy:
         own = self.slos.get(profile)
         return own / 1000.0 if own else None
 
+    def slo_ignored(self, headers: Mapping[str, str]) -> bool:
+        """The request asked for a latency objective it may not set (untrusted): said once in the
+        EPP's log, so a client wondering why its header changed nothing can find out."""
+        return SLO_TTFT_HEADER in headers and not self.trusted(headers)
+
     def explain(self, headers: Mapping[str, str]) -> bool:
         """Whether to return the per-pod scores on the response."""
         if headers.get(DECISION_HEADER) not in _ASKED:

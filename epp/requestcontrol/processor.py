@@ -9,6 +9,7 @@ processor keeps the request's protocol state.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -38,12 +39,23 @@ from extproc.errors import (
     request_path,
     unavailable,
 )
-from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
+from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER, SLO_TTFT_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import ModelRoute
 from gateway.tracing import Attributes
 
 log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _warn_slo_ignored() -> None:
+    """Once per process: an untrusted request's latency objective header is ignored."""
+    log.warning(
+        "%s from an untrusted client ignored (its profile's sloTtftMs applies): only trusted requests "
+        "may set it (listener.trust; docs/security.md 'Request headers'); said once",
+        SLO_TTFT_HEADER,
+    )
+
 
 METADATA_NAMESPACE = "envoy.lb"
 SPAN_NAME = "epp.schedule"
@@ -362,6 +374,8 @@ class EppProcessor:
             slo_ttft_s = policy.slo_ttft_s(headers, objective.name)
         except ValueError as exc:
             return bad_request(str(exc), "invalid_slo")
+        if policy.slo_ignored(headers):
+            _warn_slo_ignored()
         try:
             return request_from_fields(
                 parsed.fields,

@@ -205,7 +205,8 @@ def _no_route(match: RouteMatch, *, anthropic: bool = False) -> list[Route]:
     With a model header, the model is one Envoy's routes do not know (yet: the services
     checked it against a configuration Envoy has not received): a 404 `model_not_found` naming
     it. Envoy substitutes the name into a JSON body, so it is escaped, never spliced. Without
-    one (no body to route on) the request named no model at all. `anthropic`: the routes of
+    one (an empty body: nothing reached BBR to route on) the request named no model at all: a
+    400 `model_required`, as BBR answers a body of `{}`. `anthropic`: the routes of
     Anthropic's paths (named `no-route-messages...`), in its error shape.
     """
     name = "no-route-messages" if anthropic else "no-route"
@@ -217,10 +218,13 @@ def _no_route(match: RouteMatch, *, anthropic: bool = False) -> list[Route]:
         direct_response=DirectResponseAction(status=404, body_format=json_body(error)),
     )
     api = "an Anthropic Messages API" if anthropic else "an OpenAI-compatible"
-    no_model = f"no route: send {api} JSON request with a 'model' field"
+    no_model = (
+        f"no 'model' to route on (the body was empty): send {api} JSON request body with a 'model' field"
+    )
     return [
         unknown_model,
-        _invalid_request(name, 404, no_model, "route_not_found", match, anthropic=anthropic),
+        # A 400 as for a body of `{}` or whitespace: the request, not the path, is what is wrong.
+        _invalid_request(name, 400, no_model, "model_required", match, anthropic=anthropic),
     ]
 
 

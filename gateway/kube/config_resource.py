@@ -2,9 +2,10 @@
 
 The resource's `spec` has exactly the schema of the configuration file (gateway/config.py),
 so every change goes through `ConfigStore.offer_data`: validated, applied within the watch
-latency, or rejected and counted with the last good configuration left in force. A deleted
-resource also leaves the last good configuration in force (an accidental `kubectl delete`
-must not take traffic down). The `kubernetes` client is loaded only when a watch starts, so a
+latency, or rejected and counted with the last good configuration left in force. While the
+resource exists it is the one configuration source (`ConfigStore.resource_present`: an edit of
+the --config file is not applied, and says so); absent or deleted, the file is again
+(`resource_absent`: read and applied; without a file the last good configuration stays). The `kubernetes` client is loaded only when a watch starts, so a
 service started without `--config-resource` never imports it.
 
 With `write_status` (the xDS server: the one service whose verdict covers both the schema and
@@ -38,7 +39,7 @@ PLURAL = "inferencegatewayconfigs"
 
 RESOURCE_PRESENT = Gauge(
     "gateway_config_resource_present",
-    "1 while the followed InferenceGatewayConfig exists, 0 once it was deleted (last good config kept)",
+    "1 while the followed InferenceGatewayConfig exists (the configuration source), 0 while absent (the --config file is)",
     ["resource"],
 )
 
@@ -123,8 +124,8 @@ class ConfigResourceWatcher:
         RESOURCE_PRESENT.labels(resource=self.source).set(0 if obj is None else 1)
         assert self._loop is not None
         if obj is None:
-            log.warning("%s is absent; keeping the current configuration", self.source)
-            self._loop.call_soon_threadsafe(self.synced.set)
+            self._last_generation = None  # a resource created again is offered whatever its generation
+            self._loop.call_soon_threadsafe(self._absent)
             return
         meta = obj.get("metadata") or {}
         generation = meta.get("generation") or meta.get("resourceVersion")
@@ -134,8 +135,14 @@ class ConfigResourceWatcher:
         spec = obj.get("spec") or {}
         self._loop.call_soon_threadsafe(self._offer, spec, generation)
 
+    def _absent(self) -> None:
+        """Loop: the file (when the service follows one) is the configuration source again."""
+        self.store.resource_absent(self.source)
+        self.synced.set()
+
     def _offer(self, spec: dict[str, Any], generation: Any) -> None:
         """Loop: the one verdict on this generation, then (write_status) say it in the status."""
+        self.store.resource_present(self.source)
         applied = self.store.offer_data(spec, self.source)
         if applied:
             self._applied_generation = generation if isinstance(generation, int) else None
@@ -152,7 +159,7 @@ class ConfigResourceWatcher:
         )
         if applied:
             ready, reason = "True", "Applied"
-            message = f"in force: generation {generation}: pools {in_force}"
+            message = f"in force: generation {generation}: pools {in_force}; {SOURCE_NOTE}"
         else:
             ready, reason = "False", "Refused"
             kept = (
@@ -198,6 +205,12 @@ class ConfigResourceWatcher:
                 log.warning("%s: status not written: %s: %s", self.source, type(exc).__name__, exc)
 
 
+# Said in every Ready message: which configuration source is in force, and what that means for
+# the file every service also mounts (gateway/config_store.py).
+SOURCE_NOTE = (
+    "source: this resource (each service's --config file, the gateway-config ConfigMap, is not "
+    "applied while it exists)"
+)
 # The Ready condition's message: the pools in force, or the reason of a refusal, cut to this.
 MAX_MESSAGE = 4000
 

@@ -1,4 +1,4 @@
-"""Fixtures for the global tier: a private redis-server, and two member clusters behind routers."""
+"""Fixtures for the global tier: a private Valkey, and two member clusters behind routers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from devstack.redis_server import start_redis
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A throw-away redis-server on a free loopback port (no persistence)."""
+    """A throw-away Valkey on a free loopback port (no persistence), the store deploy/ runs."""
     server = start_redis(tmp_path_factory.mktemp("redis"))
     try:
         yield server.url

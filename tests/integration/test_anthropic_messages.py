@@ -139,7 +139,7 @@ async def test_bad_requests_get_anthropics_error_shape(
         ("POST", "/v1/messages", b"{not json", 400, "invalid_request_error"),
         ("POST", "/v1/messages/count_tokens", b"[]", 400, "invalid_request_error"),
         ("POST", "/v1/messages?beta=true", b'{"model": 3, "messages": []}', 400, "invalid_request_error"),
-        ("POST", "/v1/messages", b"", 404, "not_found_error"),  # no body: no model to route on
+        ("POST", "/v1/messages", b"", 400, "invalid_request_error"),  # no body: no model to route on
         ("GET", "/v1/messages", None, 405, "invalid_request_error"),
         # The pod's own refusal (no max_tokens), in the shape vLLM answers.
         (

@@ -22,7 +22,7 @@ import yaml
 from devstack.launch import free_port
 
 VERDICT = re.compile(
-    r"config from (?P<source>\S+) (?P<outcome>applied|rejected)(?:, keeping the last good one: (?P<reason>.*))?$"
+    r"config from (?P<source>\S+) (?P<outcome>applied|rejected)(?:, keeping the last good one: (?P<reason>.*)|: .*)?$"
 )
 
 

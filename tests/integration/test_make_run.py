@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import re
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -78,6 +79,12 @@ def test_make_run_names_its_workdir_shows_the_weights_and_removes_it_on_ctrl_c()
         shipped = dict(BUILTIN_PROFILES["default"].weights)
         live = yaml.safe_load((workdir / "gateway.yaml").read_text())
         assert live["profiles"] == {"default": {"weights": shipped}}  # the code's default, editable
+        # Every pool's `epp` names where its EPP listens (single-hop: the one EPP serving all).
+        for pool_config in live["pools"]:
+            epp = pool_config["epp"]
+            with socket.create_connection((epp["host"], epp["port"]), timeout=5):
+                pass
+        assert len({p["epp"]["port"] for p in live["pools"]}) == 1
         debug_url = re.search(r"^Profiles and weights in force: (\S+?)[,\s]", output, re.M).group(1)  # type: ignore[union-attr]
         pool = httpx.get(debug_url, timeout=5).json()
         assert pool["default_profile"] == "default"

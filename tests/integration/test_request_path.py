@@ -207,8 +207,9 @@ async def test_unknown_path_is_a_json_404_and_a_served_one_without_model_too(gat
         wrong_method = await client.get("/v1/completions")
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "not_found"  # outside the allow-list
-    assert no_model.status_code == 404
-    assert no_model.json()["error"]["code"] == "route_not_found"
+    # An empty body names no model: a 400, as a body of `{}` or whitespace gets.
+    assert no_model.status_code == 400
+    assert no_model.json()["error"]["code"] == "model_required"
     assert wrong_method.status_code == 405
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"
 

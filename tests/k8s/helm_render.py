@@ -44,6 +44,7 @@ KINDS: dict[str, list[tuple[str, str, bool]]] = {
     "cert-manager.io/v1": [("Certificate", "certificates", True), ("Issuer", "issuers", True)],
     "monitoring.coreos.com/v1": [("ServiceMonitor", "servicemonitors", True)],
     "gateway.inference.dev/v1alpha1": [("InferenceGatewayConfig", "inferencegatewayconfigs", True)],
+    "inference.networking.k8s.io/v1": [("InferencePool", "inferencepools", True)],
 }
 HELM_HOMES = ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]

@@ -1,16 +1,20 @@
-"""The InferenceGatewayConfig resource drives the configuration through the real client."""
+"""The InferenceGatewayConfig resource drives the configuration through the real client; while it
+exists it is the one source (a --config file edit is not applied, and says so), and once deleted
+the file is again."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import kubernetes
 import pytest
+import yaml
 from prometheus_client import REGISTRY
 
-from gateway.config import ConfigError, parse_config
-from gateway.config_store import ConfigStore
+from gateway.config import ConfigError, GatewayConfig, parse_config
+from gateway.config_store import ConfigStore, FileWatcher
 from gateway.kube.config_resource import ConfigResourceWatcher
 from tests.fakes.kube_apiserver import GATEWAY_CONFIGS, FakeKubeApiServer
 
@@ -160,3 +164,96 @@ async def test_a_status_the_api_refuses_is_logged_and_changes_nothing(
             assert store.current().thresholds.queue_saturated == 9
         finally:
             await watcher.stop()
+
+
+# -- one source: the resource while it exists, the file otherwise ---------------------------------
+def _source() -> str:
+    kinds = [k for k in ("resource", "file") if sample("gateway_config_source", kind=k) == 1]
+    assert len(kinds) == 1, kinds
+    return kinds[0]
+
+
+def _file_with(tmp_path: Path, queue: int) -> Path:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({**SPEC, "thresholds": {"queue": queue}}))
+    return path
+
+
+async def _follow(
+    store: ConfigStore, api_client: kubernetes.client.ApiClient, **kw: object
+) -> ConfigResourceWatcher:
+    watcher = ConfigResourceWatcher(
+        store, namespace="default", name="gateway", api_client=api_client, backoff_s=0.05, **kw
+    )
+    await watcher.start()
+    assert await watcher.wait_synced(10)
+    return watcher
+
+
+async def test_without_the_resource_the_file_is_the_source_and_its_edits_apply(
+    kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient, tmp_path: Path
+) -> None:
+    path = _file_with(tmp_path, 3)
+    store = ConfigStore.from_file(path, GatewayConfig)
+    files = FileWatcher(store, path)
+    watcher = await _follow(store, api_client)
+    try:
+        assert _source() == "file" and store.resource is None
+        _file_with(tmp_path, 4)
+        assert files.check() and store.current().thresholds.queue_saturated == 4
+    finally:
+        await watcher.stop()
+
+
+async def test_while_the_resource_exists_a_file_edit_is_not_applied_and_says_so(
+    kube: FakeKubeApiServer,
+    api_client: kubernetes.client.ApiClient,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    path = _file_with(tmp_path, 3)
+    store = ConfigStore.from_file(path, GatewayConfig)
+    files = FileWatcher(store, path)
+    kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "thresholds": {"queue": 7}}))
+    watcher = await _follow(store, api_client, write_status=True)
+    try:
+        assert store.current().thresholds.queue_saturated == 7 and _source() == "resource"
+        await until(lambda: "source: this resource" in ready(kube)["ready"].get("message", ""))
+        ignored = sample("gateway_config_reloads_total", result="ignored")
+        _file_with(tmp_path, 4)
+        with caplog.at_level(logging.WARNING, logger="gateway.config_store"):
+            assert not files.check()
+        assert store.current().thresholds.queue_saturated == 7  # the resource stays in force
+        assert sample("gateway_config_reloads_total", result="ignored") == ignored + 1
+        assert any(
+            "not applied: inferencegatewayconfigs/default/gateway is the configuration source" in r.message
+            for r in caplog.records
+        )
+    finally:
+        await watcher.stop()
+
+
+async def test_both_edited_the_resource_wins_until_deleted_then_the_edited_file(
+    kube: FakeKubeApiServer, api_client: kubernetes.client.ApiClient, tmp_path: Path
+) -> None:
+    path = _file_with(tmp_path, 3)
+    store = ConfigStore.from_file(path, GatewayConfig)
+    files = FileWatcher(store, path)
+    kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "thresholds": {"queue": 7}}))
+    watcher = await _follow(store, api_client)
+    try:
+        _file_with(tmp_path, 4)  # the ConfigMap edited ...
+        assert not files.check()
+        kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "thresholds": {"queue": 8}}))  # ... and the resource
+        await until(lambda: store.current().thresholds.queue_saturated == 8)
+        assert not files.check() and store.current().thresholds.queue_saturated == 8
+        # Deleted: the file, as edited, is the source (read again, not the last digest seen).
+        kube.delete(GATEWAY_CONFIGS, "gateway")
+        await until(lambda: store.current().thresholds.queue_saturated == 4)
+        assert _source() == "file" and store.source == str(path)
+        # Created again: the resource takes over again.
+        kube.apply(GATEWAY_CONFIGS, resource({**SPEC, "thresholds": {"queue": 9}}))
+        await until(lambda: store.current().thresholds.queue_saturated == 9)
+        assert _source() == "resource"
+    finally:
+        await watcher.stop()

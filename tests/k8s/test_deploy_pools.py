@@ -188,8 +188,13 @@ def test_adding_a_pool_is_one_edit_of_the_configuration(tmp_path: Path) -> None:
         resource = _one(objs, "InferenceGatewayConfig", RESOURCE)
         assert [p["name"] for p in resource["spec"]["pools"]] == [*POOLS, "qwen3-32b"]
         certificates = [o for o in objs if o["kind"] == "Certificate"]
-        if target == "overlays/dev":  # every EPP plaintext, one replica, FailOpen
-            assert not certificates and epp["spec"]["replicas"] == 1
+        plaintext = {
+            "overlays/dev": deploy_pools.DEV_EPP_REPLICAS,
+            "overlays/sim": deploy_pools.SIM_EPP_REPLICAS,
+        }
+        if target in plaintext:  # every EPP plaintext, the overlay's replicas, FailOpen
+            assert not certificates and epp["spec"]["replicas"] == plaintext[target]
+            assert {p["epp"]["replicas"] for p in resource["spec"]["pools"]} == {plaintext[target]}
             assert not [a for a in _container(epp)["args"] if a.startswith("--tls-")]
             assert {p["failureMode"] for p in resource["spec"]["pools"]} == {"FailOpen"}
         else:

@@ -39,8 +39,19 @@ from tools.deploy_configs import DEPLOY_BOOTSTRAPS, DEPLOY_XDS, XDS_SERVICE
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 AUTOSCALING = ["examples/autoscaling/keda", "examples/autoscaling/hpa", "examples/autoscaling/keda-from-zero"]
-TARGETS = ["base", "examples", *AUTOSCALING, "cert-manager", "overlays/dev", "overlays/eks-hyperpod"]
-OVERLAYS = ["overlays/dev", "overlays/eks-hyperpod"]
+TARGETS = [
+    "base",
+    "examples",
+    *AUTOSCALING,
+    "cert-manager",
+    "overlays/dev",
+    "overlays/sim",
+    "overlays/eks-hyperpod",
+    "global",
+]
+OVERLAYS = ["overlays/dev", "overlays/sim", "overlays/eks-hyperpod"]
+# The plaintext targets: dev, and sim (dev with simulated model servers).
+PLAINTEXT = ("overlays/dev", "overlays/sim")
 Obj = dict[str, Any]
 
 
@@ -309,10 +320,11 @@ def _crd_schema() -> Obj:
     return version["schema"]["openAPIV3Schema"]
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_every_object_validates(target: str) -> None:
+def validate_objects(objs: list[Obj] | tuple[Obj, ...]) -> None:
+    """Each object against its API's schema: Kubernetes' own (strict), the CRD's, llm-d's parser,
+    or the third-party schema above."""
     k8s_version = kubernetes_validate.latest_version()
-    for obj in render(target):
+    for obj in objs:
         kind = (obj["apiVersion"], obj["kind"])
         if obj["apiVersion"] in BUILTIN_GROUPS:
             kubernetes_validate.validate(copy.deepcopy(obj), k8s_version, strict=True)
@@ -324,6 +336,11 @@ def test_every_object_validates(target: str) -> None:
         else:
             assert kind in THIRD_PARTY_SCHEMAS, f"no schema to validate {kind}"
             jsonschema.Draft4Validator(THIRD_PARTY_SCHEMAS[kind]).validate(obj["spec"])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_object_validates(target: str) -> None:
+    validate_objects(render(target))
 
 
 def test_crd_schema_rejects_bad_configs() -> None:
@@ -369,12 +386,13 @@ def test_configs_parse_and_agree_with_the_cluster_objects(target: str) -> None:
         assert ref["name"] == epp["metadata"]["name"]
         epp_ports = {p["port"] for p in find(objs, "Service", ref["name"])["spec"]["ports"]}
         assert ref["port"]["number"] in epp_ports
-        # The example model servers are selected by the pool and named as the pool's models.
+        # The example model servers (vLLM; modelsim in sim) are selected by the pool and named
+        # as the pool's models.
         (vllm,) = [
             o["spec"]["template"]
             for o in objs
             if o["kind"] == "Deployment"
-            and o["metadata"]["name"].startswith("vllm-")
+            and o["metadata"]["name"].startswith(("vllm-", "modelsim-"))
             and pool["spec"]["selector"]["matchLabels"].items()
             <= o["spec"]["template"]["metadata"]["labels"].items()
         ]
@@ -769,7 +787,7 @@ def test_envoy_runs_on_xds_and_the_static_bootstrap_stays_an_option(target: str)
     config = parse_config(find(objs, "InferenceGatewayConfig", RESOURCE)["spec"])
     # dev's static bootstrap is the base configuration's, plaintext (test_plaintext_bootstrap_...):
     # its resource (FailOpen, one replica) is rendered as the static renderer would render it.
-    static = render_bootstrap(config, topology) if target == "overlays/dev" else _bootstrap(target)
+    static = render_bootstrap(config, topology) if target in PLAINTEXT else _bootstrap(target)
     assert_snapshot_is_the_bootstrap(snapshot(config, topology), static)
 
 
@@ -813,7 +831,7 @@ def test_only_dev_is_plaintext(target: str) -> None:
         extproc["epp" if index == 0 else f"epp-{pool.name}"] = clusters[f"epp-{pool.name}"]
     service_args = [_container(objs, name)["args"] for name in extproc]
     cert_manager = [o for o in objs if o["apiVersion"].startswith("cert-manager.io/")]
-    if target == "overlays/dev":
+    if target in PLAINTEXT:
         assert not any("transport_socket" in c for c in extproc.values())
         assert not any(a.startswith(TLS_FLAGS) for args in service_args for a in args)
         assert not cert_manager
@@ -1079,3 +1097,21 @@ def test_scaledobject_schema_rejects_what_keda_would_reject_or_silently_drop() -
             node = node[part]
         node[path[-1]] = value
         assert not validator.is_valid(bad), path
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pods_start_on_a_clean_cluster(target: str) -> None:
+    """No container argument names a path inside an emptyDir (empty when the pod starts: a model
+    server told to load adapters from there fails to start), and no emptyDir is mounted read-only
+    (nothing could ever fill it)."""
+    for obj in render(target):
+        if obj["kind"] != "Deployment":
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        empty = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+        for container in pod["containers"]:
+            mounts = [m for m in container.get("volumeMounts", []) if m["name"] in empty]
+            assert not [m for m in mounts if m.get("readOnly")], (obj["metadata"]["name"], mounts)
+            for arg in [*container.get("command", []), *container.get("args", [])]:
+                for m in mounts:
+                    assert f"{m['mountPath']}/" not in arg, (obj["metadata"]["name"], arg)

@@ -62,14 +62,14 @@ async def test_forged_model_header_without_body_routes_nowhere(
         got = await client.get(PATH, headers=headers)  # Envoy's 405 before any service runs
         posted = await client.post(PATH, headers=headers)  # no body: nothing to route on
     assert (got.status_code, got.json()["error"]["code"]) == (405, "method_not_allowed")
-    assert (posted.status_code, posted.json()["error"]["code"]) == (404, "route_not_found")
+    assert (posted.status_code, posted.json()["error"]["code"]) == (400, "model_required")
     assert trap.hits == []
 
 
 @pytest.mark.parametrize(
     ("method", "content", "status", "code"),
     [
-        pytest.param("POST", b"", 404, "route_not_found", id="forged-model-header-empty-body"),
+        pytest.param("POST", b"", 400, "model_required", id="forged-model-header-empty-body"),
         pytest.param("POST", b"{not json", 400, "invalid_json", id="bad-json"),
         pytest.param(
             "POST", b'{"model": "no-such", "prompt": "x"}', 404, "model_not_found", id="unknown-model"

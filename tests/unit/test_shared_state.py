@@ -1,16 +1,19 @@
 """EPP replicas: the config (`pools[].epp.replicas`, `sharedState`), the rendered EPP cluster,
-and the shared in-flight counts against a real redis-server (epp/datalayer/shared_state.py)."""
+and the shared in-flight counts against a real Valkey, the store deploy/ runs (one test on
+redis-server: Redis compatibility) (epp/datalayer/shared_state.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
@@ -23,6 +26,7 @@ from gateway.config import ConfigError, SharedStateConfig, parse_config
 from gateway.envoy.clusters import ext_proc_cluster
 
 POD_A, POD_B = "10.0.0.1:8000", "10.0.0.2:8000"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _config(epp: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -110,6 +114,41 @@ async def test_replicas_see_each_other_and_a_silent_one_expires(redis: RedisServ
     assert b.peers == [] and b.remote == {}
     await a.stop()
     await b.stop()
+
+
+async def test_the_store_under_test_is_the_valkey_deploy_runs(redis: RedisServer) -> None:
+    """deploy/ runs `valkey/valkey:8.1` (base/epp-state.yaml): the tests share state through the
+    same server, not a Redis of another lineage and version."""
+    image = next(
+        c["image"]
+        for doc in yaml.safe_load_all((REPO / "deploy/base/epp-state.yaml").read_text())
+        if doc and doc["kind"] == "Deployment"
+        for c in doc["spec"]["template"]["spec"]["containers"]
+    )
+    client = Redis.from_url(redis.url)
+    info = await client.info("server")
+    await client.aclose()
+    assert info.get("server_name") == "valkey", info
+    assert image == f"valkey/valkey:{'.'.join(str(info['valkey_version']).split('.')[:2])}-alpine"
+
+
+@pytest.mark.skipif(
+    shutil.which("redis-server") is None, reason="Redis compatibility: no redis-server installed"
+)
+async def test_replicas_share_counts_through_redis_too(tmp_path: Path) -> None:
+    """Redis compatibility (`sharedState.redis` may name a Redis): the same sharing on redis-server."""
+    server = start_redis(tmp_path / "redis", server="redis")
+    try:
+        pool_a, a = _replica(server.url, "t-redis")
+        pool_b, b = _replica(server.url, "t-redis")
+        b.replica_id = "t-redis-other"
+        pool_a.on_routed(POD_A, 3)
+        assert await a.sync_once() and await b.sync_once()
+        assert pool_b.snapshot().by_address()[POD_A].inflight_tokens == 3
+        await a.stop()
+        await b.stop()
+    finally:
+        server.stop()
 
 
 async def test_a_clean_stop_removes_the_share_at_once(redis: RedisServer) -> None:

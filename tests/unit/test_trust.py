@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.requestcontrol.header_policy import HeaderPolicy, Objective
-from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER
+from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER, SLO_TTFT_HEADER
 from gateway.config import ConfigError, parse_config
 
 JWT = {"issuer": "https://issuer.test", "jwks": '{"keys": [{"kty": "RSA", "n": "x", "e": "AQAB"}]}'}
@@ -110,3 +110,11 @@ def test_an_inference_objective_sets_the_priority_never_above_the_model_for_untr
     # Both a profile and an InferenceObjective: the profile's weights, the resource's priority.
     assert p.objective({OBJECTIVE_HEADER: "sheddable"}, "bulk") == Objective("sheddable", -9)
     assert p.objective({OBJECTIVE_HEADER: "sheddable"}, "chatty") == Objective("default", -9)
+
+
+def test_an_untrusted_latency_objective_is_ignored_and_flagged_for_the_log() -> None:
+    untrusted, internal = policy(), policy({"internal": True})
+    asked = {SLO_TTFT_HEADER: "250"}
+    assert untrusted.slo_ttft_s(asked, "default") is None and untrusted.slo_ignored(asked)
+    assert internal.slo_ttft_s(asked, "default") == 0.25 and not internal.slo_ignored(asked)
+    assert not untrusted.slo_ignored({})
