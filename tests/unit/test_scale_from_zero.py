@@ -23,12 +23,13 @@ A = "10.0.0.1:8000"
 BODY = json.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
-def make_ctx(wait_ms: int | None) -> tuple[EppContext, EmptyPoolHold]:
+def make_ctx(wait_ms: int | None, *, discovered: bool = True) -> tuple[EppContext, EmptyPoolHold]:
     pool_config: dict[str, object] = {"name": "llama", "models": [{"name": "llama"}]}
     if wait_ms is not None:
         pool_config["scaleFromZero"] = {"maxWaitMs": wait_ms}
     config = parse_config({"pools": [pool_config], "admission": {"retryAfterSeconds": 7}})
-    pool = Pool([Endpoint(A, frozenset({"llama"}), frozenset())])  # discovered, never scraped
+    # discovered, never scraped; or no pod at all (a pool scaled to zero before discovery saw one)
+    pool = Pool([Endpoint(A, frozenset({"llama"}), frozenset())] if discovered else [])
     hold = EmptyPoolHold(CollectorRegistry(), "llama")
     pool.capacity_hook = hold.signal
     ctx = EppContext(
@@ -92,3 +93,32 @@ async def test_a_scrape_that_leaves_the_pool_unready_keeps_the_request_waiting()
     assert not task.done() and hold.waiting == 1
     ctx.pool.record_metrics(A, Metrics(scraped_at=ctx.pool.snapshot().taken_at))
     assert isinstance(await asyncio.wait_for(task, 5), RequestRoute)
+
+
+async def test_with_no_pod_discovered_the_request_waits_for_discovery_and_a_first_scrape() -> None:
+    ctx, hold = make_ctx(9_000, discovered=False)
+    task = asyncio.create_task(EppProcessor(ctx).on_request({}, BODY))
+    await held(hold)
+    ctx.pool.set_endpoints([Endpoint(A, frozenset({"llama"}), frozenset())])  # discovered, not yet up
+    hold.signal()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not task.done() and hold.waiting == 1 and ctx.pool.inflight_total() == 0
+    ctx.pool.record_metrics(A, Metrics(scraped_at=ctx.pool.snapshot().taken_at))
+    route = await asyncio.wait_for(task, 5)
+    assert isinstance(route, RequestRoute) and route.set_headers[DESTINATION_HEADER] == A
+    assert hold.waiting == 0 and ctx.pool.inflight_total() == 1
+
+
+async def test_with_no_pod_discovered_and_none_within_the_wait_it_is_a_503_with_retry_after() -> None:
+    ctx, hold = make_ctx(50, discovered=False)
+    refusal = await EppProcessor(ctx).on_request({}, BODY)
+    assert isinstance(refusal, ErrorResponse) and refusal.status == 503
+    assert refusal.code == "no_endpoint_available" and refusal.headers == {"retry-after": "7"}
+    assert hold.waiting == 0 and ctx.pool.inflight_total() == 0
+
+
+async def test_without_scale_from_zero_an_empty_pool_is_a_503_at_once() -> None:
+    ctx, hold = make_ctx(None, discovered=False)
+    refusal = await EppProcessor(ctx).on_request({}, BODY)
+    assert isinstance(refusal, ErrorResponse) and refusal.status == 503 and hold.waiting == 0
