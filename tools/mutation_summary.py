@@ -50,7 +50,7 @@ def _tokens(text: str) -> list[str]:
 
 def kind_of(original: str, mutant: str) -> str:
     """What a mutant changed, from the first differing tokens of the two function sources."""
-    a, b = _tokens(original), _tokens(mutant)
+    a, b = ([t for t in _tokens(src) if "__mutmut_" not in t] for src in (original, mutant))
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
         if tag == "equal":
             continue
@@ -106,8 +106,14 @@ def summarize(mutants: Path) -> dict[str, Any]:
                 continue
             mangled = key.rpartition(".")[2]
             original = functions.get(mangled.rpartition("__mutmut_")[0] + "__mutmut_orig", "")
+            mutant = functions.get(mangled, "")
+            diff = [
+                line
+                for line in difflib.unified_diff(original.splitlines(), mutant.splitlines(), lineterm="", n=0)
+                if line[:1] in "+-" and line[:3] not in ("+++", "---") and "__mutmut_" not in line
+            ]
             survivors.append(
-                {"mutant": key, "module": module, "kind": kind_of(original, functions.get(mangled, ""))}
+                {"mutant": key, "module": module, "kind": kind_of(original, mutant), "diff": diff}
             )
     total = sum((c for c in modules.values()), Counter())
     return {
@@ -123,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="the score of a mutmut run")
     parser.add_argument("--mutants", type=Path, default=Path("mutants"))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--diffs", action="store_true", help="print each surviving mutant's change")
     args = parser.parse_args()
     summary = summarize(args.mutants)
     text = json.dumps(summary, indent=1)
@@ -130,6 +137,9 @@ def main() -> None:
         args.out.write_text(text)
     s = summary["by_status"]
     print(f"{summary['total']} mutants: {json.dumps(s)}; survivors by kind: {summary['survivors_by_kind']}")
+    if args.diffs:
+        for survivor in summary["survivors"]:
+            print(f"# {survivor['mutant']} ({survivor['kind']})", *survivor["diff"], sep="\n")
 
 
 if __name__ == "__main__":
