@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
+
 from epp.datalayer.endpoint_records import EndpointState
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import profile
@@ -38,6 +40,16 @@ def pick(slo_s: float | None) -> tuple[tuple[str, ...], bool | None]:
 
 def test_without_an_objective_the_profiles_ranking_stands() -> None:
     assert pick(None) == (("roomy", "busy"), None)
+
+
+def test_the_pick_commits_the_predicted_prefill_only_where_it_predicted() -> None:
+    """kv-only predicts only for a request with an objective: then the pick charges the chosen
+    pod's ledger with this prompt's prefill (400 tokens at 20,000/s), otherwise with nothing."""
+    scheduler = WeightedScheduler({"kv-only": KV_ONLY}, "kv-only", rng=random.Random(0))
+    plain = scheduler.pick(req(PROMPT), snap(ROOMY, BUSY))
+    assert plain.prefill_s == 0.0
+    timed = scheduler.pick(dataclasses.replace(req(PROMPT), slo_ttft_s=0.2), snap(ROOMY, BUSY))
+    assert timed.prefill_s == pytest.approx(400 / 20_000)
 
 
 def test_an_objective_every_pod_meets_keeps_the_ranking() -> None:

@@ -122,3 +122,58 @@ async def test_without_scale_from_zero_an_empty_pool_is_a_503_at_once() -> None:
     ctx, hold = make_ctx(None, discovered=False)
     refusal = await EppProcessor(ctx).on_request({}, BODY)
     assert isinstance(refusal, ErrorResponse) and refusal.status == 503 and hold.waiting == 0
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, {"inference_pool": "llama", **labels})
+
+
+async def test_the_hold_shows_each_waiter_and_counts_how_each_wait_ended() -> None:
+    """The activation gauge counts every request waiting (an autoscaler reads it by name), and
+    `gateway_scale_from_zero_holds` each wait's end: served, timeout, cancelled."""
+    registry = CollectorRegistry()
+    hold = EmptyPoolHold(registry, "llama")
+    ready = False
+    waiters = [asyncio.create_task(hold.wait(lambda: ready, 30.0)) for _ in range(2)]
+    late = asyncio.create_task(hold.wait(lambda: False, 30.0))
+    for _ in range(1000):  # a few loop turns until all three wait (bounded, never hangs)
+        if hold.waiting == 3:
+            break
+        await asyncio.sleep(0)
+    assert _value(registry, "gateway_pool_requests_waiting_for_endpoints") == 3
+    # The client leaves before the pod comes (cancelled in the same loop turn as a signal, the
+    # cancel is lost by Python 3.11's wait_for and the request waits out its deadline).
+    late.cancel()
+    await asyncio.gather(late, return_exceptions=True)
+    ready = True
+    hold.signal()
+    assert await asyncio.gather(*waiters) == [True, True]
+    assert await hold.wait(lambda: False, 0.01) is False
+    assert _value(registry, "gateway_pool_requests_waiting_for_endpoints") == 0
+    holds = "gateway_scale_from_zero_holds_total"
+    assert _value(registry, holds, outcome="served") == 2
+    assert _value(registry, holds, outcome="cancelled") == 1
+    assert _value(registry, holds, outcome="timeout") == 1
+
+
+async def test_a_ready_pool_is_not_a_wait() -> None:
+    registry = CollectorRegistry()
+    hold = EmptyPoolHold(registry, "llama")
+    assert await hold.wait(lambda: True, 5.0) is True
+    assert _value(registry, "gateway_scale_from_zero_holds_total", outcome="served") == 0
+
+
+async def test_the_wait_lasts_until_its_deadline_on_the_holds_clock() -> None:
+    """A wait ends at `max_wait_s` by the hold's clock, not before: with the clock standing
+    still half a second short of the deadline, the request is still held, then served."""
+    hold = EmptyPoolHold(CollectorRegistry(), "llama")
+    hold.clock = lambda: 100.0
+    ready = False
+    task = asyncio.create_task(hold.wait(lambda: ready, 0.5))
+    await held(hold)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not task.done()
+    ready = True
+    hold.signal()
+    assert await asyncio.wait_for(task, 5) is True

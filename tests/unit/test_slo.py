@@ -36,6 +36,10 @@ def test_pods_that_meet_keep_the_profiles_order_and_missed_ones_go_least_bad_fir
     assert slo_order([2], preds, 1.0) == ([2], False)  # nothing predicted: nothing promised
 
 
+def test_a_prediction_exactly_at_the_objective_meets_it() -> None:
+    assert slo_order([0, 1], [0.2, 0.1], 0.2) == ([0, 1], True)  # each pod listed once
+
+
 def make_ctx(trusted: bool = True) -> EppContext:
     config = parse_config(
         {

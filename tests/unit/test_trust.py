@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from epp.requestcontrol.header_policy import HeaderPolicy, Objective
-from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER
+from extproc.headers import CLAIM_HEADER, DECISION_HEADER, OBJECTIVE_HEADER, SLO_TTFT_HEADER
 from gateway.config import ConfigError, parse_config
 
 JWT = {"issuer": "https://issuer.test", "jwks": '{"keys": [{"kty": "RSA", "n": "x", "e": "AQAB"}]}'}
@@ -110,3 +110,19 @@ def test_an_inference_objective_sets_the_priority_never_above_the_model_for_untr
     # Both a profile and an InferenceObjective: the profile's weights, the resource's priority.
     assert p.objective({OBJECTIVE_HEADER: "sheddable"}, "bulk") == Objective("sheddable", -9)
     assert p.objective({OBJECTIVE_HEADER: "sheddable"}, "chatty") == Objective("default", -9)
+
+
+def test_a_model_without_a_profile_gets_the_configured_default_profiles_priority() -> None:
+    data = config()
+    data["defaultProfile"] = "sheddable"
+    p = HeaderPolicy.from_config(parse_config(data))
+    assert p.objective({}, "chatty") == Objective("sheddable", -2)
+
+
+def test_a_verified_claim_makes_a_latency_objective_header_count() -> None:
+    """Trust by JWT claim (not only `internal`): the header counts with the claim Envoy copied
+    from a verified token, and is ignored without it."""
+    p = policy({"jwtClaim": {"name": "tier", "value": "gold"}})
+    assert p.slo_ttft_s({CLAIM_HEADER: "gold", SLO_TTFT_HEADER: "5"}, "batch") == 0.005
+    assert p.slo_ttft_s({CLAIM_HEADER: "silver", SLO_TTFT_HEADER: "5"}, "batch") is None
+    assert p.slo_ttft_s({SLO_TTFT_HEADER: "5"}, "batch") is None
