@@ -90,7 +90,7 @@ def _functions(path: Path) -> dict[str, str]:
 
 def summarize(mutants: Path) -> dict[str, Any]:
     modules: dict[str, Counter[str]] = {}
-    survivors: list[dict[str, str]] = []
+    survivors: list[dict[str, Any]] = []
     for meta_path in sorted(mutants.rglob("*.py.meta")):
         codes = json.loads(meta_path.read_text())["exit_code_by_key"]
         if not codes:
