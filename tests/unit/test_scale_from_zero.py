@@ -141,8 +141,7 @@ async def test_the_hold_shows_each_waiter_and_counts_how_each_wait_ended() -> No
             break
         await asyncio.sleep(0)
     assert _value(registry, "gateway_pool_requests_waiting_for_endpoints") == 3
-    # The client leaves before the pod comes (cancelled in the same loop turn as a signal, the
-    # cancel is lost by Python 3.11's wait_for and the request waits out its deadline).
+    # The client leaves before the pod comes (the same loop turn as a signal: the last test).
     late.cancel()
     await asyncio.gather(late, return_exceptions=True)
     ready = True
@@ -177,3 +176,19 @@ async def test_the_wait_lasts_until_its_deadline_on_the_holds_clock() -> None:
     ready = True
     hold.signal()
     assert await asyncio.wait_for(task, 5) is True
+
+
+async def test_a_client_that_leaves_as_a_pod_comes_holds_nothing() -> None:
+    """Cancelled in the same loop turn as a signal: the wait ends cancelled at once (Python
+    3.11's wait_for returns the event's result and drops the cancel; the hold re-raises it)
+    rather than holding a gone client's request to its deadline."""
+    registry = CollectorRegistry()
+    hold = EmptyPoolHold(registry, "llama")
+    late = asyncio.create_task(hold.wait(lambda: False, 30.0))
+    await held(hold)
+    late.cancel()
+    hold.signal()
+    done, _ = await asyncio.wait([late], timeout=10)  # a hang guard: the bug held it 30 s
+    assert late in done and late.cancelled()
+    assert hold.waiting == 0
+    assert _value(registry, "gateway_scale_from_zero_holds_total", outcome="cancelled") == 1
