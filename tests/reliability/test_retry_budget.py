@@ -7,7 +7,7 @@ that are already failing). With it, the retries in flight at once stay within
 max(`RETRY_BUDGET_PERCENT` of the cluster's requests, `RETRY_BUDGET_MIN_CONCURRENCY`): the
 first wave's failures get at most that many retries, the rest go to the client at once
 (Envoy's `upstream_rq_retry_overflow`), and those retries get at most one more each. The stall
-(`STALL_S` simulated seconds, 2.5 s of wall time) is long enough for the whole wave to reach the
+(`STALL_S` simulated seconds, 5 s of wall time) is long enough for the whole wave to reach the
 pods before the first answer: the test waits for that, and checks it afterwards.
 """
 
@@ -34,7 +34,7 @@ FLEET = {
     "pods": [{"name": "llama", "model": MODEL, "profile": "h100-llama3.1-8b", "replicas": 2}],
 }
 WAVE = 48  # requests at once: more than the budget's floor can retry
-STALL_S = 50.0  # simulated seconds before each 503 (2.5 s of wall time)
+STALL_S = 100.0  # simulated seconds before each 503 (5 s of wall time: the wave lands within it)
 BUDGET = max(int(WAVE * RETRY_BUDGET_PERCENT / 100), RETRY_BUDGET_MIN_CONCURRENCY)
 
 
