@@ -15,6 +15,7 @@ Every request's interval is held against the fault windows (injection to recover
 At the end, after the load: each replica's in-flight (its own and its peers'), Envoy's active
 requests to the pool, the pods' running and waiting requests, the in-flight hashes left in the
 store, and every process's RSS and open files at its first and last sample.
+It exits non-zero when a failure falls outside every window or something is left in flight.
 `python -m bench.probes.chaos_report` renders the table in docs/reliability.md from the output.
 """
 
@@ -376,6 +377,23 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text)
+    problems = verdict(summary)
+    if problems:
+        raise SystemExit("soak failed: " + "; ".join(problems))
+
+
+def verdict(summary: dict[str, Any]) -> list[str]:
+    """What makes `make soak` fail: a failure outside every fault window, anything left in
+    flight, or requests still held in the store's in-flight hashes."""
+    end = summary["end"]
+    problems = []
+    if summary["unaccounted"]:
+        problems.append(f"{len(summary['unaccounted'])} failures outside every fault window")
+    if not end["settled"]:
+        problems.append("in-flight not back to 0")
+    if end["store"]["inflight_requests_held"]:
+        problems.append(f"{end['store']['inflight_requests_held']} requests held in the store")
+    return problems
 
 
 if __name__ == "__main__":

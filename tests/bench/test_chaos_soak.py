@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from bench.probes.chaos_report import BEGIN, END, render
-from bench.probes.chaos_soak import Window, account
+from bench.probes.chaos_soak import Window, account, verdict
 from bench.probes.chaos_traffic import ABANDONED, OK, Outcome
 
 REPO = Path(__file__).parents[2]
@@ -38,3 +38,16 @@ def test_the_committed_page_shows_the_committed_output() -> None:
     assert source is not None, "the block names no output"
     summary = json.loads((REPO / source.group(1)).read_text())
     assert block == render(summary, source.group(1)), "regenerate: python -m bench.probes.chaos_report"
+
+
+def test_the_soak_fails_on_an_unaccounted_failure_or_anything_left_in_flight() -> None:
+    clean = {"unaccounted": [], "end": {"settled": True, "store": {"inflight_requests_held": 0}}}
+    assert verdict(clean) == []
+    leaky = {"unaccounted": [{}], "end": {"settled": False, "store": {"inflight_requests_held": 2}}}
+    assert verdict(leaky) == [
+        "1 failures outside every fault window",
+        "in-flight not back to 0",
+        "2 requests held in the store",
+    ]
+    committed = REPO / "bench/results-committed/chaos-soak-2026-12-07.json"
+    assert verdict(json.loads(committed.read_text())) == []
