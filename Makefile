@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint envoy-configs proto bench bench-full bench-smoke soak clean system-deps inference-perf
+.PHONY: run test lint envoy-configs proto bench bench-full bench-smoke soak soak-plain mutation clean system-deps inference-perf
 
 BENCH_STAMP := $(VENV)/.installed-bench-stamp
 
@@ -41,7 +41,7 @@ CONSTRAINTS_VENV := $(or $(TMPDIR),/tmp)/inference-gateway-constraints-venv
 constraints:
 	rm -rf $(CONSTRAINTS_VENV) && $(PY) -m venv $(CONSTRAINTS_VENV)
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --upgrade pip
-	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e '.[dev,bench,llamacpp]'
+	$(CONSTRAINTS_VENV)/bin/python -m pip install -q -e '.[dev,bench,llamacpp,mutation]'
 	$(CONSTRAINTS_VENV)/bin/python -m pip install -q --no-deps --ignore-requires-python helm-sdkpy
 	{ echo "# Pinned versions of a working venv (runtime + dev + bench + llamacpp extras). Regenerate: make constraints"; \
 	  $(CONSTRAINTS_VENV)/bin/python -m pip freeze --exclude-editable; } > constraints.txt
@@ -128,8 +128,29 @@ inference-perf: $(STAMP) $(IP_VENV)/bin/inference-perf
 bench-smoke: $(STAMP)
 	$(BIN)/python -m bench.micro.smoke
 
-soak: $(STAMP)
+# The chaos soak (docs/reliability.md "Chaos soak"; not part of `make test`): mixed traffic through
+# Envoy, two EPP replicas with workers sharing state in redis-server, while a schedule kills pods,
+# a replica, a worker and the store and edits the live config; then the leak checks. Bounded by
+# MINUTES (default 10). `soak-plain`: steady load without faults, for memory growth (30 minutes).
+soak: $(STAMP) system-deps
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.probes.chaos_soak --minutes $(or $(MINUTES),10) $(ARGS)
+
+soak-plain: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/python -m bench.probes.soak --minutes $(or $(MINUTES),30) $(ARGS)
+
+# Mutation testing of the scheduling and request-control core with mutmut (the `mutation` extra;
+# not part of `make test`): the modules and the fast unit tests it runs are in pyproject.toml
+# [tool.mutmut]; CPU-heavy, so at nice 19. The score: tools/mutation_summary.py (results in mutants/).
+MUTATION_STAMP := $(VENV)/.installed-mutation-stamp
+$(MUTATION_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,mutation]'
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall -c constraints.txt opentelemetry-proto
+	touch $(MUTATION_STAMP)
+
+mutation: $(MUTATION_STAMP)
+	rm -rf mutants
+	PATH=$(CURDIR)/$(BIN):$$PATH nice -n 19 $(BIN)/mutmut run --max-children $(or $(JOBS),2)
+	$(BIN)/python -m tools.mutation_summary --out mutants/summary.json
 
 # The engines' own code against our reading of it (devstack/engine_check; not part of `make
 # test`): their wheels without dependencies in their own venv (pip skips what is installed,
@@ -156,4 +177,4 @@ llama-server: $(LLAMA_STAMP)
 	$(BIN)/python -m devstack.llamacpp.model --out $(LLAMA_CACHE)/models/tiny-llama.gguf
 
 clean:
-	rm -rf $(VENV) $(ENGINES_VENV) $(IP_VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(ENGINES_VENV) $(IP_VENV) .pytest_cache .ruff_cache build *.egg-info mutants

@@ -75,6 +75,11 @@ class EmptyPoolHold:
                     return False
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), left)
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # Cancelled as the event was set: 3.11's wait_for returns the result and
+                    # drops the cancel; a gone client must not be held to the deadline.
+                    raise asyncio.CancelledError
                 event.clear()  # a set wakes every waiter at once; each looks at the pool itself
                 if is_ready():
                     outcome = self._served

@@ -118,3 +118,19 @@ def test_an_untrusted_latency_objective_is_ignored_and_flagged_for_the_log() -> 
     assert untrusted.slo_ttft_s(asked, "default") is None and untrusted.slo_ignored(asked)
     assert internal.slo_ttft_s(asked, "default") == 0.25 and not internal.slo_ignored(asked)
     assert not untrusted.slo_ignored({})
+
+
+def test_a_model_without_a_profile_gets_the_configured_default_profiles_priority() -> None:
+    data = config()
+    data["defaultProfile"] = "sheddable"
+    p = HeaderPolicy.from_config(parse_config(data))
+    assert p.objective({}, "chatty") == Objective("sheddable", -2)
+
+
+def test_a_verified_claim_makes_a_latency_objective_header_count() -> None:
+    """Trust by JWT claim (not only `internal`): the header counts with the claim Envoy copied
+    from a verified token, and is ignored without it."""
+    p = policy({"jwtClaim": {"name": "tier", "value": "gold"}})
+    assert p.slo_ttft_s({CLAIM_HEADER: "gold", SLO_TTFT_HEADER: "5"}, "batch") == 0.005
+    assert p.slo_ttft_s({CLAIM_HEADER: "silver", SLO_TTFT_HEADER: "5"}, "batch") is None
+    assert p.slo_ttft_s({SLO_TTFT_HEADER: "5"}, "batch") is None
