@@ -41,7 +41,11 @@ def run(pods: int, sessions: int, repeat: int, seed: int = 1) -> tuple[float, fl
         cpu.append((time.thread_time_ns() - t0) / 1e3)
     cpu = cpu[-repeat:]
     ordered = sorted(cpu)
-    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], statistics.fmean(cpu)
+    return (
+        ordered[len(ordered) // 2],
+        ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        statistics.fmean(cpu),
+    )
 
 
 def main() -> None:
