@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 
 from epp.scheduling.picker import rank_weighted_random
-from epp.scheduling.weighted import _RECENT_HASHES, WeightedScheduler
+from epp.scheduling.learning import _RECENT_HASHES
+from epp.scheduling.weighted import WeightedScheduler
 
 from .factories import req, snap, state
 
@@ -29,9 +30,10 @@ def test_weighted_random_never_draws_a_pod_whose_total_is_zero_beside_a_positive
 def test_the_memory_of_recent_picks_is_bounded_and_forgets_the_oldest() -> None:
     scheduler = WeightedScheduler(rng=random.Random(0))
     pods = snap(state("a"))
-    requests = [req(f"prompt {i}") for i in range(_RECENT_HASHES + 1)]
+    # prompts long enough for KV-memory checkpoints: both learners remember their picks
+    requests = [req(f"prompt {i} " + "x" * 4096) for i in range(_RECENT_HASHES + 1)]
     for request in requests:
         scheduler.pick(request, pods)
-    recent = scheduler._recent
-    assert len(recent) == _RECENT_HASHES
-    assert requests[0].request_id not in recent and requests[-1].request_id in recent
+    for recent in (scheduler._prefix._recent, scheduler._memory._recent):
+        assert len(recent) == _RECENT_HASHES
+        assert requests[0].request_id not in recent and requests[-1].request_id in recent

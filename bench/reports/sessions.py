@@ -1,0 +1,92 @@
+"""Issue #51's tables in docs/benchmarks/agentic.md, generated from its committed campaigns.
+
+- `sessions-51`: every policy on the five session scenarios, virtual time, reporting seeds, each
+  long enough for >= 400 steady requests (bench/vtime/report.py `sessions_table`);
+- `sessions-51-others`: the shipped default before (DEFAULT_REVISION 3) and after (4) on the
+  other scenarios, virtual time: TTFT P50 / P95 per seed and the change.
+
+    python -m bench.reports.sessions --write
+
+tests/bench/test_generated_pages.py fails when the page and the campaigns disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.harness.summary import REPORTING_SEEDS, load_summaries
+from bench.reports.report import write_section
+from bench.vtime.report import sessions_table
+
+PAGE = Path("docs/benchmarks/agentic.md")
+TITLE = "# Benchmarks: agentic traffic"
+CAMPAIGN = Path("bench/results-committed/2026-12-07-sessions-virtual")
+OTHERS = Path("bench/results-committed/2026-12-07-sessions-others-virtual")
+SCENARIOS = (
+    "agentic-coding",
+    "agentic-tool-bursts",
+    "agentic-shared-system",
+    "sessions-affinity",
+    "llama-sessions-sim",
+)
+
+
+def _runs(root: Path, seeds: Sequence[int]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    return {**load_summaries(root, "quick", seeds), **load_summaries(root, "full", seeds)}
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 1000:,.1f}"
+
+
+def others_table(root: Path, seeds: Sequence[int] = REPORTING_SEEDS) -> str:
+    """`before/` and `after/` summary roots under `root`: one row per scenario and seed."""
+    before, after = _runs(root / "before", seeds), _runs(root / "after", seeds)
+    rows = [
+        "| scenario | seed | before TTFT P50 / P95 ms | after TTFT P50 / P95 ms | P95 change |",
+        "|---|---|---|---|---|",
+    ]
+    for scenario in sorted(set(before) & set(after)):
+        pairs = (
+            _by_seed(before[scenario].get("epp-default", [])),
+            _by_seed(after[scenario].get("epp-default", [])),
+        )
+        for seed in sorted(set(pairs[0]) & set(pairs[1])):
+            b, a = pairs[0][seed], pairs[1][seed]
+            change = "n/a"
+            if b.get("ttft_p95") and a.get("ttft_p95") is not None:
+                change = f"{(a['ttft_p95'] / b['ttft_p95'] - 1) * 100:+.1f} %"
+            rows.append(
+                f"| {scenario} | {seed} | {_ms(b.get('ttft_p50'))} / {_ms(b.get('ttft_p95'))} | "
+                f"{_ms(a.get('ttft_p50'))} / {_ms(a.get('ttft_p95'))} | {change} |"
+            )
+    return "\n".join(rows)
+
+
+def _by_seed(runs: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    return {int(r["seed"]): r["stats"]["steady"] for r in runs}
+
+
+def render(repo: Path, page: Path) -> None:
+    write_section(page, "sessions-51", sessions_table(repo / CAMPAIGN, SCENARIOS), TITLE)
+    write_section(page, "sessions-51-others", others_table(repo / OTHERS), TITLE)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the page's generated sections")
+    args = parser.parse_args(argv)
+    if args.write:
+        render(Path("."), PAGE)
+        print(f"wrote {PAGE}")
+    else:
+        print(sessions_table(CAMPAIGN, SCENARIOS))
+        print(others_table(OTHERS))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
