@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from epp.scheduling.picker import rank_weighted_random
 from epp.scheduling.learning import _RECENT_HASHES
+from epp.scheduling.picker import rank_weighted_random
 from epp.scheduling.weighted import WeightedScheduler
 
 from .factories import req, snap, state
