@@ -1,6 +1,6 @@
 """The chaos soak's tables (bench/probes/chaos_soak.py) in docs/reliability.md, from a committed output.
 
-`python -m bench.probes.chaos_report --summary bench/results-committed/chaos-soak-<date>.json
+`python -m bench.probes.chaos_report --summary bench/results-committed/<date>-chaos-soak/chaos-soak.json
 --doc docs/reliability.md` rewrites the block between the markers; tests/bench/test_chaos_report.py
 fails when the committed page and the committed output drift apart.
 """

@@ -516,21 +516,31 @@ def table(seeds: list[int], progress: Callable[[str], None] = print) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+MARKERS = ("<!-- pd-sim:start -->", "<!-- pd-sim:end -->")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.probes.pd_sim", description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--out", type=Path, help="write the tables into this page between its markers")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    start, end = MARKERS
+    if args.out is not None:  # checked before minutes of simulation, not after
+        try:
+            page = args.out.read_text()
+        except OSError as exc:
+            parser.exit(2, f"bench.probes.pd_sim: cannot read --out {args.out}: {exc.strerror}\n")
+        if start not in page or end not in page:
+            parser.exit(2, f"bench.probes.pd_sim: --out {args.out} has no {start} ... {end} block\n")
     text = table(args.seeds)
     if args.out is None:
         print(text)
-        return
-    page = args.out.read_text()
-    start, end = "<!-- pd-sim:start -->", "<!-- pd-sim:end -->"
+        return 0
     head, _, rest = page.partition(start)
     _, _, tail = rest.partition(end)
     args.out.write_text(f"{head}{start}\n{text}\n{end}{tail}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -422,10 +422,8 @@ class Pool:
             )
             requests, tokens = remote.get(address, _NO_REMOTE)
             unseen_pending, unseen_kv = ledger.unseen_since(now, live.scrape_sent_at)
-            busy = ledger.busy_s(now)
             until = remote_busy.get(address)
-            if until is not None and until > now:
-                busy += until - now
+            busy = ledger.busy_s(now) + (until - now if until is not None and until > now else 0.0)
             states.append(
                 EndpointState(
                     endpoint=live.endpoint,

@@ -49,5 +49,5 @@ def test_the_soak_fails_on_an_unaccounted_failure_or_anything_left_in_flight() -
         "in-flight not back to 0",
         "2 requests held in the store",
     ]
-    committed = REPO / "bench/results-committed/chaos-soak-2026-12-07.json"
+    committed = REPO / "bench/results-committed/2026-12-07-chaos-soak/chaos-soak.json"
     assert verdict(json.loads(committed.read_text())) == []
