@@ -440,15 +440,18 @@ class EppProcessor:
 
 def explain(decision: Decision, chosen: Endpoint | None = None) -> str:
     """The chosen pod first (address and name: tied scores cannot tell the winner), then the
-    compact per-pod scores, best first:
+    compact per-pod scores, best first, with the predicted milliseconds to first token where the
+    profile predicts them:
     `chosen=10.0.0.1:8000 pod=llama-0; profile=chat; 10.0.0.1:8000 total=4.10 kv=0.90, ...`"""
     head = f"chosen={decision.ranked[0]}"
     if chosen is not None and chosen.name:
         head += f" pod={chosen.name}"
-    parts = []
+    parts, predicted = [], decision.predicted or {}
     for address in decision.ranked:
         scores = decision.scores.get(address, {})
         detail = " ".join(f"{k}={v:.3f}" for k, v in sorted(scores.items()))
+        if address in predicted:  # the prediction behind predicted-ttft, in milliseconds
+            detail += f" predicted-ms={predicted[address] * 1000:.0f}"
         parts.append(f"{address} {detail}".strip())
     if decision.prefill is not None:
         head += f" prefill={decision.prefill}"

@@ -54,6 +54,31 @@ class ScoreTable(Mapping[str, Mapping[str, float]]):
         return f"ScoreTable({dict(self)!r})"
 
 
+class PredictedTtft(Mapping[str, float]):
+    """address -> its predicted seconds to this request's first token (the prediction's
+    `TtftTerms.total_s`), read only for the decision header: nothing is built per decision."""
+
+    __slots__ = ("_addresses", "_index", "_terms")
+
+    def __init__(self, addresses: Sequence[str], terms: Sequence[object]) -> None:
+        self._addresses, self._terms = addresses, terms
+        self._index: dict[str, int] | None = None
+
+    def __getitem__(self, address: str) -> float:
+        if self._index is None:
+            self._index = {a: i for i, a in enumerate(self._addresses)}
+        terms = self._terms[self._index[address]]
+        if terms is None:
+            raise KeyError(address)
+        return float(terms.total_s)  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[str]:
+        return (a for a, t in zip(self._addresses, self._terms, strict=True) if t is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for t in self._terms if t is not None)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """Endpoints best first. Empty `ranked` means no endpoint can serve the request.
@@ -77,6 +102,8 @@ class Decision:
     # A request with a latency objective (epp/scheduling/slo.py): whether ranked[0] is predicted
     # to meet it (True), none of the pods is (False); None: no objective.
     slo_met: bool | None = None
+    # Each candidate's predicted time to first token, when the profile predicted it.
+    predicted: Mapping[str, float] | None = None
 
 
 class Scheduler(Protocol):

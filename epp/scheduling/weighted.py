@@ -25,7 +25,7 @@ from epp.datalayer.endpoint_records import EndpointState, PoolSnapshot
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import DEFAULT_BLOCK_CHARS, PrefixIndex
 from epp.datalayer.session_memory import SessionMemory
-from epp.scheduling.decision import Decision, ScoreTable
+from epp.scheduling.decision import Decision, PredictedTtft, ScoreTable
 from epp.scheduling.disaggregation import Disaggregated, Handler, SinglePick
 from epp.scheduling.filters import FilterContext
 from epp.scheduling.learning import AdapterLearning, MemoryLearning, PrefixLearning
@@ -221,6 +221,7 @@ class WeightedScheduler:
             saturated=all_saturated,
             prefill_s=prefill_s,
             slo_met=slo_met,
+            predicted=PredictedTtft(addresses, ctx.ttft[2]) if ctx.ttft else None,
         )
 
     def retain(self, addresses: Sequence[str]) -> None:

@@ -201,3 +201,21 @@ def test_picks_shown_waiting_count_at_their_own_prefill_for_long_prompts() -> No
     cold = dataclasses.replace(pod("cold"), pending_requests=0)  # type: ignore[type-var]
     decision = sched.pick(req(history + text(8_000, 81)), snap(warm, cold))  # type: ignore[arg-type]
     assert decision.ranked[0] == "warm"
+
+
+def test_the_decision_header_shows_each_pods_predicted_milliseconds() -> None:
+    """`x-gateway-decision` names the prediction behind `predicted-ttft` (issue #55's smaller
+    item): the warm pod's predicted milliseconds, lower than the cold pod's."""
+    from epp.requestcontrol.processor import explain
+
+    sched = WeightedScheduler(BUILTIN_PROFILES, rng=random.Random(0))
+    history = text(200_000, 90)
+    first = req(history)
+    sched.pick(first, snap(pod("warm"), pod("cold")))
+    sched.on_routed(first, "warm")
+    decision = sched.pick(req(history + text(4_000, 91)), snap(pod("warm"), pod("cold")))
+    assert decision.predicted is not None
+    assert decision.predicted["warm"] < decision.predicted["cold"]
+    header = explain(decision)
+    warm_ms = round(decision.predicted["warm"] * 1000)
+    assert f"predicted-ms={warm_ms}" in header and header.count("predicted-ms=") == 2
