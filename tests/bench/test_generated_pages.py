@@ -44,3 +44,15 @@ def test_costs_workers_claim_is_what_the_campaign_gives() -> None:
     assert claim is not None
     rows = pairs(WORKERS, "quick", "epp-default", 2)
     assert (int(claim[1]), int(claim[2])) == (sum(1 for r in rows if r.same), len(rows))
+
+
+def test_agentic_sessions_tables_are_the_generated_ones(tmp_path: Path) -> None:
+    """Issue #51's two tables in docs/benchmarks/agentic.md regenerate from its campaigns."""
+    from bench.reports import sessions
+
+    page = tmp_path / "agentic.md"
+    shutil.copy(REPO / sessions.PAGE, page)
+    sessions.render(REPO, page)
+    assert page.read_text() == (REPO / sessions.PAGE).read_text(), (
+        "run `python -m bench.reports.sessions --write` and commit docs/benchmarks/agentic.md"
+    )
