@@ -151,7 +151,9 @@ def test_the_report_shows_the_engine_cache_and_flags_twin_differences() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(missing_engine() is not None, reason=f"{missing_engine()} (not built in CI)")
+@pytest.mark.skipif(
+    missing_engine() is not None, reason=f"{missing_engine()} (`make llama-server` builds it; .ci/run does)"
+)
 def test_a_llama_fleet_starts_fresh_and_its_counters_are_read() -> None:
     async def run() -> None:
         fleet = parse_scenario(LLAMA).fleet
