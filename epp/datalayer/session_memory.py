@@ -14,8 +14,14 @@ of it that pod caches, at any length, with an error below one stride (~1k tokens
 Tokens: an entry counts what it added to the pod's cache (its prompt past what other entries
 already held, plus its output); the pod's capacity (reported KV blocks x block size) evicts
 least recently used entries, as the engine does. The next turn of a conversation supersedes
-its entry. `eviction_tokens` prices a placement: a prompt that needs `need` new tokens on a pod
-with `free` evicts max(0, need - free) from the LRU end, and those of conversations still live
+its entry: the entry whose deepest checkpoint its prompt extends, or, for a request with a
+session key (the sessionAffinity header or the one a coding agent sends,
+epp/requestcontrol/agent_session.py), the entry of that key, so that a conversation the agent
+compacted or rewrote still holds one entry per pod. A keyed entry counts its prompt past what
+the pod's other entries hold. Peers learn routings without the key (by checkpoint).
+
+`eviction_tokens` prices a placement: a prompt that needs `need` new tokens on a pod with
+`free` evicts max(0, need - free) from the LRU end, and those of conversations still live
 (seen within the horizon: `HORIZON_GAPS` x the observed mean gap between a conversation's
 turns) will be prefilled again by their next turn.
 
@@ -44,6 +50,12 @@ MAX_ENTRIES_PER_POD = 4096  # bound while a pod reports no KV capacity
 HORIZON_GAPS = 4.0
 MIN_HORIZON_S, MAX_HORIZON_S, DEFAULT_HORIZON_S = 1.0, 600.0, 60.0
 _GAP_ALPHA = 0.1
+_SESSION_SEED = 0x5E55  # keyed entries' ids: their own hash space, apart from checkpoint hashes
+
+
+def session_entry(session: str) -> int:
+    """The entry id of a conversation with this session key."""
+    return xxhash.xxh64_intdigest(session.encode(), seed=_SESSION_SEED)
 
 
 def checkpoints(
@@ -70,8 +82,9 @@ class _Entry:
 
 
 class SessionMemory:
-    """Per pod, the conversations routed there (entries keyed by their deepest checkpoint),
-    their tokens and capacity; a reverse map checkpoint -> pods for one-pass lookups."""
+    """Per pod, the conversations routed there (entries keyed by their deepest checkpoint, or
+    by their session key), their tokens and capacity; a reverse map checkpoint -> pods for
+    one-pass lookups."""
 
     def __init__(self, stride: int = DEFAULT_STRIDE, clock: Callable[[], float] = time.monotonic) -> None:
         self.stride = stride
@@ -148,11 +161,19 @@ class SessionMemory:
                 break
         return cost
 
-    def entry_key(self, address: str, hashes: Sequence[int], depth: int) -> int | None:
-        """The entry on `address` this prompt continues (its deepest checkpoint is the prompt's
-        `depth`-th), if any."""
+    def entry_key(
+        self, address: str, hashes: Sequence[int], depth: int, session: str | None = None
+    ) -> int | None:
+        """The entry on `address` this prompt continues: its session's, when it has a key the
+        pod holds; else the one whose deepest checkpoint is the prompt's `depth`-th; None if none."""
         lru = self._pods.get(address)
-        if lru is None or depth <= 0:
+        if lru is None:
+            return None
+        if session is not None:
+            key = session_entry(session)
+            if key in lru:
+                return key
+        if depth <= 0:
             return None
         key = hashes[depth - 1]
         return key if key in lru else None
@@ -179,12 +200,13 @@ class SessionMemory:
         per_checkpoint: float,
         prompt_tokens: float,
         output: float,
+        session: str | None = None,
     ) -> None:
         """This replica sent a prompt with these checkpoints to `address` (`learn`, and told to
-        `on_routed`)."""
+        `on_routed`, without the session key)."""
         if not hashes:
             return
-        self.learn(address, hashes, per_checkpoint, prompt_tokens, output)
+        self.learn(address, hashes, per_checkpoint, prompt_tokens, output, session)
         if self.on_routed is not None:
             self.on_routed(address, hashes, per_checkpoint, prompt_tokens, output)
 
@@ -195,14 +217,20 @@ class SessionMemory:
         per_checkpoint: float,
         prompt_tokens: float,
         output: float,
+        session: str | None = None,
     ) -> None:
         """A prompt with these checkpoints went to `address` (this replica's or a peer's): it
-        continues the entry whose deepest checkpoint it extends, or adds one; LRU entries past
-        capacity go."""
+        continues the entry whose deepest checkpoint it extends (or, with a `session` key, that
+        session's entry, whatever its prompt), or adds one; LRU entries past capacity go."""
         if not hashes:
             return
         lru = self._pods.setdefault(address, OrderedDict())
         now = self.clock()
+        if session is not None:
+            self._learn_keyed(
+                address, lru, session_entry(session), hashes, per_checkpoint, prompt_tokens, output, now
+            )
+            return
         depth = self.depths(hashes, (address,))[0]
         key = self.entry_key(address, hashes, depth)
         if key is not None:
@@ -217,10 +245,39 @@ class SessionMemory:
         existing = lru.pop(hashes[-1], None)  # the same prompt again: replaced
         if existing is not None:
             self._drop(address, existing)
-        lru[hashes[-1]] = entry
-        self._used[address] = self._used.get(address, 0.0) + tokens
+        self._insert(address, lru, hashes[-1], entry)
+
+    def _learn_keyed(
+        self,
+        address: str,
+        lru: OrderedDict[int, _Entry],
+        key: int,
+        hashes: tuple[int, ...],
+        per_checkpoint: float,
+        prompt_tokens: float,
+        output: float,
+        now: float,
+    ) -> None:
+        """A keyed conversation's turn: it supersedes that conversation's entry (else the entry
+        it extends, as an unkeyed turn would: one a peer told of, or an unkeyed earlier turn), and
+        counts its prompt past what the pod's other entries hold."""
+        old = lru.pop(key, None)
+        if old is None:
+            extended = self.entry_key(address, hashes, self.depths(hashes, (address,))[0])
+            if extended is not None:
+                old = lru.pop(extended)
+        if old is not None:
+            self._drop(address, old)
+            self._learn_gap(now - old.seen)
+        base = self.depths(hashes, (address,))[0] * per_checkpoint
+        tokens = max(0.0, prompt_tokens - base) + output
+        self._insert(address, lru, key, _Entry(hashes, tokens, base, now))
+
+    def _insert(self, address: str, lru: OrderedDict[int, _Entry], key: int, entry: _Entry) -> None:
+        lru[key] = entry
+        self._used[address] = self._used.get(address, 0.0) + entry.tokens
         holders = self._holders
-        for h in hashes:
+        for h in entry.hashes:
             held = holders.get(h)
             if held is None:
                 holders[h] = {address: 1}

@@ -19,6 +19,13 @@ Tenants (fair share within a band) honour the trust rule of epp/requestcontrol/h
 for trusted requests. An untrusted client's tenant header is ignored and all untrusted traffic
 without a claim is one tenant, `anonymous`: otherwise a client could name another tenant to
 spend that tenant's share, or invent many tenants to get many shares.
+
+Agent programs: a request that would be `anonymous` but comes from a known coding agent
+(epp/requestcontrol/agent_session.py: Claude Code, Codex, opencode, Gemini CLI, by User-Agent)
+queues as the tenant `agent:<program>`, so one agent's tool loop takes turns with the other
+agents' requests instead of starving them while the pool is saturated. The set is fixed and
+small (an unknown program stays `anonymous`), so a client that forges its User-Agent gains at
+most one of a handful of shares; an explicit tenant (claim, or a trusted tenant header) wins.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from epp.requestcontrol.agent_session import OTHER as OTHER_AGENT
+from epp.requestcontrol.agent_session import agent_program
 from epp.requestcontrol.flow_queue import BANDS, FlowQueue, Waiting, band_of
 from epp.requestcontrol.header_policy import HeaderPolicy
 from extproc.headers import TENANT_CLAIM_HEADER
@@ -42,6 +51,7 @@ from gateway.config import FlowControlConfig
 log = logging.getLogger(__name__)
 
 ANONYMOUS = "anonymous"
+AGENT_TENANT_PREFIX = "agent:"  # the tenant of an anonymous request from a known agent program
 OTHER_TENANTS = "other"  # metric label once MAX_TENANT_LABELS tenants have been seen
 MAX_TENANT_LABELS = 64
 # A client may ask for an earlier deadline than its band's maxWaitMs (EDF ordering uses it).
@@ -119,7 +129,8 @@ def tenant_of(headers: Mapping[str, str], policy: HeaderPolicy, config: FlowCont
     value = headers.get(config.tenant_header.lower())
     if value and policy.trusted(headers):
         return value
-    return ANONYMOUS
+    agent = agent_program(headers)
+    return ANONYMOUS if agent == OTHER_AGENT else AGENT_TENANT_PREFIX + agent
 
 
 def ticket_for(

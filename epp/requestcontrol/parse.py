@@ -21,6 +21,7 @@ there, once, when they need it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from epp.datalayer.prefix_index import (
     PromptHashes,
     prompt_hashes,
 )
+from epp.requestcontrol.agent_session import body_session_key
 from epp.scheduling.request import BodyFields, read_fields
 from extproc.body import decode_json_object
 from extproc.errors import ErrorResponse, bad_request, is_anthropic_path
@@ -134,15 +136,15 @@ class ParsedBody:
         if self.prefix is not None:
             p = self.prefix
             prefix = [p.model, p.adapter, p.block_chars, p.max_blocks, list(p.hashes)]
-        return [1, f.model, max_tokens, f.prompt, f.previous_response_id, f.error, prefix]
+        return [1, f.model, max_tokens, f.prompt, f.previous_response_id, f.error, prefix, f.session_key]
 
     @classmethod
     def from_wire(cls, wire: list[Any], raw: bytes) -> ParsedBody:
         if wire[0] == 0:
             _, status, message, code, headers = wire
             return cls(raw, error=ErrorResponse(int(status), message, code, headers))
-        _, model, max_tokens, prompt, previous, error, prefix = wire
-        fields = BodyFields(model, max_tokens, prompt, previous, error)
+        _, model, max_tokens, prompt, previous, error, prefix, session_key = wire
+        fields = BodyFields(model, max_tokens, prompt, previous, error, session_key)
         hashes = None
         if prefix is not None:
             model_, adapter, block_chars, max_blocks, values = prefix
@@ -159,6 +161,9 @@ def parse_body(headers: Mapping[str, str], body: bytes, hints: ParseHints) -> Pa
     if isinstance(data, ErrorResponse):
         return ParsedBody(body, error=data)
     fields = read_fields(data, messages_api=is_anthropic_path(headers.get(":path")))
+    session_key = body_session_key(data)
+    if session_key is not None:
+        fields = dataclasses.replace(fields, session_key=session_key)
     parsed = ParsedBody(body, fields=fields, _data=data)
     model = fields.model or headers.get(MODEL_HEADER)
     key = hints.key(model) if isinstance(model, str) else None

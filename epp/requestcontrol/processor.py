@@ -20,6 +20,7 @@ from typing import Any
 from epp.datalayer.endpoint_records import Endpoint, PoolSnapshot
 from epp.requestcontrol import conformance_mode
 from epp.requestcontrol.admission import admit
+from epp.requestcontrol.agent_session import agent_program, session_key
 from epp.requestcontrol.booking import Booking
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.dp_ranks import RANK_HEADER
@@ -385,10 +386,12 @@ class EppProcessor:
                 headers=headers,
                 objective=objective.name,
                 priority=objective.priority,
-                session_key=headers.get(config.session_affinity.header.lower()),
+                # The configured header, else what coding agents send (agent_session.py).
+                session_key=session_key(headers, config.session_affinity.header, parsed.fields.session_key),
                 model=model,
                 prefix=parsed.prefix,
                 slo_ttft_s=slo_ttft_s,
+                agent=agent_program(headers),
             )
         except RequestError as exc:
             return bad_request(str(exc))

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from epp.datalayer.endpoint_records import PoolSnapshot
 from epp.datalayer.prefix_index import PrefixIndex
+from epp.requestcontrol.agent_session import OTHER as OTHER_AGENT
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import pool_saturation
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
@@ -106,6 +107,12 @@ class Telemetry:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.agent_requests = Counter(
+            "inference_extension_agent_requests",
+            "Requests routed per agent program (claude-code, codex, opencode, gemini-cli, other)",
+            ["agent"],
+            registry=r,
+        )
         self.input_tokens = Counter(
             "inference_objective_input_tokens", "Estimated prompt tokens routed", ["model_name"], registry=r
         )
@@ -191,6 +198,7 @@ class Telemetry:
 
     def routed(self, request: InferenceRequest) -> None:
         self.requests.labels(request.model, request.target_model).inc()
+        self.agent_requests.labels(request.agent or OTHER_AGENT).inc()  # a fixed set: bounded
         self.input_tokens.labels(request.model).inc(request.prompt_tokens)
         self.running.labels(request.model).inc()
 

@@ -43,7 +43,8 @@ class SessionView:
         depths = memory.depths(hashes, addresses)
         per = ctx.checkpoint_tokens
         held = [d * per for d in depths]
-        keys = [memory.entry_key(a, hashes, d) for a, d in zip(addresses, depths, strict=True)]
+        session = request.session_key
+        keys = [memory.entry_key(a, hashes, d, session) for a, d in zip(addresses, depths, strict=True)]
         depth, n, pods = memory.shared_prefix(hashes)
         share = pods / (pods + n - 1) if n >= 2 else 1.0
         return cls(memory, addresses, held, keys, ctx.thresholds.eviction_weight, depth * per, share)

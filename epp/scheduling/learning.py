@@ -106,4 +106,6 @@ class MemoryLearning(LifecycleHooks):
         else:
             cps, per = self.checkpoints(request)
             self._recent.pop(request.request_id, None)
-        self.memory.routed(address, cps, per, request.prompt_tokens, request.expected_output_tokens)
+        self.memory.routed(
+            address, cps, per, request.prompt_tokens, request.expected_output_tokens, request.session_key
+        )

@@ -37,7 +37,9 @@ class InferenceRequest:
     objective: str | None = None  # x-gateway-inference-objective
     priority: int = 0  # negative = sheddable
     headers: Mapping[str, str] = field(default_factory=dict)
-    session_key: str | None = None  # the sessionAffinity header's value
+    # The conversation's key: the sessionAffinity header, else what coding agents send
+    # (epp/requestcontrol/agent_session.py); None when the request carries none.
+    session_key: str | None = None
     previous_response_id: str | None = None  # /v1/responses: the turn this one continues
     slo_ttft_s: float | None = (
         None  # its time-to-first-token objective (epp/requestcontrol/header_policy.py), if any
@@ -48,6 +50,8 @@ class InferenceRequest:
     # The prompt's block hashes, when the parse computed them (epp/requestcontrol/parse.py): the prefix index
     # uses them where they fit its key, instead of hashing the prompt again.
     prefix: PromptHashes | None = None
+    # The agent program that sent it (epp/requestcontrol/agent_session.py AGENTS), None when not read.
+    agent: str | None = None
 
     @property
     def expected_output_tokens(self) -> int:
@@ -214,6 +218,9 @@ class BodyFields:
     prompt: str
     previous_response_id: str | None
     error: str | None = None  # the first bad field after `model`, in `parse_request`'s order
+    # The session key the body carries (`metadata.user_id`'s session, `prompt_cache_key`), set
+    # by the parse (epp/requestcontrol/parse.py, with agent_session.py's `body_session_key`).
+    session_key: str | None = None
 
 
 def _model_field(value: Any) -> str | bool | None:
@@ -256,6 +263,7 @@ def request_from_fields(
     model: str | bool | None = None,
     prefix: PromptHashes | None = None,
     slo_ttft_s: float | None = None,
+    agent: str | None = None,
 ) -> InferenceRequest:
     """The scheduling view of a body's fields; raises RequestError on bad fields. `model`:
     the name the request is sent as when a rewrite replaced the body's."""
@@ -279,6 +287,7 @@ def request_from_fields(
         previous_response_id=fields.previous_response_id,
         prefix=prefix,
         slo_ttft_s=slo_ttft_s,
+        agent=agent,
     )
 
 
