@@ -30,6 +30,9 @@ class FilterContext:
     saturated: bool = False  # set by `unsaturated`: every candidate was over a threshold
     # The candidates `unsaturated` was given (`adapter_slots` may take saturated ones back).
     before_saturation: Sequence[EndpointState] = field(default_factory=tuple)
+    # Pods holding most of the prompt (the KV memory, epp/scheduling/weighted.py `_holders`),
+    # set when the profile prices their wait: `unsaturated` keeps them even when saturated.
+    holders: frozenset[str] = frozenset()
 
 
 Filter = Callable[[InferenceRequest, Sequence[EndpointState], FilterContext], list[EndpointState]]
@@ -75,11 +78,22 @@ def unsaturated(
 ) -> list[EndpointState]:
     """Pods under the queue and KV thresholds; when none is, all are kept and flagged saturated.
 
-    The flag (`ctx.saturated`) is what admission reads to shed sheddable traffic.
+    The flag (`ctx.saturated`) is what admission reads to shed sheddable traffic. A saturated
+    pod that holds most of the prompt (`ctx.holders`) is kept beside the unsaturated ones: a
+    long conversation's home is worth its wait more often than a recompute elsewhere, and the
+    profile's prediction weighs the two. It does not count as headroom for the flag.
     """
     ctx.before_saturation = candidates
-    kept = [s for s in candidates if not is_saturated(s, ctx.thresholds)]
-    if kept or not candidates:
+    holders = ctx.holders
+    kept = []
+    fits = False
+    for s in candidates:
+        if not is_saturated(s, ctx.thresholds):
+            kept.append(s)
+            fits = True
+        elif holders and s.endpoint.address in holders:
+            kept.append(s)
+    if fits or not candidates:
         ctx.saturated = False
         return kept
     ctx.saturated = True

@@ -55,6 +55,12 @@ def block_chars_for(candidates: Sequence[EndpointState], default: int = DEFAULT_
     return default
 
 
+# Scorers that predict a pod's wait (queue, KV admission) against a recompute elsewhere.
+WAIT_PRICING_SCORERS = frozenset({"predicted-ttft"})
+# A pod holding this share of the prompt (the KV memory's checkpoints) is the request's home.
+HOLDER_SHARE = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """One profile's plugins, resolved once: what `pick` runs for it."""
@@ -66,6 +72,9 @@ class _Plan:
     prepare: tuple[Plugin, ...]  # those with a `prepare`
     uses_prefix: bool
     uses_tokens: bool
+    # A scorer that prices a pod's wait against a recompute elsewhere: saturated pods holding
+    # most of the prompt stay candidates (`FilterContext.holders`) and it weighs their wait.
+    prices_wait: bool = False
 
     @classmethod
     def of(cls, profile: Profile, plugins: Plugins) -> _Plan:
@@ -83,6 +92,7 @@ class _Plan:
             prepare=tuple(p for p in everything if p.prepares()),
             uses_prefix=any(SCORERS[name].uses_prefix for name, _ in scorers),
             uses_tokens=any(SCORERS[name].uses_tokens for name, _ in scorers),
+            prices_wait=any(name in WAIT_PRICING_SCORERS for name, _ in scorers),
         )
 
 
@@ -161,6 +171,12 @@ class WeightedScheduler:
         th = profile.thresholds
         filtered = FilterContext(th, self.residency)
         candidates: Sequence[EndpointState] = snapshot.endpoints
+        cps: tuple[int, ...] = ()
+        per_cp = 0.0
+        if plan.uses_prefix:
+            cps, per_cp = self._memory.checkpoints(request)
+            if plan.prices_wait and cps:
+                filtered.holders = self._holders(request, candidates, cps, per_cp)
         for keep in plan.filters:  # the profile's filters (by default the catalogue's), in order
             candidates = keep.filter(request, candidates, filtered)
             if not candidates:  # only `serving` refuses: the others keep all rather than none
@@ -171,12 +187,9 @@ class WeightedScheduler:
 
         block_chars = block_chars_for(candidates, self.prefix_index.block_chars)
         hashes: tuple[int, ...] | None = None
-        cps: tuple[int, ...] = ()
-        per_cp = 0.0
         addresses = [s.endpoint.address for s in candidates]
         if plan.uses_prefix:
             hashes = self._prefix.hashes(request, block_chars)
-            cps, per_cp = self._memory.checkpoints(request)
             self._memory.bound(candidates, addresses)
         self._prefix.remember(request, block_chars, hashes)
         ctx = ScoringContext(
@@ -223,6 +236,26 @@ class WeightedScheduler:
             slo_met=slo_met,
             predicted=PredictedTtft(addresses, ctx.ttft[2]) if ctx.ttft else None,
         )
+
+    def _holders(
+        self,
+        request: InferenceRequest,
+        candidates: Sequence[EndpointState],
+        cps: Sequence[int],
+        per_cp: float,
+    ) -> frozenset[str]:
+        """The pods the KV memory says hold at least `HOLDER_SHARE` of the prompt: where a
+        conversation's history is. A saturated one stays a candidate, since the saturation
+        filter is blind to what leaving costs: measured on agentic-coding (tuning seeds), a
+        home pod over the KV threshold dropped, its 90k-token session recomputed elsewhere in
+        3.5 s, and the queues that built behind such misses pushed more sessions off their pods
+        (TTFT P95 11.5 s); kept, the prediction weighs the wait there against the recompute."""
+        need = HOLDER_SHARE * request.prompt_tokens
+        if len(cps) * per_cp < need:
+            return frozenset()
+        addresses = [s.endpoint.address for s in candidates]
+        depths = self.memory.depths(cps, addresses)
+        return frozenset(a for a, d in zip(addresses, depths, strict=True) if d * per_cp >= need)
 
     def retain(self, addresses: Sequence[str]) -> None:
         """Forget the pods that left the pool in every model of them this scheduler keeps."""

@@ -91,10 +91,10 @@ def test_retain_forgets_pods_that_left() -> None:
     assert memory.entries("a") == 0
 
 
-def pod(address: str, waiting: int = 0) -> object:
+def pod(address: str, waiting: int = 0, kv: float = 0.0) -> object:
     """A pod at 30k prefill tokens/s whose queued prompts are 15k uncached tokens each."""
     return dataclasses.replace(
-        state(address, waiting=waiting, block_size=16, num_gpu_blocks=16_000),
+        state(address, waiting=waiting, kv=kv, block_size=16, num_gpu_blocks=16_000),
         prefill_tps=30_000.0,
         mean_prompt_tokens=15_000.0,
         uncached_fraction=1.0,
@@ -219,3 +219,28 @@ def test_the_decision_header_shows_each_pods_predicted_milliseconds() -> None:
     header = explain(decision)
     warm_ms = round(decision.predicted["warm"] * 1000)
     assert f"predicted-ms={warm_ms}" in header and header.count("predicted-ms=") == 2
+
+
+def test_a_saturated_pod_holding_the_conversation_stays_a_candidate() -> None:
+    """`warm` holds the 50k-token history and reads 85 % KV use (over the 0.8 saturation
+    threshold); `cold` is idle. The saturation filter alone drops `warm` and the turn
+    recomputes its whole history on `cold` (1.7 s, and the misses then snowball: the
+    agentic-coding meltdown of docs/benchmarks/agentic.md); kept, the prediction sees ~0.1 s
+    on `warm`. The pool is not flagged saturated (`cold` has headroom), and a profile without
+    a wait-pricing scorer still filters. Fails without `FilterContext.holders`."""
+    sched = WeightedScheduler(BUILTIN_PROFILES, rng=random.Random(0))
+    history = text(200_000, 40)
+    first = req(history)
+    sched.pick(first, snap(pod("warm"), pod("cold")))
+    sched.on_routed(first, "warm")
+    hot = pod("warm", kv=0.85)
+    turn = req(history + text(8_000, 41))
+    decision = sched.pick(turn, snap(hot, pod("cold")))
+    assert decision.ranked[0] == "warm"
+    assert not decision.saturated
+    # a short prompt (no history held) still leaves the saturated pod out
+    assert sched.pick(req(text(2_000, 42)), snap(hot, pod("cold"))).ranked == ("cold",)
+    gie = WeightedScheduler(BUILTIN_PROFILES, default_profile="gie", rng=random.Random(0))
+    gie.pick(first, snap(pod("warm"), pod("cold")))
+    gie.on_routed(first, "warm")
+    assert gie.pick(req(history + text(8_000, 41)), snap(hot, pod("cold"))).ranked == ("cold",)
