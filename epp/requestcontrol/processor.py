@@ -142,8 +142,10 @@ class EppProcessor:
             flow is not None
             and flow.enabled
             and decision.ranked
-            and (decision.saturated or flow.must_queue(band_of(request.priority)))
+            and (decision.saturated or decision.hold or flow.must_queue(band_of(request.priority)))
         ):
+            if decision.hold:
+                self._ctx.telemetry.held_for_home()
             return await self._wait_in_queue(flow, request, headers)
         refusal = admit(request, decision, self._ctx.config())
         if refusal is not None:
@@ -230,12 +232,13 @@ class EppProcessor:
     async def _wait_in_queue(
         self, flow: FlowController, request: InferenceRequest, headers: dict[str, str]
     ) -> RequestRoute | ErrorResponse:
-        """Every candidate is saturated: wait in the EPP's queue (epp/requestcontrol/flow_control.py)."""
+        """Every candidate is saturated, or the best one is a saturated pod holding the request's
+        history (`Decision.hold`): wait in the EPP's queue (epp/requestcontrol/flow_control.py)."""
         config = self._ctx.config()
 
         def attempt() -> RequestRoute | ErrorResponse | None:
             decision = self._pick(request, headers)
-            if decision.saturated and decision.ranked:
+            if (decision.saturated or decision.hold) and decision.ranked:
                 return None
             self._decision = decision
             return self._route(request, decision, headers)

@@ -113,6 +113,12 @@ class Telemetry:
             ["agent"],
             registry=r,
         )
+        self.held_for_home_total = Counter(
+            "inference_extension_held_for_home",
+            "Requests held in the EPP's flow-control queue because the pod holding their "
+            "conversation's KV was saturated (issue #51: hold rather than thrash)",
+            registry=r,
+        )
         self.input_tokens = Counter(
             "inference_objective_input_tokens", "Estimated prompt tokens routed", ["model_name"], registry=r
         )
@@ -207,6 +213,9 @@ class Telemetry:
         self.duration.labels(request.model).observe(duration)
         if not ok:
             self.errors.labels(request.model, "upstream_error").inc()
+
+    def held_for_home(self) -> None:
+        self.held_for_home_total.inc()
 
     def request_error(self, model: str, code: str) -> None:
         self.errors.labels(model, code).inc()

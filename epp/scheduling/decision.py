@@ -104,6 +104,11 @@ class Decision:
     slo_met: bool | None = None
     # Each candidate's predicted time to first token, when the profile predicted it.
     predicted: Mapping[str, float] | None = None
+    # ranked[0] is saturated but holds most of the prompt (epp/scheduling/filters.py
+    # `unsaturated`, `holders`): the best place is where its history is, once it has room.
+    # With flow control the request waits for that in the EPP's queue rather than joining
+    # the full pod (where its prompt would take KV the running decodes grow into).
+    hold: bool = False
 
 
 class Scheduler(Protocol):

@@ -40,6 +40,7 @@ from epp.scheduling.plugins.base import (
 )
 from epp.scheduling.registry import FILTERS, SCORERS, Plugins
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
+from epp.scheduling.saturation import is_saturated
 from epp.scheduling.scorers import ScoringContext
 from epp.scheduling.slo import LatencyObjective
 from epp.scheduling.ttft_prediction import predict_ttft
@@ -227,11 +228,13 @@ class WeightedScheduler:
             if ctx.ttft:  # predicted: the pick commits its prefill work to the pod's ledger
                 terms = predict_ttft(request, candidates, ctx)[order[0]]
                 prefill_s = 0.0 if terms is None else terms.prefill_work_s
+        hold = bool(order) and bool(filtered.holders) and is_saturated(candidates[order[0]], th)
         return Decision(
             ranked=tuple([addresses[i] for i in order]),
             scores=ScoreTable(addresses, columns, totals, order[0] if order else 0),
             profile=profile.name,
             saturated=all_saturated,
+            hold=hold,
             prefill_s=prefill_s,
             slo_met=slo_met,
             predicted=PredictedTtft(addresses, ctx.ttft[2]) if ctx.ttft else None,
