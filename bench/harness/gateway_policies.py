@@ -100,7 +100,9 @@ SETTLE_S = 0.5  # after start: let the EPP scrape every pod before the first req
 # 4 (issue #51): the KV memory of whole conversations (epp/datalayer/session_memory.py) in
 # predicted-ttft: a pod's cached tokens at any prompt length, the eviction a pick causes and the
 # seeding credit of a popular shared prefix priced in its ranking (`evictionWeight` 1).
-DEFAULT_REVISION = 4
+# 5 (issue #51): a saturated pod holding at least half the prompt stays a candidate
+# (epp/scheduling/filters.py `unsaturated`, `holders`): the prediction weighs its wait.
+DEFAULT_REVISION = 5
 
 
 async def describe_pods(ctx: TargetContext) -> list[dict[str, Any]]:

@@ -200,7 +200,6 @@ class EndpointState:
     pending_requests: int | None = None
     unseen_pending: int = 0  # of those, routed since the page (the rest the page shows waiting)
     stuck_requests: int = 0  # of those, with no projected end (the page shows them waiting)
-    stuck_s: float = 0.0  # their predicted prefill seconds
     busy_s: float = 0.0
     foreign_waiting: float = 0.0
     unseen_kv_tokens: int = 0

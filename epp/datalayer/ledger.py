@@ -224,13 +224,6 @@ class PodLedger:
         by it (epp/scheduling/picker.py)."""
         return self._last_routed
 
-    def stuck_s(self) -> float:
-        """The predicted prefill seconds of the stuck picks (0 for those not predicted): what
-        they will compute once the pod has room, each exactly, not at a typical size."""
-        return sum(
-            c.prefill_s for c in self._entries.values() if not c.prefilled and c.ends_at == float("inf")
-        )
-
     def stuck(self) -> int:
         """Pending picks with no projected end: the page showed them waiting, or their prefill
         was not predicted. Scheduling prices them as queued requests of a typical size."""

@@ -442,7 +442,6 @@ class Pool:
                     pending_requests=ledger.pending(now),
                     unseen_pending=unseen_pending,
                     stuck_requests=ledger.stuck(),
-                    stuck_s=ledger.stuck_s(),
                     busy_s=busy,
                     foreign_waiting=self._foreign_waiting(live, 0 if busy_known else requests)
                     if requests

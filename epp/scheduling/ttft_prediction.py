@@ -6,8 +6,7 @@ request's first token, as named terms. Pure.
 - queue wait: the prompt tokens queued ahead of the request at the pod's prefill pace
   (`EndpointState.queue` requests x the pod's typical prompt x the share of it its prefix
   cache does not hold; with the pod's ledger, the page's waiting requests instead, plus this
-  EPP's own picks since as the seconds until their projected prefills end, `busy_s`; with the
-  KV memory, this EPP's picks the page shows waiting at their own predicted prefill, `stuck_s`);
+  EPP's own picks since as the seconds until their projected prefills end, `busy_s`);
 - own prefill: this prompt's uncached tokens (P less the tokens of its leading blocks the pod
   holds: precise KV events, else the approximate prefix index; at least the one token vLLM
   always recomputes) at the pod's pace, at least one engine step (tpot: a short prompt rides
@@ -215,15 +214,10 @@ def _pod_terms(
     if m is None or q is None:
         return None
     typical = s.mean_prompt_tokens if s.mean_prompt_tokens is not None else fleet.prompt
-    stuck_s = 0.0
     if s.pending_requests is not None:
         # The page's waiting requests (others', and this EPP's it shows waiting) at the
-        # typical prompt; this EPP's picks since, exactly, in `busy_s`. With the KV memory (long
-        # prompts, whose sizes vary tenfold between a session's cold and warm turns) this EPP's
-        # picks the page shows waiting count at their own predicted prefill, not the typical one.
-        q = s.foreign_waiting + (s.stuck_requests if session is None else 0)
-        if session is not None:
-            stuck_s = s.stuck_s
+        # typical prompt; this EPP's picks since, exactly, in `busy_s`.
+        q = s.foreign_waiting + s.stuck_requests
     ahead = q * typical * (s.uncached_fraction if s.uncached_fraction is not None else 1.0)
     own = fleet.prompt - matched * (fleet.approx_block_tokens if block_size is None else block_size)
     if session is not None:
@@ -234,7 +228,7 @@ def _pod_terms(
     tpot = s.tpot_ewma if s.tpot_ewma is not None else fleet.tpot_fallback
     work_s = own / pace
     own_s = tpot if work_s < tpot else work_s  # at least one engine step
-    queue_s = ahead / pace + s.busy_s + stuck_s
+    queue_s = ahead / pace + s.busy_s
     ahead += s.busy_s * pace  # in tokens, for the KV check
     adapter_s, slot_wait = _adapter_terms(s, m, pod_slots, request, fleet, tpot)
     if slot_wait:  # every slot pinned: wait until one adapter's requests all end

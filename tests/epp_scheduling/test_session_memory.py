@@ -180,29 +180,6 @@ def test_a_conversation_that_moved_is_no_shared_prefix() -> None:
     assert depth == 20_000 // STRIDE and (n, pods) == (3, 2)
 
 
-def test_picks_shown_waiting_count_at_their_own_prefill_for_long_prompts() -> None:
-    """The session's pod shows four of this EPP's picks waiting (warm turns: 0.05 s of prefill
-    each); its typical prompt is 60k tokens, mostly uncached so far. At the typical size the
-    queue reads 8 s and the session moves to recompute its 50k-token history elsewhere; at the
-    picks' own predicted prefill it stays. Fails without `stuck_s`."""
-    sched = WeightedScheduler(BUILTIN_PROFILES, rng=random.Random(0))
-    history = text(200_000, 80)
-    first = req(history)
-    sched.pick(first, snap(pod("warm"), pod("cold")))
-    sched.on_routed(first, "warm")
-    warm = dataclasses.replace(
-        pod("warm"),  # type: ignore[type-var]
-        mean_prompt_tokens=60_000.0,
-        pending_requests=4,
-        stuck_requests=4,
-        stuck_s=0.2,
-    )
-    warm = dataclasses.replace(warm, metrics=dataclasses.replace(warm.metrics, waiting=4))  # type: ignore[arg-type, union-attr]
-    cold = dataclasses.replace(pod("cold"), pending_requests=0)  # type: ignore[type-var]
-    decision = sched.pick(req(history + text(8_000, 81)), snap(warm, cold))  # type: ignore[arg-type]
-    assert decision.ranked[0] == "warm"
-
-
 def test_the_decision_header_shows_each_pods_predicted_milliseconds() -> None:
     """`x-gateway-decision` names the prediction behind `predicted-ttft` (issue #55's smaller
     item): the warm pod's predicted milliseconds, lower than the cold pod's."""
