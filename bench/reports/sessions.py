@@ -2,8 +2,11 @@
 
 - `sessions-51`: every policy on the five session scenarios, virtual time, reporting seeds, each
   long enough for >= 400 steady requests (bench/vtime/report.py `sessions_table`);
-- `sessions-51-others`: the shipped default before (DEFAULT_REVISION 3) and after (4) on the
-  other scenarios, virtual time: TTFT P50 / P95 per seed and the change.
+- `sessions-51-others`: the shipped default before (DEFAULT_REVISION 3) and after (5) on the
+  other scenarios, virtual time: TTFT P50 / P95 per seed and the change;
+- `sessions-51-meltdown`: the same table for agentic-coding on the tuning seeds 100-106,
+  revision 4 against 5 (the saturation filter's meltdown); `sessions-51-kv-tuning`: kv-cache-wins
+  on the tuning seeds 100-104, revision 3 against 5.
 
     python -m bench.reports.sessions --write
 
@@ -25,6 +28,12 @@ PAGE = Path("docs/benchmarks/agentic.md")
 TITLE = "# Benchmarks: agentic traffic"
 CAMPAIGN = Path("bench/results-committed/2026-12-07-sessions-virtual")
 OTHERS = Path("bench/results-committed/2026-12-07-sessions-others-virtual")
+# agentic-coding on tuning seeds, revision 4 (before) and 5 (after): the meltdown revision 5 fixed.
+MELTDOWN = Path("bench/results-committed/2026-12-07-sessions-meltdown-tuning-virtual")
+MELTDOWN_SEEDS = tuple(range(100, 107))
+# kv-cache-wins on tuning seeds, revision 3 (before) and 5 (after): its reporting seed 2's outlier.
+KV_TUNING = Path("bench/results-committed/2026-12-07-kv-cache-wins-tuning-virtual")
+KV_TUNING_SEEDS = tuple(range(100, 105))
 SCENARIOS = (
     "agentic-coding",
     "agentic-tool-bursts",
@@ -73,6 +82,8 @@ def _by_seed(runs: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
 def render(repo: Path, page: Path) -> None:
     write_section(page, "sessions-51", sessions_table(repo / CAMPAIGN, SCENARIOS), TITLE)
     write_section(page, "sessions-51-others", others_table(repo / OTHERS), TITLE)
+    write_section(page, "sessions-51-meltdown", others_table(repo / MELTDOWN, MELTDOWN_SEEDS), TITLE)
+    write_section(page, "sessions-51-kv-tuning", others_table(repo / KV_TUNING, KV_TUNING_SEEDS), TITLE)
 
 
 def main(argv: list[str] | None = None) -> int:
