@@ -6,7 +6,8 @@
   other scenarios, virtual time: TTFT P50 / P95 per seed and the change;
 - `sessions-51-meltdown`: the same table for agentic-coding on the tuning seeds 100-106,
   revision 4 against 5 (the saturation filter's meltdown); `sessions-51-kv-tuning`: kv-cache-wins
-  on the tuning seeds 100-104, revision 3 against 5.
+  on the tuning seeds 100-104, revision 3 against 5; `sessions-51-replicas`: the shipped
+  default with one EPP against 2 and 4 replicas sharing state, agentic scenarios.
 
     python -m bench.reports.sessions --write
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from bench.harness.summary import REPORTING_SEEDS, load_summaries
@@ -34,6 +36,8 @@ MELTDOWN_SEEDS = tuple(range(100, 107))
 # kv-cache-wins on tuning seeds, revision 3 (before) and 5 (after): its reporting seed 2's outlier.
 KV_TUNING = Path("bench/results-committed/2026-12-07-kv-cache-wins-tuning-virtual")
 KV_TUNING_SEEDS = tuple(range(100, 105))
+REPLICAS = Path("bench/results-committed/2026-12-07-sessions-replicas-virtual")
+REPLICA_COUNTS = (2, 4)
 SCENARIOS = (
     "agentic-coding",
     "agentic-tool-bursts",
@@ -75,6 +79,39 @@ def others_table(root: Path, seeds: Sequence[int] = REPORTING_SEEDS) -> str:
     return "\n".join(rows)
 
 
+def replicas_table(single_root: Path, replicas_root: Path, seeds: Sequence[int] = REPORTING_SEEDS) -> str:
+    """The shipped default's TTFT P95 with one EPP and with `REPLICA_COUNTS` replicas sharing
+    state: the median over the seeds [min-max] and the change of the medians."""
+    one, many = _runs(single_root, seeds), _runs(replicas_root, seeds)
+    head = " | ".join(f"{n} replicas P95 ms | change" for n in REPLICA_COUNTS)
+    rows = [
+        f"| scenario | seeds | one EPP P95 ms | {head} |",
+        "|---|---|---|" + "---|---|" * len(REPLICA_COUNTS),
+    ]
+    for scenario in sorted(set(one) & set(many)):
+        base = _p95s(one[scenario].get("epp-default", []))
+        if not base:
+            continue
+        cells = []
+        for n in REPLICA_COUNTS:
+            runs = _p95s(many[scenario].get(f"epp-default-{n}replicas", []))
+            change = f"{(median(runs) / median(base) - 1) * 100:+.1f} %" if runs else "n/a"
+            cells.append(f"{_spread_ms(runs)} | {change}")
+        seeds_run = ",".join(str(int(r["seed"])) for r in one[scenario]["epp-default"])
+        rows.append(f"| {scenario} | {seeds_run} | {_spread_ms(base)} | {' | '.join(cells)} |")
+    return "\n".join(rows)
+
+
+def _p95s(runs: Sequence[Mapping[str, Any]]) -> list[float]:
+    return [float(r["stats"]["steady"]["ttft_p95"]) for r in runs if r["stats"]["steady"].get("ttft_p95")]
+
+
+def _spread_ms(values: Sequence[float]) -> str:
+    if not values:
+        return "n/a"
+    return f"{median(values) * 1000:,.0f} [{min(values) * 1000:,.0f}-{max(values) * 1000:,.0f}]"
+
+
 def _by_seed(runs: Sequence[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
     return {int(r["seed"]): r["stats"]["steady"] for r in runs}
 
@@ -83,6 +120,7 @@ def render(repo: Path, page: Path) -> None:
     write_section(page, "sessions-51", sessions_table(repo / CAMPAIGN, SCENARIOS), TITLE)
     write_section(page, "sessions-51-others", others_table(repo / OTHERS), TITLE)
     write_section(page, "sessions-51-meltdown", others_table(repo / MELTDOWN, MELTDOWN_SEEDS), TITLE)
+    write_section(page, "sessions-51-replicas", replicas_table(repo / CAMPAIGN, repo / REPLICAS), TITLE)
     write_section(page, "sessions-51-kv-tuning", others_table(repo / KV_TUNING, KV_TUNING_SEEDS), TITLE)
 
 
