@@ -137,15 +137,13 @@ class EppProcessor:
                 self._ctx.config().admission.retry_after_s,
                 "slo_unattainable",
             )
-        flow = self._ctx.flow
         if (
-            flow is not None
+            (flow := self._ctx.flow) is not None
             and flow.enabled
             and decision.ranked
-            and (decision.saturated or decision.hold or flow.must_queue(band_of(request.priority)))
+            and (decision.waits or flow.must_queue(band_of(request.priority)))
         ):
-            if decision.hold:
-                self._ctx.telemetry.held_for_home()
+            self._ctx.telemetry.queued(decision)
             return await self._wait_in_queue(flow, request, headers)
         refusal = admit(request, decision, self._ctx.config())
         if refusal is not None:
@@ -232,13 +230,12 @@ class EppProcessor:
     async def _wait_in_queue(
         self, flow: FlowController, request: InferenceRequest, headers: dict[str, str]
     ) -> RequestRoute | ErrorResponse:
-        """Every candidate is saturated, or the best one is a saturated pod holding the request's
-        history (`Decision.hold`): wait in the EPP's queue (epp/requestcontrol/flow_control.py)."""
+        """`Decision.waits` (saturated, or held for home): wait in the EPP's queue (flow_control.py)."""
         config = self._ctx.config()
 
         def attempt() -> RequestRoute | ErrorResponse | None:
             decision = self._pick(request, headers)
-            if (decision.saturated or decision.hold) and decision.ranked:
+            if decision.waits and decision.ranked:
                 return None
             self._decision = decision
             return self._route(request, decision, headers)

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from epp.datalayer.endpoint_records import PoolSnapshot
 from epp.datalayer.prefix_index import PrefixIndex
 from epp.requestcontrol.agent_session import OTHER as OTHER_AGENT
+from epp.scheduling.decision import Decision
 from epp.scheduling.request import InferenceRequest
 from epp.scheduling.saturation import pool_saturation
 from gateway.scheduling_params import DEFAULT_THRESHOLDS, Thresholds
@@ -214,8 +215,10 @@ class Telemetry:
         if not ok:
             self.errors.labels(request.model, "upstream_error").inc()
 
-    def held_for_home(self) -> None:
-        self.held_for_home_total.inc()
+    def queued(self, decision: Decision) -> None:
+        """A request waits in the flow-control queue; counted apart when it waits for its home."""
+        if decision.hold:
+            self.held_for_home_total.inc()
 
     def request_error(self, model: str, code: str) -> None:
         self.errors.labels(model, code).inc()

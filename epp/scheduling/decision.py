@@ -110,6 +110,12 @@ class Decision:
     # the full pod (where its prompt would take KV the running decodes grow into).
     hold: bool = False
 
+    @property
+    def waits(self) -> bool:
+        """With flow control, the request waits in the EPP's queue: every candidate is saturated,
+        or the best one is its saturated home (`hold`)."""
+        return self.saturated or self.hold
+
 
 class Scheduler(Protocol):
     def pick(self, request: InferenceRequest, snapshot: PoolSnapshot) -> Decision: ...
