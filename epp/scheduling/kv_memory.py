@@ -40,7 +40,8 @@ class SessionView:
         if memory is None or not hashes:
             return None
         addresses = ctx.addresses if ctx.addresses is not None else [c.address for c in candidates]
-        depths = memory.depths(hashes, addresses)
+        known = ctx.memory_depths
+        depths = [known[a] for a in addresses] if known is not None else memory.depths(hashes, addresses)
         per = ctx.checkpoint_tokens
         held = [d * per for d in depths]
         session = request.session_key

@@ -9,7 +9,7 @@ nothing about must not attract a herd. Inputs are finite and non-negative by con
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +45,9 @@ class ScoringContext:
     memory: SessionMemory | None = None
     checkpoints: tuple[int, ...] = ()
     checkpoint_tokens: float = 0.0
+    # Each pod's held depth of those checkpoints, when the filters already walked the memory
+    # for them (epp/scheduling/weighted.py `_holders`); None: the prediction walks it.
+    memory_depths: Mapping[str, int] | None = None
 
 
 Scorer = Callable[[InferenceRequest, Sequence[EndpointState], ScoringContext], list[float]]

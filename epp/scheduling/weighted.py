@@ -174,10 +174,11 @@ class WeightedScheduler:
         candidates: Sequence[EndpointState] = snapshot.endpoints
         cps: tuple[int, ...] = ()
         per_cp = 0.0
+        depths: dict[str, int] | None = None
         if plan.uses_prefix:
             cps, per_cp = self._memory.checkpoints(request)
             if plan.prices_wait and cps:
-                filtered.holders = self._holders(request, candidates, cps, per_cp)
+                filtered.holders, depths = self._holders(request, candidates, cps, per_cp)
         for keep in plan.filters:  # the profile's filters (by default the catalogue's), in order
             candidates = keep.filter(request, candidates, filtered)
             if not candidates:  # only `serving` refuses: the others keep all rather than none
@@ -204,6 +205,7 @@ class WeightedScheduler:
             memory=self.memory if cps else None,
             checkpoints=cps,
             checkpoint_tokens=per_cp,
+            memory_depths=depths,
         )
 
         for plugin in plan.prepare:
@@ -246,19 +248,20 @@ class WeightedScheduler:
         candidates: Sequence[EndpointState],
         cps: Sequence[int],
         per_cp: float,
-    ) -> frozenset[str]:
+    ) -> tuple[frozenset[str], dict[str, int] | None]:
         """The pods the KV memory says hold at least `HOLDER_SHARE` of the prompt: where a
         conversation's history is. A saturated one stays a candidate, since the saturation
         filter is blind to what leaving costs: measured on agentic-coding (tuning seeds), a
         home pod over the KV threshold dropped, its 90k-token session recomputed elsewhere in
         3.5 s, and the queues that built behind such misses pushed more sessions off their pods
-        (TTFT P95 11.5 s); kept, the prediction weighs the wait there against the recompute."""
+        (TTFT P95 11.5 s); kept, the prediction weighs the wait there against the recompute.
+        Also each pod's held depth, which the prediction reads rather than walk the memory again."""
         need = HOLDER_SHARE * request.prompt_tokens
         if len(cps) * per_cp < need:
-            return frozenset()
+            return frozenset(), None
         addresses = [s.endpoint.address for s in candidates]
-        depths = self.memory.depths(cps, addresses)
-        return frozenset(a for a, d in zip(addresses, depths, strict=True) if d * per_cp >= need)
+        depths = dict(zip(addresses, self.memory.depths(cps, addresses), strict=True))
+        return frozenset(a for a, d in depths.items() if d * per_cp >= need), depths
 
     def retain(self, addresses: Sequence[str]) -> None:
         """Forget the pods that left the pool in every model of them this scheduler keeps."""
