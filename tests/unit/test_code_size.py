@@ -29,10 +29,8 @@ KNOWN_OVER = {
     "epp/datalayer/shared_state.py:SharedState": 370,
     # The EPP's wiring: builders and the feeds' callbacks (to split by feed with the data layer).
     "epp/app.py:EppApp": 400,
-    # The simulator's engine and its HTTP pod (the API handlers to move beside their formats).
+    # The simulator's engine.
     "modelsim/engine.py:Engine": 418,
-    "modelsim/server.py": 861,
-    "modelsim/server.py:Pod": 738,
 }
 
 
