@@ -29,8 +29,6 @@ KNOWN_OVER = {
     "epp/datalayer/shared_state.py:SharedState": 370,
     # The EPP's wiring: builders and the feeds' callbacks (to split by feed with the data layer).
     "epp/app.py:EppApp": 400,
-    # The simulator's engine.
-    "modelsim/engine.py:Engine": 418,
 }
 
 
