@@ -6,7 +6,7 @@ wings, docs/architecture.md).
 A module that grows past the limit is split by concern (epp/datalayer/pool.py holds the
 mutable `Pool`, epp/datalayer/endpoint_records.py the records it hands out; gateway/envoy/ the
 routes, the clusters and the bootstrap apart); a function, into named steps (epp/app.py
-`EppApp`'s builders)."""
+`EppApp`'s builders); a class, into collaborators (epp/datalayer/feeds.py for `EppApp`)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ KNOWN_OVER = {
     # The data layer's split by feed (issue #54 item 4).
     "epp/datalayer/pool.py:Pool": 358,
     "epp/datalayer/shared_state.py:SharedState": 370,
-    # The EPP's wiring: builders and the feeds' callbacks (to split by feed with the data layer).
-    "epp/app.py:EppApp": 400,
 }
 
 
