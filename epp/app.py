@@ -1,4 +1,5 @@
-"""Assemble one EPP: config store, pool, discovery, scraper, scheduler, gRPC and admin servers.
+"""Assemble one EPP: config store, pool, discovery, the feeds (epp/datalayer/feeds.py: scraper,
+KV events, tokenizers, shared state), scheduler, gRPC and admin servers.
 
 A configuration reload rebuilds the scheduler (keeping the learned prefix index) and, for
 static pools, the endpoint set; in-flight accounting lives in the Pool and is never reset.
