@@ -37,7 +37,7 @@ async def serve(args: argparse.Namespace) -> None:
     await app.start()
     if args.inference_objectives:
         namespace, pool = args.inference_objectives
-        await app.follow_inference_objectives(namespace, pool, group=args.llm_d_api_group)
+        await app.objectives.follow(namespace, pool, group=args.llm_d_api_group)
     resource = await follow_config_resource(app.store, args.config_resource)
     log.info(
         "epp for pool %s listening on %s:%d (metrics %d%s)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
@@ -17,6 +17,9 @@ from epp.datalayer.pool import Pool
 from epp.datalayer.tokenizer import PoolTokenizers
 from epp.requestcontrol.telemetry import Telemetry
 from gateway.admin_http import start_admin_http
+
+if TYPE_CHECKING:
+    from epp.app import EppApp
 
 
 def adapters_resident(pool: Pool, residency: AdapterResidency) -> dict[str, list[str]]:
@@ -44,6 +47,29 @@ def prefix_scoring(pool: Pool, tokenizers: PoolTokenizers, kv_index: KVIndex) ->
             modes[model] = "precise" if why is None else f"approximate: {why}"
         out[ep.address] = modes
     return out
+
+
+def pool_debug(app: EppApp) -> dict[str, Any]:
+    """What /debug/pool shows beside the pool's records: the policy in force, the feeds' state,
+    the flow-control queue, the modelled adapters, the workers, the shared state."""
+    config = app.store.current()
+    extra: dict[str, Any] = {
+        # The scheduling policy in force: every profile (configured over the built-ins) with
+        # its weights, picker, priority and resolved thresholds, and which one is the default.
+        "default_profile": config.default_profile,
+        "profiles": {name: p.to_dict() for name, p in config.scheduler_profiles().items()},
+        "kv_events": app.kv_events.debug(),
+        "tokenizers": app.tokenizers.debug(),
+        "prefix_scoring": prefix_scoring(app.pool, app.tokenizers, app.kv_index),
+        "flow_queue": len(app.flow.queue),
+        "adapters_resident": adapters_resident(app.pool, app.scheduler.residency),
+    }
+    if app.workers_debug is not None:
+        extra["workers"] = app.workers_debug()
+    if app.shared_state is not None:
+        extra["shared_state"] = app.shared_state.debug()
+        extra["local_inflight"] = {pod: list(c) for pod, c in app.pool.local_inflight().items()}
+    return extra
 
 
 def _finite(value: float) -> float | None:

@@ -1,4 +1,5 @@
-"""Assemble one EPP: config store, pool, discovery, scraper, scheduler, gRPC and admin servers.
+"""Assemble one EPP: config store, pool, discovery, the feeds (epp/datalayer/feeds.py: scraper,
+KV events, tokenizers, shared state), scheduler, gRPC and admin servers.
 
 A configuration reload rebuilds the scheduler (keeping the learned prefix index) and, for
 static pools, the endpoint set; in-flight accounting lives in the Pool and is never reset.
@@ -8,23 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from epp.admin import adapters_resident, prefix_scoring, start_admin_server
-from epp.datalayer.adapter_residency import event_time
+from epp.admin import pool_debug, start_admin_server
+from epp.datalayer.discovery.objectives import ObjectivePriorities
 from epp.datalayer.discovery.static import static_endpoints
-from epp.datalayer.endpoint_records import Endpoint, Metrics
-from epp.datalayer.kv_event_batches import EventBatch, stored_adapters
-from epp.datalayer.kv_events import KVEventMetrics, KVEventSubscribers
+from epp.datalayer.endpoint_records import Endpoint
+from epp.datalayer.feeds import PoolFeeds
 from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.pool import Pool
-from epp.datalayer.scrape import Scraper
-from epp.datalayer.shared_state import SharedState
-from epp.datalayer.tokenizer import PoolTokenizers
 from epp.requestcontrol import conformance_mode
 from epp.requestcontrol.context import EppContext
 from epp.requestcontrol.flow_control import FlowController
@@ -45,18 +41,12 @@ from extproc.server import (
 from extproc.stream import ExtProcServicer
 from gateway.config import GatewayConfig
 from gateway.config_store import ConfigStore, FileWatcher
-from gateway.kube.llmd_api import (
-    GROUP,
-    INFERENCE_OBJECTIVES,
-    Accepted,
-    InferenceObjectiveSpec,
-    LastGood,
-    config_pool_for,
-    is_inference_pool,
-)
 from gateway.pool_config import PoolConfig
 from gateway.supervise import spawn
 from gateway.tracing import Tracing
+
+if TYPE_CHECKING:
+    from epp.datalayer.discovery.kubernetes import InferencePoolDiscovery
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +59,24 @@ class KubernetesPool:
     pool_name: str
     group: str = "inference.networking.k8s.io"
     version: str = "v1"
+
+    def discovery(
+        self, pool: PoolConfig, on_change: Callable[[list[Endpoint]], None]
+    ) -> InferencePoolDiscovery:
+        """The discovery following this InferencePool's pods (epp/datalayer/discovery/kubernetes.py,
+        imported here: it loads the kubernetes client); the pool's config gives the defaults."""
+        from epp.datalayer.discovery.kubernetes import InferencePoolDiscovery
+
+        return InferencePoolDiscovery(
+            namespace=self.namespace,
+            pool_name=self.pool_name,
+            pool_group=self.group,
+            pool_version=self.version,
+            on_change=on_change,
+            engine=pool.engine,
+            default_models=[m.name for m in pool.models],
+            default_adapters=[a for m in pool.models for a in m.adapters],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,36 +179,23 @@ class EppApp:
             self.telemetry.conformance_test_mode()
 
     def _build_feeds(self, config: GatewayConfig) -> None:
-        """What feeds the pool's state: the scraper, the KV-event subscribers, the tokenizers, the
-        state shared with the pool's other replicas."""
-        pool_name = self.pool_name
-        self.scraper = Scraper(self.pool, telemetry=self.telemetry)  # cadence: set by _apply
-        kv_metrics = KVEventMetrics(self.telemetry.registry, self.kv_index)
-        # Adapter residency also learns from the scrapes' running adapters and the events' LoRA ids.
-        self.scraper.scraped_hook = self._on_scraped
-        self.kv_events = KVEventSubscribers(
+        """What feeds the pool's state (epp/datalayer/feeds.py); the feeds' objects are this
+        app's attributes too (tests and the virtual-time harness read them)."""
+        scheduler = self.scheduler
+        self.feeds = PoolFeeds(
+            self.pool,
+            self.pool_name,
+            config,
             self.kv_index,
-            kv_metrics,
-            on_batch=self._on_kv_batch,
-            on_restart=lambda pod: self.scheduler.residency.forget(pod),  # its slots are empty
+            self.telemetry.registry,
+            self.telemetry,
+            residency=lambda: self.scheduler.residency,
+            prefix_index=scheduler.prefix_index,  # kept across reloads (build_scheduler)
+            memory=scheduler.memory,  # and so is the KV memory
         )
-        # The models' own tokenizers (models[].tokenizer): the token ids the precise index needs.
-        self.tokenizers = PoolTokenizers()
+        self.scraper, self.kv_events = self.feeds.scraper, self.feeds.kv_events
+        self.tokenizers, self.shared_state = self.feeds.tokenizers, self.feeds.shared_state
         self.ctx.tokenizers = self.tokenizers
-        # In-flight counts shared with the pool's other replicas (sharedState; read once).
-        self.shared_state: SharedState | None = None
-        if config.shared_state is not None:
-            self.shared_state = SharedState(
-                self.pool,
-                pool_name,
-                config.shared_state,
-                self.telemetry.registry,
-                prefix_index=self.scheduler.prefix_index,  # kept across reloads (build_scheduler)
-                on_scrape=self._on_peer_scrape,
-                residency=self.scheduler.residency,  # kept across reloads too
-                memory=self.scheduler.memory,  # and so is the KV memory
-            )
-        self._shared_config = config.shared_state
 
     def _build_serving(
         self,
@@ -229,31 +224,17 @@ class EppApp:
         self.health: GrpcService | None = None
         self.health_port = 0
         self._discovery: Any = None
-        # InferenceObjectives (llm-d API), when followed: name -> last valid version.
-        self._objectives: dict[str, Accepted[InferenceObjectiveSpec]] = {}
-        self._objectives_namespace = ""
-        self._objectives_pool: str | None = None  # the InferencePool they must name; None: mapped
-        self._objective_watcher: Any = None
+        # InferenceObjectives (llm-d API), when followed (`objectives.follow`): request priorities.
+        self.objectives = ObjectivePriorities(pool_name, self._objectives_changed)
 
     def _apply(self, config: GatewayConfig) -> None:
         """Derive everything per-request code reads from a validated config."""
-        self.ctx.header_policy = HeaderPolicy.from_config(config, self._objective_priorities(config))
+        self.ctx.header_policy = HeaderPolicy.from_config(config, self.objectives.priorities(config))
         self._thresholds = config.scheduler_profiles()[config.default_profile].thresholds
         self.flow.configure(config.flow_control)
         pool = config.pool(self.pool_name)
         self.ctx.fallback_endpoints = pool.fallback_endpoints
-        if pool.kv_events is not None:
-            self.kv_index.set_max_blocks(pool.kv_events.max_blocks)
-        self.tokenizers.configure((m.name, m.tokenizer) for m in pool.models)
-        self.pool.speed_half_life_s = config.scrape.speed_half_life_ms / 1000
-        scrape = config.scrape
-        self.scraper.configure(
-            scrape.interval_ms / 1000, scrape.max_interval() / 1000, scrape.jitter, scrape.timeout_ms / 1000
-        )
-        shared = self.shared_state
-        self.scraper.sharers = (
-            (lambda: 1 + len(shared.peers)) if shared is not None and scrape.share_across_replicas else None
-        )
+        self.feeds.configure(config)
         if self._kubernetes is None:
             self.set_endpoints(static_endpoints(config, self.pool_name))
 
@@ -266,7 +247,7 @@ class EppApp:
                 self.pool_name,
             )
             return
-        if config.shared_state != self._shared_config:
+        if config.shared_state != self.feeds.shared_config:
             log.warning("sharedState changed: it is read at start; restart the EPP to apply it")
         if config.pool(self.pool_name).epp.workers != self._workers_setting and self._shared is None:
             log.warning("epp.workers changed: it is read at start; restart the EPP to apply it")
@@ -274,47 +255,9 @@ class EppApp:
         self.ctx.scheduler = self.scheduler
         self._apply(config)
 
-    def _objective_priorities(self, config: GatewayConfig) -> dict[str, int]:
-        """The followed InferenceObjectives that name this EPP's pool: name -> priority."""
-        out = {}
-        for name, accepted in self._objectives.items():
-            ref = accepted.spec.pool_ref
-            if self._objectives_pool is not None:
-                ours = is_inference_pool(ref) and ref.name == self._objectives_pool
-            else:
-                ours = config_pool_for(config, self._objectives_namespace, ref) == self.pool_name
-            if ours:
-                out[name] = accepted.spec.effective_priority
-        return out
-
-    def set_inference_objectives(self, objectives: dict[str, Accepted[InferenceObjectiveSpec]]) -> None:
-        self._objectives = objectives
+    def _objectives_changed(self) -> None:
         config = self.store.current()
-        self.ctx.header_policy = HeaderPolicy.from_config(config, self._objective_priorities(config))
-
-    async def follow_inference_objectives(
-        self,
-        namespace: str,
-        pool: str | None = None,
-        *,
-        group: str = GROUP,
-        api_client: Any = None,
-        backoff_s: float = 1.0,
-    ) -> None:
-        """List + watch the InferenceObjectives of `namespace`; those whose poolRef names `pool`
-        (default: the InferencePool of this EPP's configured pool) set request priorities."""
-        from gateway.kube.llmd_watch import LlmdResourceWatcher  # loads the kubernetes client
-
-        self._objectives_namespace, self._objectives_pool = namespace, pool
-        self._objective_watcher = LlmdResourceWatcher(
-            LastGood(INFERENCE_OBJECTIVES, InferenceObjectiveSpec),
-            namespace=namespace,
-            on_change=self.set_inference_objectives,
-            api_client=api_client,
-            group=group,
-            backoff_s=backoff_s,
-        )
-        await self._objective_watcher.start()
+        self.ctx.header_policy = HeaderPolicy.from_config(config, self.objectives.priorities(config))
 
     def set_endpoints(self, endpoints: list[Endpoint]) -> None:
         """The one entry point for discovery (static or Kubernetes) to change the pool; pool-wide
@@ -331,8 +274,7 @@ class EppApp:
             {ep.address: ep.data_parallel_size for ep in endpoints if ep.data_parallel_size > 1}
         )
         try:
-            self.scraper.sync()
-            self._sync_kv_events()
+            self.feeds.sync(self.store.current())
         except RuntimeError:  # no running loop yet: start() syncs
             pass
 
@@ -342,37 +284,6 @@ class EppApp:
         self.flow.signal()
         self.empty_pool.signal()
 
-    def _on_scraped(self, address: str, metrics: Metrics, sent_at: float) -> None:
-        self._note_running_adapters(address, metrics, sent_at)
-        if self.shared_state is not None:
-            self.shared_state.publish_scrape(address, metrics, sent_at)
-
-    def _on_peer_scrape(self, address: str, metrics: Metrics, sent_at: float) -> None:
-        """Another replica's scrape of a pod: recorded as this replica's own when it is newer
-        than what this replica holds (its learned speeds come from its own scrapes only)."""
-        held = self.pool.metrics(address)
-        if held is not None and held.scraped_at >= metrics.scraped_at:
-            return
-        self.pool.record_metrics(address, metrics, sent_at=sent_at)
-        self._note_running_adapters(address, metrics, sent_at)
-
-    def _note_running_adapters(self, address: str, metrics: Metrics, sent_at: float) -> None:
-        if metrics.running_adapters:
-            self.scheduler.residency.on_scrape(address, metrics.running_adapters, sent_at)
-
-    def _on_kv_batch(self, pod: str, batch: EventBatch) -> None:
-        adapters = stored_adapters(batch)
-        if not adapters:
-            return
-        at = event_time(batch.ts, time.time(), time.monotonic())
-        metrics = self.pool.metrics(pod)
-        max_lora = metrics.max_lora if metrics is not None else 0
-        for name, lora_id in adapters:
-            self.scheduler.residency.on_stored(pod, name, lora_id, at, max_lora)
-
-    def _sync_kv_events(self) -> None:
-        self.kv_events.sync(self.pool.endpoints(), self.store.current().pool(self.pool_name).kv_events)
-
     async def start(self) -> None:
         # Every port checked before anything starts: a half-started EPP cannot exit cleanly.
         if self._shared is None:
@@ -381,22 +292,10 @@ class EppApp:
         if self._health_port is not None:
             check_port_free(self._host, self._health_port, "--grpc-health-port")
         if self._kubernetes is not None:
-            from epp.datalayer.discovery.kubernetes import InferencePoolDiscovery
-
             pool = self.store.current().pool(self.pool_name)
-            self._discovery = InferencePoolDiscovery(
-                namespace=self._kubernetes.namespace,
-                pool_name=self._kubernetes.pool_name,
-                pool_group=self._kubernetes.group,
-                pool_version=self._kubernetes.version,
-                on_change=self.set_endpoints,
-                engine=pool.engine,
-                default_models=[m.name for m in pool.models],
-                default_adapters=[a for m in pool.models for a in m.adapters],
-            )
+            self._discovery = self._kubernetes.discovery(pool, self.set_endpoints)
             await self._discovery.start()
-        self.scraper.sync()
-        self._sync_kv_events()
+        self.feeds.sync(self.store.current())
         if self.worker_count > 1:
             await self._start_workers()
         elif self._shared is None:
@@ -412,7 +311,7 @@ class EppApp:
             self._metrics_port,
             self.telemetry,
             self.pool.snapshot,
-            extra=self._debug_extra,
+            extra=lambda: pool_debug(self),
         )
         if self.shared_state is not None:
             self.shared_state.start()
@@ -436,26 +335,6 @@ class EppApp:
         self.port = self.workers.port
         self.workers_debug = self.workers.debug
 
-    def _debug_extra(self) -> dict[str, Any]:
-        config = self.store.current()
-        extra: dict[str, Any] = {
-            # The scheduling policy in force: every profile (configured over the built-ins) with
-            # its weights, picker, priority and resolved thresholds, and which one is the default.
-            "default_profile": config.default_profile,
-            "profiles": {name: p.to_dict() for name, p in config.scheduler_profiles().items()},
-            "kv_events": self.kv_events.debug(),
-            "tokenizers": self.tokenizers.debug(),
-            "prefix_scoring": prefix_scoring(self.pool, self.tokenizers, self.kv_index),
-            "flow_queue": len(self.flow.queue),
-            "adapters_resident": adapters_resident(self.pool, self.scheduler.residency),
-        }
-        if self.workers_debug is not None:
-            extra["workers"] = self.workers_debug()
-        if self.shared_state is not None:
-            extra["shared_state"] = self.shared_state.debug()
-            extra["local_inflight"] = {pod: list(c) for pod, c in self.pool.local_inflight().items()}
-        return extra
-
     async def stop(self, grace_s: float = 1.0) -> None:
         for task in self._tasks:
             task.cancel()
@@ -469,8 +348,7 @@ class EppApp:
             await self.health.server.stop(0)
         if self._discovery is not None:
             await self._discovery.stop()
-        if self._objective_watcher is not None:
-            await self._objective_watcher.stop()
+        await self.objectives.stop()
         if self.shared_state is not None:  # after the drain: the last streams' slots are released
             await self.shared_state.stop()
         await self.scraper.stop()

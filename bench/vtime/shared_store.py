@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.vtime.loop import TIMER, Events
-from epp.datalayer.shared_state import Outgoing, RoundTripCadence, SharedState
+from epp.datalayer.shared_state import RoundTripCadence, SharedState
+from epp.datalayer.shared_state_wire import Outgoing
 
 DEFAULT_RTT_MS = 0.3  # one script call on a loopback Valkey (docs/benchmarks/costs.md)
 STREAM_READ_MAX = 1000  # the script's XRANGE COUNT

@@ -1,6 +1,8 @@
 """`Pool`: the one mutable owner of a pool's live state, updated by the edges (discovery,
-scraper, ext_proc servicer) and read by scheduling as an immutable `PoolSnapshot` (the records
-are in epp/datalayer/endpoint_records.py). One asyncio loop per process owns a `Pool`: no locks.
+scraper, ext_proc servicer, shared state) and read by scheduling as an immutable `PoolSnapshot`
+(the records are in epp/datalayer/endpoint_records.py). One asyncio loop per process owns a
+`Pool`: no locks. Each pod's record holds its in-flight accounting, its ledger and its speeds
+(epp/datalayer/pod_speeds.py); the other replicas' load is epp/datalayer/peer_load.py's.
 """
 
 from __future__ import annotations
@@ -10,74 +12,18 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from epp.datalayer.endpoint_records import (
-    MAX_COUNT,
-    MIN_PREFILL_TPS,
-    Endpoint,
-    EndpointState,
-    Metrics,
-    PoolSnapshot,
-    usable_speed,
-)
+from epp.datalayer.endpoint_records import Endpoint, EndpointState, Metrics, PoolSnapshot
 from epp.datalayer.ledger import TRANSIT_S, Commitment, PodLedger
-
-# Weight of the newest sample in the smoothed per-pod speed figures.
-SPEED_EWMA_ALPHA = 0.2
-# Speed observations lose half their weight per half-life (configurable: scrape.speedHalfLifeMs)
-# and are forgotten after this many half-lives without a new one: a pod that was slow once
-# and then got no traffic is unknown again, not slow forever.
-DEFAULT_SPEED_HALF_LIFE_S = 10.0
-SPEED_EXPIRY_HALF_LIVES = 4.0
-# A pod's prefill pace is the best recent one, halving every this many speed half-lives.
-PACE_PEAK_HALF_LIVES = 3.0
+from epp.datalayer.peer_load import PeerLoad
+from epp.datalayer.pod_speeds import DEFAULT_SPEED_HALF_LIFE_S, SPEED_EXPIRY_HALF_LIVES, PodSpeeds
 
 _NO_REMOTE = (0, 0)  # a pod no other replica has requests on
 
 
 @dataclass(slots=True)
-class _Speed:
-    """One smoothed speed figure whose weight halves every half-life without observations; it
-    is forgotten SPEED_EXPIRY_HALF_LIVES half-lives after the last one (`Pool.snapshot` reads it
-    so, inline)."""
-
-    value: float | None = None
-    at: float = 0.0  # monotonic time of the last observation
-
-    def observe(self, sample: float, now: float, half_life_s: float) -> None:
-        old, age = self.value, now - self.at
-        if old is None or age >= SPEED_EXPIRY_HALF_LIVES * half_life_s:
-            self.value = sample
-        else:
-            keep = (1.0 - SPEED_EWMA_ALPHA) * 0.5 ** (max(0.0, age) / half_life_s)
-            self.value = sample + keep * (old - sample)
-        self.at = now
-
-
-@dataclass(slots=True)
-class _Peak(_Speed):
-    """A pod's prefill pace: the best recent sample, decaying by half every
-    PACE_PEAK_HALF_LIVES speed half-lives, forgotten like a speed.
-
-    An interval's tokens / prefill seconds follows its prompt mix: short prompts each take a
-    whole engine step whatever their length (the step is bound by the batch's decode, not by
-    their few tokens), long ones run at the GPU's compute pace. Identical H100 pods read 3.6k to
-    14.4k tokens/s by their last second's mix (bursty, /debug/pool), and the smoothed figure
-    drew the long prompts to the pod that had just had long prompts. The best recent sample is
-    that GPU's compute pace on long prompts, which the scorer wants for the tokens; a short
-    prompt's floor of one engine step is the scorer's too (`predicted-ttft`)."""
-
-    def observe(self, sample: float, now: float, half_life_s: float) -> None:
-        old, age = self.value, now - self.at
-        if old is None or age >= SPEED_EXPIRY_HALF_LIVES * half_life_s:
-            self.value = sample
-        else:
-            decayed = old * 0.5 ** (max(0.0, age) / (PACE_PEAK_HALF_LIVES * half_life_s))
-            self.value = sample if sample > decayed else decayed
-        self.at = now
-
-
-@dataclass(slots=True)
 class _Live:
+    """One pod's live record."""
+
     endpoint: Endpoint
     metrics: Metrics | None = None
     inflight_requests: int = 0
@@ -87,12 +33,31 @@ class _Live:
     scrape_seen_at: float = -math.inf  # monotonic time the last scrape was recorded
     scrape_sent_at: float = -math.inf  # monotonic time the last recorded scrape was sent
     ledger: PodLedger = field(default_factory=PodLedger)
-    ttft: _Speed = field(default_factory=_Speed)
-    tpot: _Speed = field(default_factory=_Speed)
-    prefill_tps: _Peak = field(default_factory=_Peak)
-    uncached: _Speed = field(default_factory=_Speed)
-    prompt_tokens: _Speed = field(default_factory=_Speed)
+    speeds: PodSpeeds = field(default_factory=PodSpeeds)
     failures: int = 0
+
+    def count_out(self, tokens: int, routed_at: float | None, commitment: Commitment | None) -> None:
+        """A request leaves the pod's accounting (finished there, or moved away by a retry)."""
+        self.inflight_requests = max(0, self.inflight_requests - 1)
+        self.inflight_tokens = max(0, self.inflight_tokens - tokens)
+        # Without `routed_at` the request is taken as routed since the scrape: the count only
+        # errs low then, and every scrape resets it.
+        if self.routed_since_scrape > 0 and (routed_at is None or routed_at > self.scrape_seen_at):
+            self.routed_since_scrape -= 1
+        self.ledger.release(commitment)
+
+    def foreign_waiting(self, remote_requests: int) -> float:
+        """The page's waiting requests that are not this EPP's, plus the other replicas' in-flight
+        requests the page cannot show yet (more than the page's running + waiting hold beyond
+        this EPP's own): they queue ahead of a new request just as this EPP's pending ones do."""
+        waiting = self.ledger.foreign_waiting
+        m = self.metrics
+        if not remote_requests or m is None:
+            return waiting
+        own_on_page = len(self.ledger) - self.ledger.unseen(self.scrape_sent_at)
+        foreign_on_page = (m.waiting or 0.0) + (m.running or 0.0) - own_on_page
+        unseen = remote_requests - (foreign_on_page if foreign_on_page > 0.0 else 0.0)
+        return waiting + unseen if unseen > 0.0 else waiting
 
 
 class Pool:
@@ -110,14 +75,7 @@ class Pool:
         # The one clock of this EPP's timestamps (scrapes, routing, speeds, snapshots): the
         # monotonic clock live; a simulated one in the virtual-time benchmark (bench/vtime/).
         self.clock = clock
-        # The other EPP replicas' in-flight per pod (requests, tokens), replaced wholesale by
-        # the shared-state loop (and raised by their pushed picks between its round trips);
-        # empty when replicas do not share state or Redis is down.
-        self._remote: dict[str, tuple[int, int]] = {}
-        # The other replicas' pending prefills the pages do not show yet, per pod, as the
-        # monotonic time they are projected to end (from their `busy_since_s`, when received).
-        self._remote_busy_until: dict[str, float] = {}
-        self._remote_busy_known = False  # the peers publish it (else their unseen picks are counted)
+        self.peers = PeerLoad()  # the other EPP replicas' load (the shared-state loop's)
         self._unhealthy_after = unhealthy_after
         self.speed_half_life_s = speed_half_life_s  # set again on every config reload
         # Called with the address of every routed request (the scraper wakes an idle pod's loop).
@@ -181,7 +139,7 @@ class Pool:
             # Without a send time the page is taken as current: every pick so far is on it.
             sent = now if sent_at is None else sent_at
             live.scrape_sent_at = sent
-            remote = self._remote.get(address, (0, 0))[0]
+            remote = self.peers.inflight.get(address, (0, 0))[0]
             own = live.inflight_requests
             share = own / (own + remote) if own + remote > 0 else 1.0
             live.ledger.reconcile(
@@ -246,11 +204,8 @@ class Pool:
         `commitment` is what `on_routed` returned (None: the pod's oldest is released)."""
         live = self._live.get(address)
         if live is not None:
-            live.inflight_requests = max(0, live.inflight_requests - 1)
-            live.inflight_tokens = max(0, live.inflight_tokens - tokens)
+            live.count_out(tokens, routed_at, commitment)
             live.finished_since_scrape += 1
-            self._unroute_since_scrape(live, routed_at)
-            live.ledger.release(commitment)
         if self.capacity_hook is not None:
             self.capacity_hook()
 
@@ -268,21 +223,11 @@ class Pool:
         commitment returned here."""
         live = self._live.get(old)
         if live is not None:
-            live.inflight_requests = max(0, live.inflight_requests - 1)
-            live.inflight_tokens = max(0, live.inflight_tokens - tokens)
-            self._unroute_since_scrape(live, routed_at)
-            live.ledger.release(commitment)
+            live.count_out(tokens, routed_at, commitment)
         moved = self._count_in(new, tokens)  # served there already: no prefill of ours to project
         if moved is None:
             return None
         return moved.ledger.commit(self.clock(), 0.0, tokens)
-
-    @staticmethod
-    def _unroute_since_scrape(live: _Live, routed_at: float | None) -> None:
-        # Without `routed_at` the request is taken as routed since the scrape: the count only
-        # errs low then, and every scrape resets it.
-        if live.routed_since_scrape > 0 and (routed_at is None or routed_at > live.scrape_seen_at):
-            live.routed_since_scrape -= 1
 
     def observe_speed(
         self,
@@ -292,17 +237,10 @@ class Pool:
         tpot: float | None = None,
         now: float | None = None,
     ) -> None:
-        """Fold one observation into the pod's smoothed speeds; unusable samples are ignored
-        (a NaN folded into an EWMA would poison it for good)."""
+        """Fold one observation into the pod's smoothed speeds (`PodSpeeds.observe`)."""
         live = self._live.get(address)
-        if live is None:
-            return
-        now = self.clock() if now is None else now
-        ttft, tpot = usable_speed(ttft), usable_speed(tpot)
-        if ttft is not None:
-            live.ttft.observe(ttft, now, self.speed_half_life_s)
-        if tpot is not None:
-            live.tpot.observe(tpot, now, self.speed_half_life_s)
+        if live is not None:
+            live.speeds.observe(ttft, tpot, self.clock() if now is None else now, self.speed_half_life_s)
 
     def observe_prefill(
         self,
@@ -313,19 +251,15 @@ class Pool:
         mean_prompt_tokens: float | None,
         now: float | None = None,
     ) -> None:
-        """Fold one interval's prefill figures (epp/datalayer/prefill_pace.py `PrefillSample`) into the pod's
-        smoothed ones, with the speeds' half-life; unusable values are ignored."""
+        """Fold one interval's prefill figures (epp/datalayer/prefill_pace.py `PrefillSample`) into the
+        pod's smoothed ones, with the speeds' half-life (`PodSpeeds.observe_prefill`)."""
         live = self._live.get(address)
-        if live is None:
-            return
-        now = self.clock() if now is None else now
-        half_life = self.speed_half_life_s
-        if MIN_PREFILL_TPS <= tokens_per_s <= MAX_COUNT:  # False for NaN
-            live.prefill_tps.observe(tokens_per_s, now, half_life)
-        if uncached_fraction is not None and 0.0 <= uncached_fraction <= 1.0:
-            live.uncached.observe(uncached_fraction, now, half_life)
-        if mean_prompt_tokens is not None and 0.0 <= mean_prompt_tokens <= MAX_COUNT:  # False for NaN
-            live.prompt_tokens.observe(mean_prompt_tokens, now, half_life)
+        if live is not None:
+            now = self.clock() if now is None else now
+            speeds = live.speeds
+            speeds.observe_prefill(
+                tokens_per_s, uncached_fraction, mean_prompt_tokens, now, self.speed_half_life_s
+            )
 
     def inflight(self, address: str) -> int:
         """This replica's own in-flight requests on `address`."""
@@ -342,29 +276,18 @@ class Pool:
 
     def set_remote_inflight(self, counts: Mapping[str, tuple[int, int]]) -> None:
         """The other replicas' (requests, tokens) per pod; added to this replica's in snapshots."""
-        self._remote = dict(counts)
+        self.peers.set_inflight(counts)
 
     def add_remote_pick(self, address: str, prefill_s: float, tokens: int, now: float | None = None) -> None:
-        """Another replica's pick, pushed as it was made: one more request in flight on the pod
-        and its predicted prefill queued behind the others' (chained, as the ledger chains its
-        own), until the next shared-state round trip replaces the peers' totals."""
-        if address not in self._live:
-            return
-        now = self.clock() if now is None else now
-        requests, held = self._remote.get(address, (0, 0))
-        self._remote[address] = (requests + 1, held + tokens)
-        if prefill_s > 0.0:
-            until = self._remote_busy_until.get(address, now)
-            self._remote_busy_until[address] = (until if until > now else now) + prefill_s
-        self._remote_busy_known = True
+        """Another replica's pick, pushed as it was made (`PeerLoad.add_pick`), on a pod of the pool."""
+        if address in self._live:
+            self.peers.add_pick(address, prefill_s, tokens, self.clock() if now is None else now)
 
     def set_remote_busy(self, seconds: Mapping[str, float], now: float | None = None) -> None:
         """The other replicas' projected prefill seconds ahead of each pod that no page shows
         yet (their picks since it), summed: added to `busy_s` in snapshots, and their picks no
         longer counted as unseen requests at the typical prompt."""
-        now = self.clock() if now is None else now
-        self._remote_busy_until = {a: now + s for a, s in seconds.items() if s > 0.0}
-        self._remote_busy_known = True
+        self.peers.set_busy(seconds, self.clock() if now is None else now)
 
     def local_busy_ms(self, now: float | None = None) -> dict[str, int]:
         """This replica's unseen pending prefill per pod, in ms (what it publishes beside its counts)."""
@@ -386,20 +309,6 @@ class Pool:
         return sum(live.inflight_requests for live in self._live.values())
 
     # -- scheduling edge ------------------------------------------------------------
-    @staticmethod
-    def _foreign_waiting(live: _Live, remote_requests: int) -> float:
-        """The page's waiting requests that are not this EPP's, plus the other replicas' in-flight
-        requests the page cannot show yet (more than the page's running + waiting hold beyond
-        this EPP's own): they queue ahead of a new request just as this EPP's pending ones do."""
-        waiting = live.ledger.foreign_waiting
-        m = live.metrics
-        if not remote_requests or m is None:
-            return waiting
-        own_on_page = len(live.ledger) - live.ledger.unseen(live.scrape_sent_at)
-        foreign_on_page = (m.waiting or 0.0) + (m.running or 0.0) - own_on_page
-        unseen = remote_requests - (foreign_on_page if foreign_on_page > 0.0 else 0.0)
-        return waiting + unseen if unseen > 0.0 else waiting
-
     def snapshot(self, now: float | None = None) -> PoolSnapshot:
         """One `EndpointState` per pod at `now`. Built for every decision, so the loop reads each
         input once and the records are plain slots (at 100 pods the snapshot was most of a
@@ -407,19 +316,15 @@ class Pool:
         now = self.clock() if now is None else now
         # A speed older than this is forgotten (read inline below: five per pod, every decision).
         horizon = SPEED_EXPIRY_HALF_LIVES * self.speed_half_life_s
-        remote, remote_busy = self._remote, self._remote_busy_until
-        busy_known, unhealthy_after = self._remote_busy_known, self._unhealthy_after
+        peers = self.peers
+        remote, remote_busy, busy_known = peers.inflight, peers.busy_until, peers.busy_known
+        unhealthy_after = self._unhealthy_after
         inf = math.inf
         states = []
         for address, live in self._live.items():
-            metrics, ledger = live.metrics, live.ledger
-            ttft, tpot, pace, uncached, prompt = (
-                live.ttft,
-                live.tpot,
-                live.prefill_tps,
-                live.uncached,
-                live.prompt_tokens,
-            )
+            metrics, ledger, speeds = live.metrics, live.ledger, live.speeds
+            ttft, tpot, pace = speeds.ttft, speeds.tpot, speeds.prefill_tps
+            uncached, prompt = speeds.uncached, speeds.prompt_tokens
             requests, tokens = remote.get(address, _NO_REMOTE)
             unseen_pending, unseen_kv = ledger.unseen_since(now, live.scrape_sent_at)
             until = remote_busy.get(address)
@@ -443,7 +348,7 @@ class Pool:
                     unseen_pending=unseen_pending,
                     stuck_requests=ledger.stuck(),
                     busy_s=busy,
-                    foreign_waiting=self._foreign_waiting(live, 0 if busy_known else requests)
+                    foreign_waiting=live.foreign_waiting(0 if busy_known else requests)
                     if requests
                     else ledger.foreign_waiting,
                     unseen_kv_tokens=unseen_kv,

@@ -27,7 +27,8 @@ its hash at once. Redis unreachable or slow: the remote share is dropped (local 
 the error logged and counted, and requests are never failed for it.
 
 All keys of a pool share one hash tag (`{pool}`), so the script stays in one Redis Cluster
-slot. Adapter residency stays per replica (docs/architecture.md, "EPP replicas"); the
+slot (the script, its keys and its payload: epp/datalayer/shared_state_wire.py; what is queued
+for the next call: epp/datalayer/shared_state_outbox.py). Adapter residency stays per replica (docs/architecture.md, "EPP replicas"); the
 KV-event index is the same on every replica because each subscribes to every pod.
 """
 
@@ -40,9 +41,7 @@ import os
 import secrets
 import socket
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgpack
@@ -55,13 +54,14 @@ from epp.datalayer.pool import Pool
 from epp.datalayer.prefix_index import PrefixIndex
 from epp.datalayer.redis_script import ScriptConnection, Subscription, encode_command
 from epp.datalayer.session_memory import SessionMemory
+from epp.datalayer.shared_state_outbox import Outbox, count_lines
 from epp.datalayer.shared_state_wire import (
     ROUND_TRIP_SCRIPT,
+    Outgoing,
+    PoolKeys,
     apply_scrapes,
     as_text,
-    encode_scrape,
     learn_decisions,
-    memory_decision,
     parse_busy,
     parse_lora,
     parse_totals,
@@ -72,12 +72,6 @@ from gateway.supervise import spawn
 log = logging.getLogger(__name__)
 
 
-# Pods per script call: Lua's unpack takes at most a few thousand values.
-MAX_PODS_PER_CALL = 2000
-# Routing decisions waiting for the next call, at most (the oldest dropped beyond).
-MAX_OUTBOX = 5000
-
-
 def default_replica_id() -> str:
     """Unique per process (a restarted replica is a new one: its old hash just expires)."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -86,21 +80,6 @@ def default_replica_id() -> str:
 def _wake_up(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """What one round trip sends (the script's ARGV beyond the keys and ids): this replica's
-    counts ("pod requests,tokens" and "busy:pod ms" lines), its routing decisions, scrapes and
-    picks since the last call (msgpack, b"" = none), and whether it reads the stream. Built by
-    `SharedState.outgoing`; the live loop sends it to Redis, the virtual-time store
-    (bench/vtime/shared_store.py) does what the script does with it."""
-
-    counts: bytes
-    decisions: bytes
-    scrapes: bytes
-    picks: bytes
-    reading: bool
 
 
 class RoundTripCadence:
@@ -130,6 +109,32 @@ class RoundTripCadence:
         self.published, self.published_busy, self.last, self.ok = local, busy, now, ok
 
 
+class SharedStateMetrics:
+    """The loop's health on /metrics: failed round trips, up, live peers."""
+
+    def __init__(self, registry: CollectorRegistry, pool_name: str) -> None:
+        labels = {"inference_pool": pool_name}
+        self.errors = Counter(
+            "gateway_shared_state_errors",
+            "Shared-state round trips that failed (Redis unreachable, slow or erroring); "
+            "the EPP then schedules on its own in-flight counts",
+            ["inference_pool"],
+            registry=registry,
+        ).labels(**labels)
+        self.up = Gauge(
+            "gateway_shared_state_up",
+            "1 while the last shared-state round trip succeeded",
+            ["inference_pool"],
+            registry=registry,
+        ).labels(**labels)
+        self.peers = Gauge(
+            "gateway_shared_state_peers",
+            "Other live EPP replicas of this pool",
+            ["inference_pool"],
+            registry=registry,
+        ).labels(**labels)
+
+
 class SharedState:
     """Publishes this replica's in-flight per pod and feeds the others' into the Pool; with a
     `prefix_index`, shares its routing decisions too and teaches the index the others'."""
@@ -154,19 +159,18 @@ class SharedState:
         self.prefix_index = prefix_index if config.prefix_index else None
         # A peer's scrape (address, metrics, sent_at): applied as if this replica had read it.
         self.on_scrape = on_scrape if config.share_scrapes else None
-        # Routing decisions to publish: prefix hashes, or a KV-memory routing (`memory_decision`).
-        self._outbox: deque[tuple[str, Sequence[int] | dict[str, Any]]] = deque(maxlen=MAX_OUTBOX)
-        self._scrapes: dict[str, tuple[Metrics, float]] = {}  # this replica's, latest per pod
+        # What the next round trip tells the peers (epp/datalayer/shared_state_outbox.py).
+        self.outbox = Outbox(lambda: bool(self.peers), self._wake_loop)
         self.scrapes_learned = 0
         self._last_id = ""
         self.learned = 0  # peers' routing decisions taught to the prefix index
         self.bad_entries = 0
         if self.prefix_index is not None:
-            self.prefix_index.on_add = self._on_add
+            self.prefix_index.on_add = self.outbox.add_decision
         # The KV memory (epp/datalayer/session_memory.py) is shared like the prefix index.
         self.memory = memory if config.prefix_index else None
         if self.memory is not None:
-            self.memory.on_routed = self._on_memory
+            self.memory.on_routed = self.outbox.add_memory_routing
         self.config = config
         self.replica_id = replica_id or default_replica_id()
         # The clocks scrapes are carried on (wall) and kept on (monotonic, the pool's).
@@ -174,16 +178,10 @@ class SharedState:
         self.mono_clock: Callable[[], float] = time.monotonic
         # One connection, no hidden retries: the loop's own cadence retries.
         self._redis = ScriptConnection(config.redis, ROUND_TRIP_SCRIPT, config.timeout_ms / 1000)
-        tag = f"{config.key_prefix}:{{{pool_name}}}"
-        self._set_key = f"{tag}:replicas"
-        self._hash_prefix = f"{tag}:inflight:"
-        self._stream_key = f"{tag}:prefix"
-        self._channel = f"{tag}:picks"
-        # Pushed picks (`pushPicks`): this replica's picks since its last round trip, which
-        # carries them (and wakes at once for them while peers are live); the peers' arrive on
-        # `_subscription` and count until the next round trip replaces their totals.
-        self._picks: list[tuple[str, int, int]] = []
-        self._adapter_picks: list[tuple[str, str, int]] = []  # (pod, adapter, output tokens)
+        self.keys = PoolKeys.of(config.key_prefix, pool_name)
+        # Pushed picks (`pushPicks`): this replica's, in the outbox, wake the loop at once while
+        # peers are live; the peers' arrive on `_subscription` and count until the next round
+        # trip replaces their totals.
         self._wake: asyncio.Future[None] | None = None
         self.wake_hook: Callable[[], None] | None = None  # a pick to tell (virtual time's loop)
         self._pushed = False  # a peer's pick counted since our last round trip
@@ -192,41 +190,18 @@ class SharedState:
         self._listen_task: asyncio.Task[None] | None = None
         if config.push_picks:
             self._subscription = Subscription(
-                config.redis, self._channel.encode(), config.timeout_ms / 1000, self.apply_peer_picks
+                config.redis, self.keys.channel.encode(), config.timeout_ms / 1000, self.apply_peer_picks
             )
-            pool.pick_hook = self._on_pick
+            pool.pick_hook = self.outbox.add_pick
             if residency is not None:
-                residency.routed_hook = self._on_adapter_pick
+                residency.routed_hook = self.outbox.add_adapter_pick
         self.peers: list[str] = []  # the other live replicas' ids
         self.remote: dict[str, tuple[int, int]] = {}  # their counts summed per pod
         self._totals: list[Any] | None = None  # the script's reply they were parsed from
         self.connected = False
         self.errors = 0
         self._task: asyncio.Task[None] | None = None
-        self._register_metrics(registry, pool_name)
-
-    def _register_metrics(self, registry: CollectorRegistry, pool_name: str) -> None:
-        """The loop's health on /metrics: failed round trips, up, live peers."""
-        labels = {"inference_pool": pool_name}
-        self._m_errors = Counter(
-            "gateway_shared_state_errors",
-            "Shared-state round trips that failed (Redis unreachable, slow or erroring); "
-            "the EPP then schedules on its own in-flight counts",
-            ["inference_pool"],
-            registry=registry,
-        ).labels(**labels)
-        self._m_up = Gauge(
-            "gateway_shared_state_up",
-            "1 while the last shared-state round trip succeeded",
-            ["inference_pool"],
-            registry=registry,
-        ).labels(**labels)
-        self._m_peers = Gauge(
-            "gateway_shared_state_peers",
-            "Other live EPP replicas of this pool",
-            ["inference_pool"],
-            registry=registry,
-        ).labels(**labels)
+        self._metrics = SharedStateMetrics(registry, pool_name)
 
     async def sync_once(self) -> bool:
         """One round trip: publish ours, read theirs. False (and local counts only) on failure."""
@@ -238,28 +213,13 @@ class SharedState:
         """This replica's LoRA requests in flight per pod and adapter ({} without residency)."""
         return self.residency.local_active() if self.residency is not None else {}
 
-    def _on_add(self, address: str, hashes: Sequence[int]) -> None:
-        self._outbox.append((address, hashes))
-
-    def _on_memory(self, address: str, *routing: Any) -> None:
-        self._outbox.append((address, memory_decision(*routing)))
-
-    def _on_pick(self, address: str, prefill_s: float, tokens: int) -> None:
-        """A pick of this replica (Pool.pick_hook): published with the next round trip, which
-        starts at once while there are peers to tell."""
-        if not self.peers:
-            return
-        self._picks.append((address, int(prefill_s * 1000.0 + 0.5), tokens))
+    def _wake_loop(self) -> None:
+        """A pick to push: the loop's round trip starts now (and virtual time's, `wake_hook`)."""
         wake = self._wake
         if wake is not None and not wake.done():
             wake.set_result(None)
         if self.wake_hook is not None:
             self.wake_hook()
-
-    def _on_adapter_pick(self, address: str, adapter: str, output_tokens: int) -> None:
-        """A LoRA pick of this replica (AdapterResidency.routed_hook): pushed with its pick."""
-        if self.peers:
-            self._adapter_picks.append((address, adapter, output_tokens))
 
     def apply_peer_picks(self, payload: bytes) -> None:
         """Another replica's picks, as it made them: counted now (Pool.add_remote_pick), and
@@ -285,16 +245,16 @@ class SharedState:
     def publish_scrape(self, address: str, metrics: Metrics, sent_at: float) -> None:
         """Queue this replica's scrape of a pod for the next round trip (the newest per pod)."""
         if self.on_scrape is not None:
-            self._scrapes[address] = (metrics, sent_at)
+            self.outbox.scrapes[address] = (metrics, sent_at)
 
     def has_news(self) -> bool:
         """Decisions, scrapes or picks of ours to send, or a peer's pick counted since the last
         round trip (whose totals the next one replaces)."""
-        return bool(self._outbox) or bool(self._scrapes) or self.has_picks() or self._pushed
+        return self.outbox.pending() or self._pushed
 
     def has_picks(self) -> bool:
         """Picks of ours made since the last payload was built (`run` sends them at once)."""
-        return bool(self._picks) or bool(self._adapter_picks)
+        return self.outbox.has_picks()
 
     def outgoing(
         self,
@@ -305,35 +265,14 @@ class SharedState:
         """This replica's payload for one round trip; takes its queued decisions, scrapes and
         picks (lost if the call fails: the index is a guess anyway, the next scrape replaces a
         scrape, the next round trip's counts carry the picks)."""
-        decisions = b""
-        if self._outbox:
-            decisions = msgpack.packb([[a, h if isinstance(h, dict) else list(h)] for a, h in self._outbox])
-            self._outbox.clear()
-        scrapes = b""
-        if self._scrapes:
-            wall, mono = self.wall_clock(), self.mono_clock()
-            scrapes = msgpack.packb(
-                [encode_scrape(a, m, t, wall, mono) for a, (m, t) in self._scrapes.items()]
-            )
-            self._scrapes.clear()
-        lines = [f"{pod} {r},{t}" for pod, (r, t) in list(local.items())[:MAX_PODS_PER_CALL]]
-        lines += [f"busy:{pod} {ms}" for pod, ms in list((busy or {}).items())[:MAX_PODS_PER_CALL]]
-        lines += [
-            f"lora:{pod}/{adapter} {n}"
-            for pod, adapters in list((lora or {}).items())[:MAX_PODS_PER_CALL]
-            for adapter, n in adapters.items()
-            if " " not in adapter and "\n" not in adapter
-        ]
-        picks = b""
-        if self._picks or self._adapter_picks:
-            message: list[Any] = [self.replica_id, self._picks]
-            if self._adapter_picks:  # only then: a peer of an older version reads [sender, picks]
-                message.append(self._adapter_picks)
-            picks = msgpack.packb(message)
-            self._picks, self._adapter_picks = [], []
+        box = self.outbox
+        decisions = box.take_decisions()
+        scrapes = box.take_scrapes(self.wall_clock, self.mono_clock)
+        counts = count_lines(local, busy, lora)
+        picks = box.take_picks(self.replica_id)
         self._pushed = False
         reading = self.prefix_index is not None or self.on_scrape is not None
-        return Outgoing("\n".join(lines).encode(), decisions, scrapes, picks, reading)
+        return Outgoing(counts, decisions, scrapes, picks, reading)
 
     async def _round_trip(
         self,
@@ -342,11 +281,10 @@ class SharedState:
         lora: Mapping[str, Mapping[str, int]] | None = None,
     ) -> bool:
         out = self.outgoing(local, busy, lora)
-        config, me = self.config, self.replica_id
-        args = [b"%d" % config.ttl_ms, me.encode(), self._hash_prefix.encode(), self._last_id.encode()]
-        args += (out.decisions, b"%d" % config.prefix_stream_max_len, b"1" if out.reading else b"0")
-        args += (out.counts, out.scrapes, self._channel.encode(), out.picks)
-        keys = [k.encode() for k in (self._set_key, self._hash_prefix + me, self._stream_key)]
+        config = self.config
+        keys, args = self.keys.round_trip(
+            self.replica_id, self._last_id, config.ttl_ms, config.prefix_stream_max_len, out
+        )
         try:  # bounded by timeoutMs
             reply = await self._redis.evalsha(keys, args)
         except (RedisError, OSError, TimeoutError) as exc:
@@ -382,8 +320,8 @@ class SharedState:
         if not self.connected:
             log.info("shared state: connected (replica %s, %d peers)", self.replica_id, len(self.peers))
         self.connected = True
-        self._m_up.set(1)
-        self._m_peers.set(len(self.peers))
+        self._metrics.up.set(1)
+        self._metrics.peers.set(len(self.peers))
         return True
 
     def _learn(self, blobs: list[bytes]) -> None:
@@ -403,9 +341,9 @@ class SharedState:
 
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
-        self._m_errors.inc()
-        self._m_up.set(0)
-        self._m_peers.set(0)
+        self._metrics.errors.inc()
+        self._metrics.up.set(0)
+        self._metrics.peers.set(0)
         self.peers, self.remote, self._totals = [], {}, None
         self.pool.set_remote_inflight({})
         if self.residency is not None:
@@ -459,9 +397,9 @@ class SharedState:
             await asyncio.sleep(retry)
 
     def start(self) -> None:
-        self._task = spawn("shared-state", f"shared state {self._set_key}", self.run)
+        self._task = spawn("shared-state", f"shared state {self.keys.replicas}", self.run)
         if self._subscription is not None:
-            self._listen_task = spawn("shared-state", f"shared state picks {self._set_key}", self.listen)
+            self._listen_task = spawn("shared-state", f"shared state picks {self.keys.replicas}", self.listen)
 
     async def stop(self) -> None:
         """Stop publishing and remove our share now (not after the TTL)."""
@@ -475,7 +413,7 @@ class SharedState:
                 pass
         if self._subscription is not None:
             self._subscription.close()
-        delete = encode_command([b"DEL", (self._hash_prefix + self.replica_id).encode()])
+        delete = encode_command([b"DEL", (self.keys.inflight_prefix + self.replica_id).encode()])
         try:
             await self._redis.request(delete)  # bounded by timeoutMs
         except (RedisError, OSError, TimeoutError):

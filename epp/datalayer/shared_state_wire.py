@@ -6,6 +6,7 @@ epp/datalayer/shared_state.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -135,6 +136,47 @@ for _, key in ipairs(lora_order) do
 end
 return {peers, flat, blobs, last, scrapes, busy_flat, lora_flat}
 """
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """What one round trip sends (the script's ARGV beyond the keys and ids): this replica's
+    counts ("pod requests,tokens" and "busy:pod ms" lines), its routing decisions, scrapes and
+    picks since the last call (msgpack, b"" = none), and whether it reads the stream. Built by
+    `SharedState.outgoing`; the live loop sends it to Redis, the virtual-time store
+    (bench/vtime/shared_store.py) does what the script does with it."""
+
+    counts: bytes
+    decisions: bytes
+    scrapes: bytes
+    picks: bytes
+    reading: bool
+
+
+@dataclass(frozen=True)
+class PoolKeys:
+    """A pool's keys, all under one hash tag (`{pool}`) so the script stays in one Redis
+    Cluster slot, and the script's calling convention over them (KEYS and ARGV above)."""
+
+    replicas: str  # the set of live replicas
+    inflight_prefix: str  # + a replica's id: its hash
+    stream: str  # the routing decisions
+    channel: str  # the pushed picks
+
+    @classmethod
+    def of(cls, key_prefix: str, pool_name: str) -> PoolKeys:
+        tag = f"{key_prefix}:{{{pool_name}}}"
+        return cls(f"{tag}:replicas", f"{tag}:inflight:", f"{tag}:prefix", f"{tag}:picks")
+
+    def round_trip(
+        self, replica_id: str, last_id: str, ttl_ms: int, stream_max_len: int, out: Outgoing
+    ) -> tuple[list[bytes], list[bytes]]:
+        """The script's KEYS and ARGV for one round trip."""
+        args = [b"%d" % ttl_ms, replica_id.encode(), self.inflight_prefix.encode(), last_id.encode()]
+        args += (out.decisions, b"%d" % stream_max_len, b"1" if out.reading else b"0")
+        args += (out.counts, out.scrapes, self.channel.encode(), out.picks)
+        keys = [k.encode() for k in (self.replicas, self.inflight_prefix + replica_id, self.stream)]
+        return keys, args
 
 
 def as_text(value: bytes | str) -> str:

@@ -107,7 +107,7 @@ async def epp(
     config.write_text(yaml.safe_dump(CONFIG))
     app = EppApp(config, "llama", metrics_port=free_port())
     await app.start()
-    await app.follow_inference_objectives("default", api_client=api_client, backoff_s=0.05)
+    await app.objectives.follow("default", api_client=api_client, backoff_s=0.05)
     await asyncio.to_thread(kube.wait_watching, INFERENCE_OBJECTIVES)
     try:
         yield app
@@ -170,7 +170,7 @@ async def test_objectives_relist_after_410_gone(kube: FakeKubeApiServer, epp: Ep
     await changed_while_away(kube, INFERENCE_OBJECTIVES, objective("batch", -4))
     await until(lambda: priority(epp, "batch") == -4, "change seen after the re-list", within=10)
     assert kube.expired_watches[INFERENCE_OBJECTIVES] > expired  # it did resume, got 410, re-listed
-    assert epp._objective_watcher.lists >= 2
+    assert epp.objectives.watcher.lists >= 2
 
 
 async def test_an_explicit_inferencepool_name_selects_the_objectives(
@@ -182,7 +182,7 @@ async def test_an_explicit_inferencepool_name_selects_the_objectives(
     app = EppApp(config, "llama", metrics_port=free_port())
     await app.start()
     try:
-        await app.follow_inference_objectives("default", "llama-pool", api_client=api_client, backoff_s=0.05)
+        await app.objectives.follow("default", "llama-pool", api_client=api_client, backoff_s=0.05)
         kube.apply(INFERENCE_OBJECTIVES, objective("mapped", -1, pool="llama"))
         kube.apply(INFERENCE_OBJECTIVES, objective("named", -2, pool="llama-pool"))
         not_a_pool = objective("other-kind", -3, pool="llama-pool")

@@ -129,6 +129,21 @@ async def test_health_and_peer_probe_paths(client: httpx.AsyncClient) -> None:
     assert (await client.get("/model_info")).status_code == 404
 
 
+async def test_generation_traceparents_show_in_state(client: httpx.AsyncClient) -> None:
+    """The pod keeps the W3C traceparent of OpenAI and Anthropic generations (a test of the
+    gateway reads them to see the trace reached the model server); other paths leave none."""
+    openai_trace = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    anthropic_trace = "00-" + "3" * 32 + "-" + "4" * 16 + "-01"
+    r = await client.post("/v1/chat/completions", json=CHAT, headers={"traceparent": openai_trace})
+    assert r.status_code == 200
+    messages = {"model": "llama", "max_tokens": 2, "messages": CHAT["messages"]}
+    r = await client.post("/v1/messages", json=messages, headers={"traceparent": anthropic_trace})
+    assert r.status_code == 200
+    await client.post("/tokenize", json={"model": "llama", "prompt": "x"}, headers={"traceparent": "t"})
+    state = (await client.get("/sim/state")).json()
+    assert state["recent_traceparents"] == [openai_trace, anthropic_trace]
+
+
 async def test_client_disconnect_aborts_request(fleet: Fleet) -> None:
     pod = fleet.pod("llama-0")
     req = {"model": "llama", "prompt": "tell me everything", "max_tokens": 100_000, "stream": True}

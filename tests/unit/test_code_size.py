@@ -6,7 +6,7 @@ wings, docs/architecture.md).
 A module that grows past the limit is split by concern (epp/datalayer/pool.py holds the
 mutable `Pool`, epp/datalayer/endpoint_records.py the records it hands out; gateway/envoy/ the
 routes, the clusters and the bootstrap apart); a function, into named steps (epp/app.py
-`EppApp`'s builders)."""
+`EppApp`'s builders); a class, into collaborators (epp/datalayer/feeds.py for `EppApp`)."""
 
 from __future__ import annotations
 
@@ -24,15 +24,6 @@ MAX_EPP_TOP_LEVEL = 10
 KNOWN_OVER = {
     # Being reworked by the parse seam (issue #54 item 3), which moves its parsing out.
     "epp/requestcontrol/processor.py:EppProcessor": 376,
-    # The data layer's split by feed (issue #54 item 4).
-    "epp/datalayer/pool.py:Pool": 358,
-    "epp/datalayer/shared_state.py:SharedState": 370,
-    # The EPP's wiring: builders and the feeds' callbacks (to split by feed with the data layer).
-    "epp/app.py:EppApp": 400,
-    # The simulator's engine and its HTTP pod (the API handlers to move beside their formats).
-    "modelsim/engine.py:Engine": 418,
-    "modelsim/server.py": 861,
-    "modelsim/server.py:Pod": 738,
 }
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from epp.datalayer.endpoint_records import Endpoint
 from epp.datalayer.metric_lines import collect_samples
-from epp.datalayer.pool import PACE_PEAK_HALF_LIVES, SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES, Pool
+from epp.datalayer.pod_speeds import PACE_PEAK_HALF_LIVES, SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES
+from epp.datalayer.pool import Pool
 from epp.datalayer.prefill_pace import PrefillTotals, PrefillTracker, prefill_metric_names, prefill_totals
 from epp.datalayer.scrape import Scraper
 from epp.scheduling.scorers import ScoringContext

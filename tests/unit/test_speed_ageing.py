@@ -9,7 +9,8 @@ import yaml
 
 from epp.app import EppApp
 from epp.datalayer.endpoint_records import Endpoint
-from epp.datalayer.pool import SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES, Pool
+from epp.datalayer.pod_speeds import SPEED_EWMA_ALPHA, SPEED_EXPIRY_HALF_LIVES
+from epp.datalayer.pool import Pool
 
 A = "10.0.0.1:8000"
 
