@@ -1,10 +1,10 @@
 """The floor under the EPP's CPU per request (issue #52): the same ext_proc servicer with a
 processor that decides nothing (`overhead_gateway`'s no-op), behind Envoy in the shipped
-single-hop shape (request body FULL_DUPLEX_STREAMED, response trailers sent), 1 KB bodies at
-concurrency 1. What it costs per request is what grpc.aio's per-message machinery and the event
+single-hop shape (request body FULL_DUPLEX_STREAMED, response trailers sent), at concurrency 1
+for each body size. What it costs per request is what grpc.aio's per-message machinery and the event
 loop cost before any decision: the part no change inside the decision can remove.
 
-    python -m bench.micro.noop_floor --rounds 4 --requests 300 --out FILE
+    python -m bench.micro.noop_floor --rounds 4 --requests 300 --sizes 1024,65536,409600 --out FILE
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from bench.micro import overhead_gateway as og
 
 
-async def run(rounds: int, requests: int) -> list[dict[str, Any]]:
+async def run(rounds: int, requests: int, sizes: list[int]) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="noop-floor-"))
     stub_proc, stub = await og.start_stub(4)
     noop, port = og.start_noop_extproc(work / "noop")
@@ -29,18 +29,20 @@ async def run(rounds: int, requests: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     try:
         for r in range(rounds):
-            noop0, envoy0 = og.cpu_seconds([noop.popen.pid]), og.cpu_seconds(envoy)
-            cell = (await og.measure(setup, (1024,), (1,), requests, 4))[0]
-            noop1, envoy1 = og.cpu_seconds([noop.popen.pid]), og.cpu_seconds(envoy)
-            rows.append(
-                {
-                    "round": r + 1,
-                    "noop_cpu_ms": (noop1 - noop0) * 1000 / requests,
-                    "envoy_cpu_ms": (envoy1 - envoy0) * 1000 / requests,
-                    "p50_ms": cell.p50_ms,
-                    "p99_ms": cell.p99_ms,
-                }
-            )
+            for size in sizes:
+                noop0, envoy0 = og.cpu_seconds([noop.popen.pid]), og.cpu_seconds(envoy)
+                cell = (await og.measure(setup, (size,), (1,), requests, 4))[0]
+                noop1, envoy1 = og.cpu_seconds([noop.popen.pid]), og.cpu_seconds(envoy)
+                rows.append(
+                    {
+                        "round": r + 1,
+                        "body_bytes": size,
+                        "noop_cpu_ms": (noop1 - noop0) * 1000 / requests,
+                        "envoy_cpu_ms": (envoy1 - envoy0) * 1000 / requests,
+                        "p50_ms": cell.p50_ms,
+                        "p99_ms": cell.p99_ms,
+                    }
+                )
     finally:
         setup.stop()
         noop.stop()
@@ -53,9 +55,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--sizes", default="1024", help="body bytes, comma-separated")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    rows = asyncio.run(run(args.rounds, args.requests))
+    rows = asyncio.run(run(args.rounds, args.requests, [int(x) for x in args.sizes.split(",")]))
     text = json.dumps(rows, indent=1)
     print(text)
     if args.out is not None:
