@@ -9,53 +9,41 @@ processor keeps the request's protocol state.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
-import uuid
 from dataclasses import replace
 from typing import Any
 
 from epp.datalayer.endpoint_records import Endpoint, PoolSnapshot
 from epp.requestcontrol import conformance_mode
 from epp.requestcontrol.admission import admit
-from epp.requestcontrol.agent_session import agent_program, session_key
 from epp.requestcontrol.booking import Booking
 from epp.requestcontrol.context import EppContext
+from epp.requestcontrol.decision_span import span_attributes
 from epp.requestcontrol.dp_ranks import RANK_HEADER
 from epp.requestcontrol.flow_control import FlowController, Outcome, Result, ticket_for
 from epp.requestcontrol.flow_queue import band_of
 from epp.requestcontrol.parse import ParsedBody, parse_body
+from epp.requestcontrol.request_record import request_record, route_here
 from epp.scheduling.affinity import pin_to_producer, response_id_for
 from epp.scheduling.decision import Decision
 from epp.scheduling.registry import cached_share
-from epp.scheduling.request import InferenceRequest, RequestError, request_from_fields
+from epp.scheduling.request import InferenceRequest
 from extproc.errors import (
     COUNT_TOKENS_PATH,
     ErrorResponse,
-    bad_request,
     is_anthropic_path,
     rate_limited,
     request_path,
     unavailable,
 )
-from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER, SLO_TTFT_HEADER
+from extproc.headers import DECISION_HEADER, DESTINATION_HEADER, MODEL_HEADER, SERVED_HEADER
 from extproc.stream import RequestRoute
 from gateway.config import ModelRoute
 from gateway.tracing import Attributes
 
 log = logging.getLogger(__name__)
-
-
-@functools.cache
-def _warn_slo_ignored() -> None:
-    """Once per process: an untrusted request's latency objective header is ignored."""
-    log.warning(
-        "%s from an untrusted client ignored (its profile's sloTtftMs applies): only trusted requests "
-        "may set it (listener.trust; docs/security.md 'Request headers'); said once",
-        SLO_TTFT_HEADER,
-    )
 
 
 METADATA_NAMESPACE = "envoy.lb"
@@ -279,122 +267,33 @@ class EppProcessor:
             set_headers[RANK_HEADER] = str(booking.pin_rank(endpoint.data_parallel_size))
         if decision.prefill is not None:
             booking.book_prefill(decision.prefill)
-            set_headers.update(self._prefiller_header(decision.prefill))
+            set_headers.update(prefiller_header(self._ctx, decision.prefill))
         return RequestRoute(
             set_headers=set_headers,
             metadata={METADATA_NAMESPACE: {DESTINATION_HEADER: destination}},
             clear_route_cache=True,
-            body=self._tagged_body(headers, address),
+            body=tagged_body(self._body, self._sent_as, headers, address),
         )
 
-    def _prefiller_header(self, prefill: str) -> dict[str, str]:
-        """The prefill pod, named to the decode pod's sidecar."""
-        header = self._ctx.config().pool(self._ctx.pool_name).disaggregation
-        name = header.prefiller_header if header is not None else "x-prefiller-host-port"
-        return {name: f"http://{prefill}" if name == "x-prefiller-url" else prefill}
-
-    def _tagged_body(self, headers: dict[str, str], address: str) -> bytes | None:
-        """/v1/responses without a `request_id`: name the producing pod in the response id."""
-        if self._body is None or headers.get(":path", "").split("?", 1)[0] != RESPONSES_PATH:
-            return None
-        data = self._body.data()
-        if "request_id" in data:
-            return None
-        if self._sent_as is not None:  # a single-hop rewrite's model
-            data = {**data, "model": self._sent_as}
-        return json.dumps({**data, "request_id": response_id_for(address)}, separators=(",", ":")).encode()
-
     def span_attributes(self, outcome: RequestRoute | ErrorResponse) -> Attributes:
-        """The decision as span attributes: the chosen pod, its per-scorer scores, the profile,
-        how many candidates were ranked, the scheduling time, and the outcome."""
-        attrs: dict[str, str | int | float] = {"gateway.pool": self._ctx.pool_name}
-        request, decision = self._parsed, self._decision
-        if request is not None:
-            attrs["gen_ai.request.model"] = request.model
-            attrs["gateway.target_model"] = request.target_model
-            attrs["gateway.request_id"] = request.request_id
-            if request.adapter is not None:
-                attrs["gateway.adapter"] = request.adapter
-            if request.objective is not None:
-                attrs["gateway.objective"] = request.objective
-            attrs["gateway.scheduling_time_ms"] = round(self._scheduling_s * 1000, 4)
-        if decision is not None:
-            attrs["gateway.profile"] = decision.profile
-            attrs["gateway.candidates"] = len(decision.ranked)
-            if decision.reason:
-                attrs["gateway.refusal_reason"] = decision.reason
-        if isinstance(outcome, ErrorResponse):
-            attrs["gateway.outcome"] = outcome.code
-            attrs["http.response.status_code"] = outcome.status
-            attrs.setdefault("gateway.refusal_reason", outcome.message)
-            return attrs
-        attrs["gateway.outcome"] = "routed"
-        attrs["gateway.destination"] = outcome.set_headers[DESTINATION_HEADER]
-        if decision is not None and decision.ranked:
-            chosen = decision.ranked[0]
-            attrs["gateway.endpoint"] = chosen
-            for scorer, value in decision.scores.get(chosen, {}).items():
-                attrs[f"gateway.score.{scorer}"] = round(value, 6)
-        return attrs
+        return span_attributes(self._ctx.pool_name, self._parsed, self._decision, self._scheduling_s, outcome)
 
     def _parse(self, headers: dict[str, str], parsed: ParsedBody) -> InferenceRequest | ErrorResponse:
         """The parsed body as this pool's request: its model routed here (or refused)."""
-        if parsed.error is not None:
-            return parsed.error
-        assert parsed.fields is not None
-        model = parsed.fields.model or headers.get(MODEL_HEADER)
-        if not isinstance(model, str):
-            return bad_request("'model' must be a string", "invalid_model")
-        config = self._ctx.config()
-        route = config.routes().get(model)
-        if route is None or route.pool != self._ctx.pool_name:
-            pool = config.pool(self._ctx.pool_name)
-            if not pool.accept_any_model:
-                return ErrorResponse(
-                    404,
-                    f"The model '{model}' is not served by pool '{self._ctx.pool_name}'",
-                    "model_not_found",
-                )
-            # The reference EPP's contract: the route chose this pool; the pods validate the name.
-            route = ModelRoute(pool.name, pool.models[0].name, None)
+        route = route_here(self._ctx, headers, parsed)
+        if isinstance(route, ErrorResponse):
+            return route
         return self._parse_routed(headers, parsed, route)
 
     def _parse_routed(
         self, headers: dict[str, str], parsed: ParsedBody, route: ModelRoute, model: str | None = None
     ) -> InferenceRequest | ErrorResponse:
-        if parsed.error is not None:
-            return parsed.error
-        assert parsed.fields is not None
-        self._body = parsed
-        if model is not None and model != parsed.fields.model:
-            self._sent_as = model
-        config = self._ctx.config()
-        policy = self._ctx.header_policy
-        objective = policy.objective(headers, route.base_model)  # epp/requestcontrol/header_policy.py
-        try:
-            slo_ttft_s = policy.slo_ttft_s(headers, objective.name)
-        except ValueError as exc:
-            return bad_request(str(exc), "invalid_slo")
-        if policy.slo_ignored(headers):
-            _warn_slo_ignored()
-        try:
-            return request_from_fields(
-                parsed.fields,
-                request_id=headers.get("x-request-id") or uuid.uuid4().hex,
-                target_model=route.base_model,
-                adapter=route.adapter,
-                headers=headers,
-                objective=objective.name,
-                priority=objective.priority,
-                # The configured header, else what coding agents send (agent_session.py).
-                session_key=session_key(headers, config.session_affinity.header, parsed.fields.session_key),
-                model=model,
-                prefix=parsed.prefix,
-                slo_ttft_s=slo_ttft_s,
-                agent=agent_program(headers),
-            )
-        except RequestError as exc:
-            return bad_request(str(exc))
+        request = request_record(self._ctx, headers, parsed, route, model)
+        if not isinstance(request, ErrorResponse):
+            self._body = parsed
+            if model is not None and model != parsed.fields.model:  # type: ignore[union-attr]
+                self._sent_as = model
+        return request
 
     @property
     def answers_response_headers(self) -> bool:
@@ -439,6 +338,28 @@ class EppProcessor:
         # not seen here: the request counts as served (Envoy's own stats have the status).
         ok = self._status is None or self._status < 500
         self._ctx.telemetry.finished(request, ok=ok, duration=self._ctx.pool.clock() - booking.routed_at)
+
+
+def prefiller_header(ctx: EppContext, prefill: str) -> dict[str, str]:
+    """The prefill pod, named to the decode pod's sidecar."""
+    header = ctx.config().pool(ctx.pool_name).disaggregation
+    name = header.prefiller_header if header is not None else "x-prefiller-host-port"
+    return {name: f"http://{prefill}" if name == "x-prefiller-url" else prefill}
+
+
+def tagged_body(
+    body: ParsedBody | None, sent_as: str | None, headers: dict[str, str], address: str
+) -> bytes | None:
+    """/v1/responses without a `request_id`: name the producing pod in the response id (the body
+    sent as `sent_as` when a single-hop EPP rewrote its model)."""
+    if body is None or headers.get(":path", "").split("?", 1)[0] != RESPONSES_PATH:
+        return None
+    data = body.data()
+    if "request_id" in data:
+        return None
+    if sent_as is not None:
+        data = {**data, "model": sent_as}
+    return json.dumps({**data, "request_id": response_id_for(address)}, separators=(",", ":")).encode()
 
 
 def explain(decision: Decision, chosen: Endpoint | None = None) -> str:
