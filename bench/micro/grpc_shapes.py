@@ -26,6 +26,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
 from bench.micro import overhead_gateway as og
+from bench.micro.noop_floor import measured
 from devstack.launch import free_port
 from extproc import messages
 
@@ -123,20 +124,8 @@ async def measure(kinds: list[str], rounds: int, requests: int) -> list[dict[str
         rows: list[dict[str, Any]] = []
         for r in range(rounds):
             for k in kinds:
-                envoy = list(setups[k].pids)[:1]
-                c0, e0 = og.cpu_seconds([procs[k].pid]), og.cpu_seconds(envoy)
-                cell = (await og.measure(setups[k], (1024,), (1,), requests, 4))[0]
-                c1, e1 = og.cpu_seconds([procs[k].pid]), og.cpu_seconds(envoy)
-                rows.append(
-                    {
-                        "round": r + 1,
-                        "kind": k,
-                        "server_cpu_ms": (c1 - c0) * 1000 / requests,
-                        "envoy_cpu_ms": (e1 - e0) * 1000 / requests,
-                        "p50_ms": cell.p50_ms,
-                        "p99_ms": cell.p99_ms,
-                    }
-                )
+                cell = await measured(setups[k], procs[k].pid, list(setups[k].pids)[:1], 1024, requests)
+                rows.append({"round": r + 1, "kind": k, **cell})
                 print(json.dumps(rows[-1]), flush=True)
         return rows
     finally:

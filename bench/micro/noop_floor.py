@@ -19,6 +19,22 @@ from typing import Any
 from bench.micro import overhead_gateway as og
 
 
+async def measured(
+    setup: og.Setup, server: int, envoy: list[int], size: int, requests: int
+) -> dict[str, float]:
+    """`requests` bodies of `size` bytes through `setup` at concurrency 1: the ext_proc server's
+    and Envoy's CPU per request (/proc utime + stime), and the latency's p50 / p99."""
+    server0, envoy0 = og.cpu_seconds([server]), og.cpu_seconds(envoy)
+    cell = (await og.measure(setup, (size,), (1,), requests, 4))[0]
+    server1, envoy1 = og.cpu_seconds([server]), og.cpu_seconds(envoy)
+    return {
+        "server_cpu_ms": (server1 - server0) * 1000 / requests,
+        "envoy_cpu_ms": (envoy1 - envoy0) * 1000 / requests,
+        "p50_ms": cell.p50_ms,
+        "p99_ms": cell.p99_ms,
+    }
+
+
 async def run(rounds: int, requests: int, sizes: list[int]) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="noop-floor-"))
     stub_proc, stub = await og.start_stub(4)
@@ -30,19 +46,8 @@ async def run(rounds: int, requests: int, sizes: list[int]) -> list[dict[str, An
     try:
         for r in range(rounds):
             for size in sizes:
-                noop0, envoy0 = og.cpu_seconds([noop.popen.pid]), og.cpu_seconds(envoy)
-                cell = (await og.measure(setup, (size,), (1,), requests, 4))[0]
-                noop1, envoy1 = og.cpu_seconds([noop.popen.pid]), og.cpu_seconds(envoy)
-                rows.append(
-                    {
-                        "round": r + 1,
-                        "body_bytes": size,
-                        "noop_cpu_ms": (noop1 - noop0) * 1000 / requests,
-                        "envoy_cpu_ms": (envoy1 - envoy0) * 1000 / requests,
-                        "p50_ms": cell.p50_ms,
-                        "p99_ms": cell.p99_ms,
-                    }
-                )
+                cell = await measured(setup, noop.popen.pid, envoy, size, requests)
+                rows.append({"round": r + 1, "body_bytes": size, **cell})
     finally:
         setup.stop()
         noop.stop()
