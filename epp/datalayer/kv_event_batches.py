@@ -21,6 +21,7 @@ import msgpack
 from epp.datalayer.kv_index import KVIndex
 
 MEDIUM_GPU = "GPU"
+MEDIUM_HOST = "CPU"  # host memory (vLLM's CPU offload; SGLang's HiCache host tier)
 
 _STORED_FIELDS = (
     "block_hashes",
@@ -157,20 +158,35 @@ def decode_batch(payload: bytes) -> EventBatch:
     return EventBatch(float(ts), decoded, rank if isinstance(rank, int) else None)
 
 
+def tier_of(medium: str | None) -> bool | None:
+    """The index tier of an event's medium: False for GPU memory (or none named), True for host
+    memory (vLLM's CPU offload names it "CPU"), None for a tier not modelled (disk, remote)."""
+    if medium is None or medium == MEDIUM_GPU:
+        return False
+    return True if medium.upper() == MEDIUM_HOST else None
+
+
 def apply_batch(index: KVIndex, pod: str, batch: EventBatch) -> int:
-    """Fold one batch into the index; GPU-tier, first-group events only. Returns events used."""
+    """Fold one batch into the index: the first KV-cache group's events of the GPU and host
+    tiers (kv_index.py). Returns events used."""
     used = 0
     for ev in batch.events:
-        if isinstance(ev, BlockStored):
-            if ev.medium not in (None, MEDIUM_GPU) or ev.group_idx not in (None, 0):
+        if isinstance(ev, BlockStored | BlockRemoved):
+            host = tier_of(ev.medium)
+            if host is None or ev.group_idx not in (None, 0):
                 continue
-            index.apply_stored(
-                pod, ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.lora_name
-            )
-        elif isinstance(ev, BlockRemoved):
-            if ev.medium not in (None, MEDIUM_GPU) or ev.group_idx not in (None, 0):
-                continue
-            index.apply_removed(pod, ev.block_hashes)
+            if isinstance(ev, BlockStored):
+                index.apply_stored(
+                    pod,
+                    ev.block_hashes,
+                    ev.parent_block_hash,
+                    ev.token_ids,
+                    ev.block_size,
+                    ev.lora_name,
+                    host,
+                )
+            else:
+                index.apply_removed(pod, ev.block_hashes, host)
         else:
             index.clear_pod(pod)
         used += 1

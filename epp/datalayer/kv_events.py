@@ -56,6 +56,11 @@ class KVEventMetrics:
             Gauge("gateway_kv_index_max_blocks", "Bound of the precise KV index", registry=r).set_function(
                 lambda: index.max_blocks
             )
+            Gauge(
+                "gateway_kv_index_host_blocks",
+                "(pod, block) entries of the host-memory tier (KV events with medium CPU)",
+                registry=r,
+            ).set_function(index.host_size)
         self.batches = Counter("gateway_kv_event_batches", "KV event batches applied", ["pod"], registry=r)
         self.events = Counter("gateway_kv_events", "KV events applied", ["pod"], registry=r)
         self.gaps = Counter("gateway_kv_event_gaps", "Sequence gaps seen", ["pod"], registry=r)

@@ -8,8 +8,14 @@ adapter. Per pod it maps engine hash -> own key, because a ``BlockRemoved`` carr
 engine hashes. A ``BlockStored`` whose parent the index never saw (stored before the
 subscription, or lost in a gap) cannot be keyed: it is counted as unanchored and skipped.
 
-Memory is bounded by ``max_blocks`` (pod, block) entries: past it the least recently stored
-entry of any pod is forgotten (the pod may still hold it; the index then under-reports,
+Two tiers: the blocks in the pod's GPU memory, and those an engine that offloads KV (vLLM's CPU
+offload, SGLang's HiCache) reports in host memory (the events' ``medium``). A host block is a
+copy the engine loads back instead of recomputing it, so `lookup` answers the GPU tier (what a
+request finds cached) and `lookup_held` both (what it finds cached or on the host); the
+prediction prices the difference (epp/scheduling/ttft_prediction.py).
+
+Memory is bounded by ``max_blocks`` (pod, block) entries per tier: past it the least recently
+stored entry of any pod is forgotten (the pod may still hold it; the index then under-reports,
 never invents). Synchronous and single-threaded, like the rest of the EPP's state.
 """
 
@@ -53,6 +59,7 @@ class PodBlocks:
     block_size: int | None = None
     precise: bool = False  # False until the pod's stream is known to be complete
     engine_keys: set[Hashable] = field(default_factory=set)  # engine hashes with an entry
+    host_keys: set[Hashable] = field(default_factory=set)  # the same, in host memory
     unanchored: int = 0  # stored blocks skipped because their parent was unknown
 
 
@@ -67,14 +74,19 @@ class KVIndex:
         # (pod, engine hash) -> own key, oldest first: the global LRU behind the bound.
         self._entries: OrderedDict[tuple[str, Hashable], int] = OrderedDict()
         self._holders: dict[int, dict[str, int]] = {}  # own key -> pod -> entry count
+        # The host-memory tier, kept the same way apart.
+        self._host_entries: OrderedDict[tuple[str, Hashable], int] = OrderedDict()
+        self._host_holders: dict[int, dict[str, int]] = {}
         self.evicted = 0
 
     def set_max_blocks(self, max_blocks: int) -> None:
         if max_blocks < 1:
             raise ValueError("max_blocks must be >= 1")
         self.max_blocks = max_blocks
-        if len(self._entries) > max_blocks:
-            self._evict(len(self._entries) - max_blocks)
+        for host in (False, True):
+            over = len(self._tier(host)[0]) - max_blocks
+            if over > 0:
+                self._evict(over, host)
 
     # ---- pods --------------------------------------------------------------------------
     def add_pod(self, pod: str, model: str) -> PodBlocks:
@@ -92,11 +104,13 @@ class KVIndex:
         state = self._pods.get(pod)
         if state is None:
             return
-        for engine_hash in state.engine_keys:
-            key = self._entries.pop((pod, engine_hash), None)
-            if key is not None:
-                self._unhold(key, pod)
-        state.engine_keys = set()
+        for host, keys in ((False, state.engine_keys), (True, state.host_keys)):
+            entries, holders = self._tier(host)
+            for engine_hash in keys:
+                key = entries.pop((pod, engine_hash), None)
+                if key is not None:
+                    self._unhold(holders, key, pod)
+        state.engine_keys, state.host_keys = set(), set()
 
     def remove_pod(self, pod: str) -> None:
         self.clear_pod(pod)
@@ -141,24 +155,28 @@ class KVIndex:
         token_ids: Sequence[int],
         block_size: int,
         adapter: str | None,
+        host: bool = False,
     ) -> int:
-        """Index the blocks of one ``BlockStored``; returns how many were keyed."""
+        """Index the blocks of one ``BlockStored`` (`host`: of the host-memory tier); returns
+        how many were keyed. A block's parent may sit in either tier."""
         state = self._pods.get(pod)
         if state is None or block_size < 1 or len(token_ids) < block_size * len(engine_hashes):
             return 0
         state.block_size = block_size
-        entries = self._entries
+        entries, holders = self._tier(host)
+        pod_keys = state.host_keys if host else state.engine_keys
         if parent is None:
             parent_key = None
         else:
             parent_key = entries.get((pod, parent))
+            if parent_key is None:
+                parent_key = self._tier(not host)[0].get((pod, parent))
             if parent_key is None:
                 state.unanchored += len(engine_hashes)
                 return 0
         keys = block_keys(
             token_ids[: block_size * len(engine_hashes)], block_size, state.model, adapter, parent_key
         )
-        holders = self._holders
         for engine_hash, key in zip(engine_hashes, keys, strict=True):
             slot = (pod, engine_hash)
             old = entries.get(slot)
@@ -166,30 +184,36 @@ class KVIndex:
                 entries.move_to_end(slot)
                 if old == key:
                     continue
-                self._unhold(old, pod)
+                self._unhold(holders, old, pod)
             entries[slot] = key
-            state.engine_keys.add(engine_hash)
+            pod_keys.add(engine_hash)
             pods = holders.get(key)
             if pods is None:
                 holders[key] = {pod: 1}
             else:
                 pods[pod] = pods.get(pod, 0) + 1
         if len(entries) > self.max_blocks:
-            self._evict(len(entries) - self.max_blocks)
+            self._evict(len(entries) - self.max_blocks, host)
         return len(keys)
 
-    def apply_removed(self, pod: str, engine_hashes: Iterable[Hashable]) -> None:
+    def apply_removed(self, pod: str, engine_hashes: Iterable[Hashable], host: bool = False) -> None:
         state = self._pods.get(pod)
         if state is None:
             return
+        entries, holders = self._tier(host)
+        pod_keys = state.host_keys if host else state.engine_keys
         for engine_hash in engine_hashes:
-            key = self._entries.pop((pod, engine_hash), None)
+            key = entries.pop((pod, engine_hash), None)
             if key is not None:
-                state.engine_keys.discard(engine_hash)
-                self._unhold(key, pod)
+                pod_keys.discard(engine_hash)
+                self._unhold(holders, key, pod)
 
-    def _unhold(self, key: int, pod: str) -> None:
-        pods = self._holders.get(key)
+    def _tier(self, host: bool) -> tuple[OrderedDict[tuple[str, Hashable], int], dict[int, dict[str, int]]]:
+        return (self._host_entries, self._host_holders) if host else (self._entries, self._holders)
+
+    @staticmethod
+    def _unhold(holders: dict[int, dict[str, int]], key: int, pod: str) -> None:
+        pods = holders.get(key)
         if pods is None:
             return
         n = pods.get(pod, 0) - 1
@@ -198,20 +222,39 @@ class KVIndex:
         else:
             pods.pop(pod, None)
             if not pods:
-                del self._holders[key]
+                del holders[key]
 
-    def _evict(self, n: int) -> None:
+    def _evict(self, n: int, host: bool = False) -> None:
+        entries, holders = self._tier(host)
         for _ in range(n):
-            (pod, engine_hash), key = self._entries.popitem(last=False)
+            (pod, engine_hash), key = entries.popitem(last=False)
             state = self._pods.get(pod)
             if state is not None:
-                state.engine_keys.discard(engine_hash)
-            self._unhold(key, pod)
+                (state.host_keys if host else state.engine_keys).discard(engine_hash)
+            self._unhold(holders, key, pod)
         self.evicted += n
 
     # ---- scheduling --------------------------------------------------------------------
     def lookup(self, token_ids: Sequence[int], model: str, adapter: str | None = None) -> dict[str, int]:
         """Per pod of ``model`` with a known block size: leading blocks of ``token_ids`` it holds."""
+        return self._walk(token_ids, model, adapter, (self._holders,))
+
+    def has_host_blocks(self) -> bool:
+        """Whether any pod reported blocks in host memory (else `lookup_held` is `lookup`)."""
+        return bool(self._host_holders)
+
+    def lookup_held(self, token_ids: Sequence[int], model: str, adapter: str | None = None) -> dict[str, int]:
+        """`lookup` counting a block held in either tier: the leading blocks a pod has cached
+        or can load back from host memory."""
+        return self._walk(token_ids, model, adapter, (self._holders, self._host_holders))
+
+    def _walk(
+        self,
+        token_ids: Sequence[int],
+        model: str,
+        adapter: str | None,
+        tiers: tuple[dict[int, dict[str, int]], ...],
+    ) -> dict[str, int]:
         by_size: dict[int, list[str]] = {}
         for pod, state in self._pods.items():
             if state.model == model and state.block_size:
@@ -221,10 +264,16 @@ class KVIndex:
             live = set(pods)
             depth = 0
             for key in block_keys(token_ids, size, model, adapter):
-                holders = self._holders.get(key)
-                if not holders:
-                    break
-                still = {p for p in live if p in holders}
+                if len(tiers) == 1:  # the GPU tier alone: the request path's lookup
+                    holders = tiers[0].get(key)
+                    if not holders:
+                        break
+                    still = {p for p in live if p in holders}
+                else:
+                    found = [h for tier in tiers if (h := tier.get(key))]
+                    if not found:
+                        break
+                    still = {p for p in live if any(p in h for h in found)}
                 for gone in live - still:
                     out[gone] = depth
                 live = still
@@ -238,6 +287,9 @@ class KVIndex:
     # ---- observability -----------------------------------------------------------------
     def size(self) -> int:
         return len(self._entries)
+
+    def host_size(self) -> int:
+        return len(self._host_entries)
 
     def distinct_blocks(self) -> int:
         return len(self._holders)

@@ -217,6 +217,21 @@ def _lookup_blocks(
     return counts, block_sizes
 
 
+def host_held_blocks(
+    request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
+) -> list[int] | None:
+    """Per pod, the request's leading blocks it holds in GPU or host memory, by the precise
+    index (0 for a pod the index cannot look up exactly); None when no pod reported a block in
+    host memory (the common case: then nothing differs from `matched_blocks`, and no walk)."""
+    ids, index = request.token_ids, ctx.kv_index
+    if ids is None or index is None or not index.has_host_blocks():
+        return None
+    addresses = ctx.addresses if ctx.addresses is not None else [s.address for s in candidates]
+    model = request.target_model
+    depths = index.lookup_held(ids, model, request.adapter)
+    return [depths.get(a, 0) if index.precise_block_size(a, model) else 0 for a in addresses]
+
+
 def inflight(
     request: InferenceRequest, candidates: Sequence[EndpointState], ctx: ScoringContext
 ) -> list[float]:

@@ -13,6 +13,9 @@ request's first token, as named terms. Pure.
   a step bound by the batch's decode);
 - adapter terms: the LoRA adapter's load where it is not resident, or with `adapterPlacement`
   on a pod that reports its slots, its slot cost (epp/scheduling/adapter_slots.py);
+- host memory: where the pod's KV events show more of the prompt's leading blocks in host
+  memory (vLLM's CPU offload) than on the GPU, those tokens are loaded back, not recomputed:
+  they cost `HOST_LOAD_FRACTION` of their prefill;
 - the session's own history: with the KV-memory model (epp/datalayer/session_memory.py) a pod
   also holds the prompt's leading tokens up to the deepest checkpoint it has of it, at any
   length (the prefix index sees the first 16 KB);
@@ -43,7 +46,7 @@ from epp.datalayer.metric_dialects import NO_KV_GAUGE
 from epp.scheduling.adapter_slots import slot_cost, slot_scarcity
 from epp.scheduling.kv_memory import SessionView
 from epp.scheduling.request import CHARS_PER_TOKEN, InferenceRequest
-from epp.scheduling.scorers import ScoringContext, adapter_resident, matched_blocks
+from epp.scheduling.scorers import ScoringContext, adapter_resident, host_held_blocks, matched_blocks
 
 # Decode time per token `predicted-ttft` assumes while no candidate's is observed (50 tokens/s).
 DEFAULT_TPOT_S = 0.02
@@ -55,6 +58,11 @@ DEFAULT_TPOT_S = 0.02
 # pods per adapter).
 CPU_CACHE_SLOTS = 2
 CPU_LOAD_FRACTION = 0.25
+# A prefix block in host memory costs this share of its prefill to load back: a Llama-3.1-8B
+# token's KV is 128 KiB (32 layers x 8 KV heads x 128 x K and V x 2 bytes), so 1k tokens are
+# ~130 MB, ~5 ms over PCIe 5 at ~25 GB/s, against ~50-70 ms to prefill them on an H100
+# (calibration.md). Dynamo's router weighs host-memory hits apart from GPU hits the same way.
+HOST_LOAD_FRACTION = 0.1
 
 
 class TtftTerms(NamedTuple):
@@ -124,8 +132,9 @@ def predict_ttft(
     fleet = _Fleet.of(request, candidates, ctx)
     counts, block_sizes = matched_blocks(request, candidates, ctx)
     session = SessionView.of(request, candidates, ctx)
+    host = host_held_blocks(request, candidates, ctx)
     out = [
-        _pod_terms(s, n, size, pod_slots, request, fleet, session, i)
+        _pod_terms(s, n, size, pod_slots, request, fleet, session, i, host[i] if host else 0)
         for i, (s, n, size, pod_slots) in enumerate(
             zip(candidates, counts, block_sizes, fleet.slots, strict=True)
         )
@@ -209,6 +218,7 @@ def _pod_terms(
     fleet: _Fleet,
     session: SessionView | None = None,
     index: int = 0,
+    host_blocks: int = 0,
 ) -> TtftTerms | None:
     m, q = s.metrics, s.queue
     if m is None or q is None:
@@ -222,6 +232,10 @@ def _pod_terms(
     own = fleet.prompt - matched * (fleet.approx_block_tokens if block_size is None else block_size)
     if session is not None:
         own = session.uncached(index, fleet.prompt, own)
+    if host_blocks and block_size:  # loaded back from host memory, not recomputed
+        on_host = min(own, host_blocks * block_size - (fleet.prompt - own))
+        if on_host > 0.0:
+            own -= on_host * (1.0 - HOST_LOAD_FRACTION)
     if own < 1.0:
         own = 1.0
     pace = fleet.pace(s, m)

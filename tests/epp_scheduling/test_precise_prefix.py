@@ -10,7 +10,7 @@ from epp.datalayer.kv_index import KVIndex
 from epp.datalayer.prefix_index import PrefixIndex
 from epp.scheduling.registry import SCORERS
 from epp.scheduling.scorers import ScoringContext, precise_prefix_cache, prefix_cache
-from epp.scheduling.ttft_prediction import predicted_ttft
+from epp.scheduling.ttft_prediction import predict_ttft, predicted_ttft
 from epp.scheduling.weighted import WeightedScheduler
 from gateway.profiles import profile
 from modelsim.kv_events import block_stored
@@ -138,3 +138,37 @@ def test_predicted_ttft_counts_the_blocks_a_pods_kv_events_report_as_held() -> N
     request = dataclasses.replace(_request(), prompt_tokens=len(TOKENS))
     pods = [dataclasses.replace(state(p, tpot=1e-4), prefill_tps=10_000.0) for p in ("a", "b")]
     assert predicted_ttft(request, pods, ScoringContext(kv_index=index)) == [1.0, 160 / 640]
+
+
+def _store_host(index: KVIndex, pod: str, tokens: list[int]) -> None:
+    """The same blocks reported in host memory (vLLM's CPU offload: medium "CPU")."""
+    n = len(tokens) // BS
+    ev = block_stored(chain_hashes(tokens[: n * BS], BS, ""), None, tokens[: n * BS], BS, None)
+    index.apply_stored(pod, ev["block_hashes"], None, ev["token_ids"], BS, None, host=True)
+
+
+def test_a_prefix_in_host_memory_is_loaded_back_not_recomputed() -> None:
+    """Pod `a` offloaded the whole 640-token prefix to host memory (none of it on its GPU), `b`
+    holds nothing. Both prefill at 10k tokens/s; `a` loads the 640 tokens back at a tenth of
+    their prefill (6.4 ms against 64 ms). Fails when the host tier is not read."""
+    index = _index("a", "b")
+    _store_host(index, "a", TOKENS)
+    assert index.lookup(TOKENS, "m") == {"a": 0}  # `b` stored nothing: no block size yet
+    assert index.lookup_held(TOKENS, "m") == {"a": 40}
+    request = dataclasses.replace(_request(), prompt_tokens=len(TOKENS))
+    pods = [dataclasses.replace(state(p, tpot=1e-4), prefill_tps=10_000.0) for p in ("a", "b")]
+    scores = predicted_ttft(request, pods, ScoringContext(kv_index=index))
+    assert scores[0] == 1.0
+    assert abs(scores[1] - 0.1) < 1e-9  # 64 ms on `b` against 6.4 on `a`
+
+
+def test_a_prefix_on_the_gpu_is_not_counted_twice_for_its_host_copy() -> None:
+    """30 blocks on the GPU and the same 30 plus 10 more in host memory: only the 10 beyond the
+    GPU's are loaded back (160 tokens at a tenth: 16 ms-equivalent -> 16 tokens of prefill)."""
+    index = _index("a")
+    _store(index, "a", TOKENS[: 30 * BS])
+    _store_host(index, "a", TOKENS)
+    request = dataclasses.replace(_request(), prompt_tokens=len(TOKENS))
+    pods = [dataclasses.replace(state("a", tpot=1e-9), prefill_tps=10_000.0)]
+    (terms,) = predict_ttft(request, pods, ScoringContext(kv_index=index))
+    assert terms is not None and abs(terms.prefill_work_s - 16 / 10_000.0) < 1e-12

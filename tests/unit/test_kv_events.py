@@ -211,15 +211,23 @@ def test_unknown_parent_is_unanchored_not_guessed() -> None:
     assert index.size() == 0 and index.pod("a").unanchored == 1
 
 
-def test_other_tiers_and_groups_are_ignored() -> None:
+def test_host_memory_events_fill_their_own_tier_and_other_tiers_and_groups_are_ignored() -> None:
+    """medium "CPU" (vLLM's CPU offload) goes to the host tier: `lookup` (the GPU) does not see
+    it, `lookup_held` does, and its removal leaves the GPU copy alone; a disk tier and other
+    KV-cache groups are not modelled."""
     index = _index("a")
     prompt = _tokens(1)
     _feed(index, "a", "current", [wire.stored("current", [1], None, prompt, BS, medium="CPU")])
+    _feed(index, "a", "current", [wire.stored("current", [1], None, prompt, BS, medium="DISK")])
     _feed(index, "a", "current", [wire.stored("current", [1], None, prompt, BS, group_idx=1)])
-    assert index.size() == 0
+    assert index.size() == 0 and index.host_size() == 1
+    assert index.lookup(prompt, "m") == {"a": 0} and index.lookup_held(prompt, "m") == {"a": 1}
     _feed(index, "a", "current", [wire.stored("current", [1], None, prompt, BS)])
     _feed(index, "a", "current", [wire.removed("current", [1], medium="CPU")])
-    assert index.lookup(prompt, "m") == {"a": 1}
+    assert index.lookup(prompt, "m") == {"a": 1} and index.host_size() == 0
+    _feed(index, "a", "current", [wire.stored("current", [1], None, prompt, BS, medium="CPU")])
+    index.clear_pod("a")  # AllBlocksCleared or a resync forgets both tiers
+    assert index.size() == 0 and index.host_size() == 0
 
 
 def test_index_stays_under_its_bound_in_a_flood() -> None:
