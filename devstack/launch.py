@@ -352,6 +352,10 @@ def single_hop_process_name(replica: int) -> str:
     return "epp" if replica == 0 else f"epp-{replica}"
 
 
+# A key of `gateway_config_for`'s extra that is not a gateway config key: model entry fields.
+MODEL_DEFAULTS = "modelDefaults"
+
+
 def gateway_config_for(
     pods: list[dict[str, Any]],
     epp_ports: Mapping[str, int],
@@ -360,7 +364,11 @@ def gateway_config_for(
     epp_replicas: int = 1,
     epp_workers: int | str = 1,
 ) -> dict[str, Any]:
-    """One pool per base model; the pool name is the model name made DNS-safe."""
+    """One pool per base model; the pool name is the model name made DNS-safe. `extra` holds
+    gateway config keys, and optionally `MODEL_DEFAULTS`: fields every model entry gets (e.g.
+    the `objectives` its untrusted clients may name; bench/harness/slo_policies.py)."""
+    extra = dict(extra or {})
+    model_defaults = dict(extra.pop(MODEL_DEFAULTS, {}))
     by_model: dict[str, list[dict[str, Any]]] = {}
     for pod in pods:
         by_model.setdefault(pod["model"], []).append(pod)
@@ -372,7 +380,7 @@ def gateway_config_for(
             {
                 "name": pool_name,
                 "engine": members[0].get("dialect", "vllm"),
-                "models": [{"name": model, "adapters": adapters}],
+                "models": [{"name": model, "adapters": adapters, **model_defaults}],
                 "endpoints": [
                     {
                         "address": p["address"],
@@ -394,7 +402,7 @@ def gateway_config_for(
             }
         )
     config: dict[str, Any] = {"pools": pools}
-    for key, value in (extra or {}).items():
+    for key, value in extra.items():
         config[key] = value
     return config
 

@@ -58,6 +58,14 @@ _WORKLOAD_KEYS: dict[str, dict[str, type]] = {
     "long_short": {"long_fraction": float, "long_input_tokens": int, "long_output_tokens": int},
     "priority_tenants": {"critical_fraction": float, "sheddable_fraction": float, "heavy_share": float},
     "slo_mix": {"tight_fraction": float, "tight_ms": int, "loose_ms": int},
+    "interactive_batch": {
+        "interactive_fraction": float,
+        "interactive_ms": int,
+        "batch_ms": int,
+        "batch_input_tokens": int,
+        "batch_output_tokens": int,
+        "batch_objective": str,
+    },
 }
 _ARRIVAL_KEYS: dict[str, dict[str, type]] = {
     "poisson": {"rate": float},

@@ -9,8 +9,9 @@ Arrivals: Poisson, Gamma (vLLM's burstiness knob: gaps ~ Gamma(shape=b, scale=1/
 b=1 is Poisson, b<1 burstier) and "bursty" (a base rate with periodic spikes of k times it).
 Workloads: chat (ShareGPT-like lengths), sessions (multi-turn chat whose prompts grow turn by
 turn), docqa (questions over a few long documents), shared_prefix (inference-perf style
-groups), lora (Zipf popularity over many adapters), long_short (long prompts among short) and
-slo_mix (chats each carrying a tight or a loose time-to-first-token objective).
+groups), lora (Zipf popularity over many adapters), long_short (long prompts among short),
+slo_mix (chats each carrying a tight or a loose time-to-first-token objective) and
+interactive_batch (tight-objective chats beside long, loose-objective, sheddable batch prompts).
 """
 
 from __future__ import annotations
@@ -327,6 +328,33 @@ def slo_mix_workload(
     return out
 
 
+def interactive_batch_workload(
+    times: list[float], p: Params, rng: random.Random, text: TextSource
+) -> list[TraceRequest]:
+    """Interactive chats beside batch jobs on one pool, each with its own TTFT objective.
+
+    Interactive (`interactive_fraction`): ShareGPT-like chats, objective `interactive_ms`, the
+    model's own (standard) priority. Batch (the rest): long prompts (lognormal around
+    `batch_input_tokens`), `batch_output_tokens` out, objective `batch_ms`, and the sheddable
+    band (`x-gateway-inference-objective: <batch_objective>`). Tags `interactive` and `batch`.
+    """
+    share = float(p.get("interactive_fraction", 0.6))
+    tight_ms, loose_ms = int(p.get("interactive_ms", 150)), int(p.get("batch_ms", 3000))
+    batch_in, batch_out = int(p.get("batch_input_tokens", 2000)), int(p.get("batch_output_tokens", 200))
+    band = str(p.get("batch_objective", "sheddable"))
+    out = []
+    for t in times:
+        if rng.random() < share:
+            n_in, n_out = sharegpt_lengths(rng)
+            headers, tag = {SLO_TTFT_HEADER: str(tight_ms)}, "interactive"
+        else:
+            n_in, n_out = lognormal_tokens(rng, batch_in, 0.4, batch_in // 4, batch_in * 4), batch_out
+            headers, tag = {SLO_TTFT_HEADER: str(loose_ms), OBJECTIVE_HEADER: band}, "batch"
+        body = chat_body(p["model"], [{"role": "user", "content": text.text(n_in, rng)}], n_out)
+        out.append(TraceRequest(t, body, headers=headers, tag=tag))
+    return out
+
+
 WORKLOADS: dict[str, Workload] = {
     "chat": chat_workload,
     "sessions": sessions_workload,
@@ -336,6 +364,7 @@ WORKLOADS: dict[str, Workload] = {
     "long_short": long_short_workload,
     "priority_tenants": priority_tenants_workload,
     "slo_mix": slo_mix_workload,
+    "interactive_batch": interactive_batch_workload,
 }
 ARRIVALS = ("poisson", "gamma", "bursty")
 

@@ -2,7 +2,8 @@
 
 Per scenario with objectives (`workload.kind: slo_mix`, bench/scenarios/slo-*.yaml) and policy:
 SLO attainment (share of requests whose TTFT met their own objective, failures as misses),
-overall and per class (tight, loose), goodput (requests per second of the steady window that met
+overall and per class (each tag the scenario's runs report attainment for: tight and loose,
+interactive and batch), goodput (requests per second of the steady window that met
 their objective), TTFT P50/P95 and errors; each the median over the reporting seeds [min-max].
 Two generated sections: `slo-virtual` (bench/summaries-virtual/slo: these runs count the gateway's
 measured latency, so they stay out of virtual-time.md's routing-alone tables) and `slo-real`
@@ -27,6 +28,8 @@ TITLE = "# Latency objectives"
 # Table order: ours with and without objectives, the baseline, the peers, the reference.
 FIRST = ("epp-slo", "epp-default", "round-robin")
 LAST = ("oracle",)
+# Class columns: the tighter class first; other tags after, alphabetically.
+CLASS_ORDER = ("tight", "interactive", "loose", "batch")
 
 Runs = Sequence[Mapping[str, Any]]
 
@@ -59,6 +62,19 @@ def _tag(tag: str) -> Callable[[Mapping[str, Any]], float | None]:
     return lambda st: st.get("by_tag", {}).get(tag, {}).get("slo_attainment")
 
 
+def _classes(policies: Mapping[str, Runs]) -> list[str]:
+    """The tags the runs report an attainment for, in `CLASS_ORDER`."""
+    tags = {
+        tag
+        for runs in policies.values()
+        for r in runs
+        for tag, st in r["stats"]["steady"].get("by_tag", {}).items()
+        if "slo_attainment" in st
+    }
+    known = [t for t in CLASS_ORDER if t in tags]
+    return [*known, *sorted(tags - set(known))]
+
+
 def _order(policies: Sequence[str]) -> list[str]:
     head = [p for p in FIRST if p in policies]
     tail = [p for p in LAST if p in policies]
@@ -74,12 +90,13 @@ def slo_tables(root: str | Path, mode: str) -> str:
         if not any("slo_attainment" in r["stats"]["steady"] for runs in policies.values() for r in runs):
             continue
         first = next(iter(policies.values()))[0]["scenario"]
+        classes = _classes(policies)
         out += [
             f"**{scenario}**: {first['description']}",
             "",
-            "| policy | seeds | SLO attainment % | tight % | loose % | goodput req/s | TTFT P50 ms "
-            "| TTFT P95 ms | errors |",
-            "|---|---|---|---|---|---|---|---|---|",
+            f"| policy | seeds | SLO attainment % | {''.join(f'{c} % | ' for c in classes)}goodput req/s "
+            "| TTFT P50 ms | TTFT P95 ms | errors |",
+            f"|---|---|---|{'---|' * len(classes)}---|---|---|---|",
         ]
         for policy in _order(list(policies)):
             runs = policies[policy]
@@ -87,8 +104,8 @@ def slo_tables(root: str | Path, mode: str) -> str:
             out.append(
                 f"| {policy} | {','.join(str(r['seed']) for r in runs)} "
                 f"| {_fmt(_spread(runs, lambda st: st.get('slo_attainment')), _pct)} "
-                f"| {_fmt(_spread(runs, _tag('tight')), _pct)} | {_fmt(_spread(runs, _tag('loose')), _pct)} "
-                f"| {_fmt(_spread(runs, lambda st: st.get('slo_goodput_rps')), _rps)} "
+                f"| {''.join(f'{_fmt(_spread(runs, _tag(c)), _pct)} | ' for c in classes)}"
+                f"{_fmt(_spread(runs, lambda st: st.get('slo_goodput_rps')), _rps)} "
                 f"| {_fmt(_spread(runs, lambda st: st['ttft_p50']), _ms)} "
                 f"| {_fmt(_spread(runs, lambda st: st['ttft_p95']), _ms)} "
                 f"| {_fmt(errors, lambda v: f'{v:.0f}')} |"

@@ -31,6 +31,8 @@ def test_the_expected_scenarios_ship() -> None:
     families = {"family-skewed-fleet", "family-tenant-prefix-kv", "family-bursty-mixed", "family-lora-tight"}
     assert families | {"kv-cache-wins"} <= names  # issue #11's held-out families
     assert {"slo-mixed-gpu", "slo-uniform"} <= names  # issue #42's latency objectives
+    assert {"slo-interactive-batch", "slo-interactive-batch-rt", "slo-interactive-batch-unseen"} <= names
+    assert "slo-interactive-batch-unseen2" in names
     assert {"agentic-coding", "agentic-tool-bursts", "agentic-shared-system"} <= names  # issue #45
 
 

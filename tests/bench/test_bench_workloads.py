@@ -232,6 +232,25 @@ def test_slo_mix_tags_and_objectives() -> None:
     assert generate_trace({"kind": "chat", "model": MODEL}, {"rate": 5}, 2, seed=5)[0].slo_ttft_s is None
 
 
+def test_interactive_batch_classes_objectives_and_band() -> None:
+    workload = {
+        "kind": "interactive_batch",
+        "model": MODEL,
+        "interactive_fraction": 0.8,
+        "interactive_ms": 80,
+    }
+    workload |= {"batch_ms": 4000, "batch_input_tokens": 2000, "batch_output_tokens": 200}
+    trace = generate_trace(workload, {"rate": 40}, 50, seed=6)
+    inter, batch = [r for r in trace if r.tag == "interactive"], [r for r in trace if r.tag == "batch"]
+    assert len(inter) / len(trace) == pytest.approx(0.8, abs=0.04) and len(inter) + len(batch) == len(trace)
+    assert {r.slo_ttft_s for r in inter} == {0.08} and {r.slo_ttft_s for r in batch} == {4.0}
+    assert {r.headers.get("x-gateway-inference-objective") for r in batch} == {"sheddable"}
+    assert all("x-gateway-inference-objective" not in r.headers for r in inter)
+    assert {r.body["max_tokens"] for r in batch} == {200}
+    chars = statistics.mean(len(r.body["messages"][0]["content"]) for r in batch)
+    assert chars / 4 == pytest.approx(2000, rel=0.15)
+
+
 def test_long_short_mix_fraction_and_sizes() -> None:
     workload = {"kind": "long_short", "model": MODEL, "long_fraction": 0.2, "long_input_tokens": 5000}
     trace = generate_trace(workload, {"rate": 40}, 50, seed=4)

@@ -311,3 +311,23 @@ def test_epp_precise_run_scores_by_the_pods_kv_events(tmp_path: Path) -> None:
         "tokenizer": True,
         "tokenizer_name": SHIPPED_TOKENIZER,
     }
+
+
+def test_the_slo_policies_differ_only_in_trust_and_both_let_any_caller_shed_its_batch() -> None:
+    """bench/harness/slo_policies.py: epp-default and epp-slo run one configuration, the batch
+    class's `sheddable` objective open to untrusted callers (modelDefaults), so only the
+    objective header's honouring differs."""
+    from bench.harness.slo_policies import VIRTUAL_POLICIES
+    from epp.requestcontrol.header_policy import HeaderPolicy
+
+    pods = [{"model": MODEL, "adapters": [], "address": "127.0.0.1:1"}]
+    parsed = {
+        name: parse_config(gateway_config_for(pods, {}, extra)) for name, extra in VIRTUAL_POLICIES.items()
+    }
+    slo, default = parsed["epp-slo"], parsed["epp-default"]
+    assert slo.model_dump(exclude={"listener"}) == default.model_dump(exclude={"listener"})
+    asked = {"x-gateway-inference-objective": "sheddable", "x-gateway-slo-ttft-ms": "80"}
+    for config in (slo, default):
+        assert HeaderPolicy.from_config(config).objective(asked, MODEL).priority == -1
+    assert HeaderPolicy.from_config(slo).slo_ttft_s(asked, "sheddable") == 0.08
+    assert HeaderPolicy.from_config(default).slo_ttft_s(asked, "sheddable") is None

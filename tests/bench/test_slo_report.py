@@ -45,3 +45,18 @@ def test_tables_list_ours_first_with_spreads_and_skip_scenarios_without_objectiv
     render_doc(tmp_path, tmp_path / "none", "quick", doc)
     text = doc.read_text()
     assert "<!-- bench:slo-virtual:start -->" in text and "_No runs yet._" in text
+
+
+def test_class_columns_follow_the_tags_the_runs_report(tmp_path: Path) -> None:
+    for seed in (1, 2, 3):
+        _write(tmp_path, "slo-y", "epp-slo", seed, 0.9)
+        path = tmp_path / "quick" / "slo-y" / "epp-slo" / f"seed-{seed}.json"
+        summary = json.loads(path.read_text())
+        summary["stats"]["steady"]["by_tag"] = {
+            "batch": {"slo_attainment": 1.0},
+            "interactive": {"slo_attainment": 0.5},
+        }
+        path.write_text(json.dumps(summary))
+    table = slo_tables(tmp_path, "quick")
+    assert "| policy | seeds | SLO attainment % | interactive % | batch % | goodput req/s |" in table
+    assert "| epp-slo | 1,2,3 | 90.0 [90.0-90.0] | 50.0 [50.0-50.0] | 100.0 [100.0-100.0] | 90.0" in table
